@@ -1,0 +1,94 @@
+"""Every error chatstate raises on purpose.
+
+    ChatstateError                 base class; catch this to catch them all
+    ├── InvalidConversationId      (also a ValueError) an id that is not 1-128 of [A-Za-z0-9._-]
+    ├── EphemeralStoreError        the store lives where bytes will not survive a restart
+    ├── ConflictError              another writer appended first; nothing of ours was written
+    ├── CorruptTranscriptError     a stored document fails to parse or its hash chain breaks
+    ├── SchemaVersionError         a stored document is from a newer chatstate
+    ├── ConversationNotFound       (also a KeyError) no conversation with that id
+    ├── StoreUnavailable           the store cannot be reached or written (disk full, EIO, ...)
+    ├── ModelError                 the model endpoint failed and retries ran out
+    └── InterruptedTurn            a turn was cut off; the user message is stored
+
+Each message says what happened, where (file, key or URL) and what to do.
+Foreign errors (OSError, sqlite3, S3 client, HTTP) are translated into these
+at one boundary per layer, with the original kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class ChatstateError(Exception):
+    """Base class of every error chatstate raises on purpose."""
+
+
+class InvalidConversationId(ChatstateError, ValueError):
+    """A conversation id that could escape the store or is not portable."""
+
+
+class EphemeralStoreError(ChatstateError):
+    """The store is on storage that will not survive a restart, and that was not allowed."""
+
+
+class ConflictError(ChatstateError):
+    """Compare-and-append lost: the conversation moved on since the caller last read it.
+
+    Nothing the caller tried to write was applied. Reload and try again.
+    """
+
+    def __init__(self, message: str, *, expected_seq: int | None = None,
+                 actual_seq: int | None = None) -> None:
+        super().__init__(message)
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+
+
+class CorruptTranscriptError(ChatstateError):
+    """A stored document fails to parse or verify. It is left exactly as it was."""
+
+    def __init__(self, message: str, *, where: str = "", position: int | None = None) -> None:
+        super().__init__(message)
+        self.where = where
+        self.position = position
+
+
+class SchemaVersionError(CorruptTranscriptError):
+    """A stored document carries a schema version newer than this chatstate knows."""
+
+
+class ConversationNotFound(ChatstateError, KeyError):
+    """No conversation with that id in this store."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "conversation not found"
+
+
+class StoreUnavailable(ChatstateError):
+    """The store could not be read or written; the outcome of a write is unknown.
+
+    A retry of the same append is safe: appends are idempotent by message hash.
+    """
+
+
+class ModelError(ChatstateError):
+    """The model endpoint failed and the adapter's retries ran out."""
+
+    def __init__(self, message: str, *, status: int | None = None,
+                 provider_message: str | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.provider_message = provider_message
+        self.retryable = retryable
+
+
+class InterruptedTurn(ChatstateError):
+    """A turn did not complete. The user message (and any partial reply) is stored.
+
+    ``chat.retry()`` completes it under the same turn id.
+    """
+
+    def __init__(self, message: str, *, turn_id: str, partial_text: str = "") -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        self.partial_text = partial_text

@@ -1,0 +1,110 @@
+"""Store registry and ``open_store``: URL -> store, with the durability guard in front.
+
+Built-in schemes are imported lazily by module path; third-party stores register
+a class with a ``from_url`` classmethod under the ``chatstate.stores`` entry
+point group, keyed by URL scheme.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import ChatstateError, EphemeralStoreError
+from .base import CheckReport, Location, Store
+
+__all__ = ["CheckReport", "Location", "Store", "default_store_url", "guard", "open_store",
+           "store_class"]
+
+ENTRY_POINT_GROUP = "chatstate.stores"
+BUILTIN = {
+    "json": ("chatstate.stores.jsonfile", "JsonStore", None),
+    "sqlite": ("chatstate.stores.sqlite", "SqliteStore", None),
+    "s3": ("chatstate.stores.s3", "S3Store", "s3"),
+}
+TRUTHY = {"1", "true", "yes", "on"}
+
+
+def default_store_url() -> str:
+    """``CHATSTATE_STORE``, else SQLite in the platform's user data directory."""
+    url = os.environ.get("CHATSTATE_STORE")
+    if url:
+        return url
+    from platformdirs import user_data_dir
+
+    return "sqlite://" + str(Path(user_data_dir("chatstate")) / "chatstate.db")
+
+
+def store_class(scheme: str) -> Any:
+    if scheme in BUILTIN:
+        module, name, extra = BUILTIN[scheme]
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError as exc:
+            if extra and exc.name and not exc.name.startswith("chatstate"):
+                raise ChatstateError(
+                    f"the {scheme}:// store needs the '{exc.name}' package: "
+                    f"pip install 'chatstate[{extra}]'") from exc
+            raise
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == scheme:
+            return ep.load()
+    known = ", ".join(sorted(BUILTIN))
+    raise ChatstateError(f"unknown store scheme {scheme!r}: use one of {known}:// or install "
+                         f"a package that registers it under the {ENTRY_POINT_GROUP!r} "
+                         "entry point group")
+
+
+def allow_ephemeral_from_env() -> bool:
+    return os.environ.get("CHATSTATE_ALLOW_EPHEMERAL", "").strip().lower() in TRUTHY
+
+
+def guard(store: Store, *, allow_ephemeral: bool = False) -> Any:
+    """Run the durability guard on a store's location; raise if ephemeral and not allowed.
+
+    Returns the ``durability.Report``.
+    """
+    from ..durability import Report, inspect
+
+    loc: Location = store.location()
+    if loc.path is None:
+        report = Report(path=loc.remote or loc.url, verdict="durable", reasons=[
+            f"The state lives off this machine, at {loc.remote}; its durability is the "
+            "service's own promise."], fstype="remote", source=loc.remote)
+    else:
+        report = inspect(loc.path)
+    if report.verdict == "ephemeral" and not (allow_ephemeral or allow_ephemeral_from_env()):
+        raise EphemeralStoreError(
+            f"refusing store {loc.url}: {' '.join(report.reasons[:1])} Transcripts written "
+            "there would not survive a restart. Point CHATSTATE_STORE (or --store) at durable "
+            "storage, e.g. sqlite:///home/you/.local/share/chatstate/chatstate.db, or accept "
+            "the loss explicitly with --allow-ephemeral, allow_ephemeral=True or "
+            "CHATSTATE_ALLOW_EPHEMERAL=1.")
+    return report
+
+
+def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Any:
+    """Open the store at ``url`` (default: ``CHATSTATE_STORE``, else SQLite in the user data dir).
+
+    The durability guard runs before anything is written: an ephemeral location
+    raises ``EphemeralStoreError`` unless allowed. Opening recovers what a killed
+    writer left (``store.recovery`` says what) and records this open (boot id,
+    hostname, DEPLOY_ID, time). ``store.guard_report`` holds the guard's verdict.
+    """
+    from ..durability import host_identity
+
+    url = url or default_store_url()
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    store = store_class(scheme).from_url(url)
+    report = guard(store, allow_ephemeral=allow_ephemeral)
+    store.open()
+    store.guard_report = report
+    record = dict(host_identity(), opened_at=datetime.now(timezone.utc).isoformat(),
+                  pid=os.getpid(), verdict=report.verdict)
+    store.record_open(record)
+    return store

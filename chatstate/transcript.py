@@ -1,0 +1,176 @@
+"""The transcript: conversations, messages and the hash chain that makes them checkable.
+
+A message's ``hash`` is sha256 over the previous message's hash followed by the
+message's canonical JSON (sorted keys, no whitespace, UTF-8, without ``hash``).
+Truncation, reordering, insertion and edits all break the chain, and
+``Conversation.verify()`` names the first position where it breaks.
+
+Timestamps are kept as the exact ISO-8601 strings that were hashed, so a
+round trip through any store can never change a hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import InvalidConversationId, SchemaVersionError
+
+SCHEMA_VERSION = 1
+
+Role = Literal["system", "user", "assistant", "tool"]
+Status = Literal["complete", "partial"]
+
+_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def validate_id(conversation_id: object) -> str:
+    """Return ``conversation_id`` if it is safe as a file name and object key, else raise."""
+    if not isinstance(conversation_id, str):
+        raise InvalidConversationId(
+            f"conversation id must be a string, not {type(conversation_id).__name__}")
+    if conversation_id in (".", "..") or not _ID_RE.fullmatch(conversation_id):
+        shown = repr(conversation_id[:40]) + ("..." if len(conversation_id) > 40 else "")
+        raise InvalidConversationId(
+            f"invalid conversation id {shown} ({len(conversation_id)} chars): use 1-128 "
+            "letters, digits, '-', '_' or '.', and not '.' or '..'")
+    return conversation_id
+
+
+def new_id(prefix: str = "c") -> str:
+    """A fresh conversation id: sortable by creation time, unguessable suffix."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{prefix}-{stamp}-{secrets.token_hex(4)}"
+
+
+def new_turn_id() -> str:
+    return "t-" + secrets.token_hex(8)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def canonical_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def chain_hash(prev_hash: str | None, body: str) -> str:
+    h = hashlib.sha256()
+    h.update((prev_hash or "").encode())
+    h.update(body.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+class Message(BaseModel):
+    """One message of a conversation; immutable once sealed into the chain."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq: int = Field(ge=0)
+    role: Role
+    content: str
+    created_at: str
+    turn_id: str
+    status: Status = "complete"
+    model: str | None = None
+    usage: dict[str, int] | None = None
+    params: dict[str, Any] | None = None
+    hash: str = ""
+
+    def body(self) -> str:
+        """The canonical JSON that the hash covers."""
+        return canonical_json(self.model_dump(exclude={"hash"}))
+
+    def expected_hash(self, prev_hash: str | None) -> str:
+        return chain_hash(prev_hash, self.body())
+
+    @classmethod
+    def seal(cls, prev: Message | None, *, role: Role, content: str, turn_id: str,
+             status: Status = "complete", model: str | None = None,
+             usage: dict[str, int] | None = None, params: dict[str, Any] | None = None,
+             created_at: str | None = None) -> Message:
+        """Build the next message after ``prev`` with its seq and chain hash filled in."""
+        draft = cls(seq=0 if prev is None else prev.seq + 1, role=role, content=content,
+                    created_at=created_at or now_iso(), turn_id=turn_id, status=status,
+                    model=model, usage=usage, params=params)
+        return draft.model_copy(update={"hash": draft.expected_hash(prev.hash if prev else None)})
+
+    def to_openai(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+class ConversationSummary(BaseModel):
+    id: str
+    title: str
+    created_at: str
+    updated_at: str
+    message_count: int
+
+
+class Conversation(BaseModel):
+    """A conversation as loaded from a store.
+
+    ``messages`` is the hash-chained transcript. ``partial`` is the one
+    in-progress reply a streaming writer saved (not part of the chain yet).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    title: str = ""
+    created_at: str = Field(default_factory=now_iso)
+    updated_at: str = Field(default_factory=now_iso)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    messages: list[Message] = Field(default_factory=list)
+    partial: Message | None = None
+
+    @property
+    def last(self) -> Message | None:
+        return self.messages[-1] if self.messages else None
+
+    @property
+    def last_seq(self) -> int:
+        return self.messages[-1].seq if self.messages else -1
+
+    def verify(self) -> int | None:
+        """Return the seq position of the first message that breaks the chain, or None."""
+        return verify_chain(self.messages)
+
+    def summary(self) -> ConversationSummary:
+        return ConversationSummary(id=self.id, title=self.title, created_at=self.created_at,
+                                   updated_at=self.updated_at, message_count=len(self.messages))
+
+    def header(self) -> dict[str, Any]:
+        """The conversation's fields without messages, as stored."""
+        return {"id": self.id, "title": self.title, "created_at": self.created_at,
+                "updated_at": self.updated_at, "metadata": self.metadata}
+
+
+def verify_chain(messages: list[Message], prev_hash: str | None = None,
+                 start_seq: int = 0) -> int | None:
+    """First position (index from ``start_seq``) where seq or hash is wrong, else None."""
+    for offset, msg in enumerate(messages):
+        position = start_seq + offset
+        if msg.seq != position or msg.hash != msg.expected_hash(prev_hash):
+            return position
+        prev_hash = msg.hash
+    return None
+
+
+def check_schema(version: object, where: str) -> None:
+    """Refuse documents from a newer chatstate rather than guess at them."""
+    if not isinstance(version, int):
+        raise SchemaVersionError(f"{where}: missing or invalid schema version {version!r}",
+                                 where=where)
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{where}: written by a newer chatstate (schema {version}, this one reads up to "
+            f"{SCHEMA_VERSION}); upgrade chatstate to read it. The file was not changed.",
+            where=where)
