@@ -23,7 +23,7 @@ lint: $(STAMP)
 
 test: lint
 	scripts/test-prereqs
-	$(BIN)/pytest -n 2 --basetemp=.pytest-tmp $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -13,6 +13,7 @@ container's overlay writable layer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -153,10 +154,8 @@ def write_probe(directory: Path) -> str:
     except OSError as exc:
         return f"failed: {exc.strerror or exc}"
     finally:
-        try:
+        with contextlib.suppress(OSError):
             probe.unlink()
-        except OSError:
-            pass
 
 
 def _path_rule(real: str) -> str | None:

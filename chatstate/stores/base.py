@@ -77,7 +77,7 @@ class Store(Protocol):
         """
         ...
 
-    def list(self, limit: int | None = None) -> list[ConversationSummary]:
+    def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
         """Summaries, most recently updated first. An empty store gives []."""
         ...
 

@@ -1,0 +1,102 @@
+"""The on-disk JSON document of one conversation, and its strict decoder.
+
+Layout: the header on the first line, then one message per line, so the file
+is valid JSON, greppable, and listable by reading one line::
+
+    {"schema":1,"id":"support-42",...,"message_count":2,"messages":[
+    {"seq":0,"role":"user",...,"hash":"…"},
+    {"seq":1,"role":"assistant",...,"hash":"…"}
+    ]}
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..errors import CorruptTranscriptError
+from ..transcript import SCHEMA_VERSION, Conversation, Message, check_schema, verify_chain
+
+HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
+
+
+def message_line(msg: Message) -> str:
+    return json.dumps(msg.model_dump(), ensure_ascii=False, separators=(",", ":"))
+
+
+def encode(header: dict[str, Any], lines: list[str]) -> bytes:
+    head = {"schema": SCHEMA_VERSION, **{k: header[k] for k in HEADER_KEYS},
+            "message_count": len(lines)}
+    first = json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]
+    body = ",\n".join(lines)
+    return (first + ',"messages":[\n' + body + ("\n" if lines else "") + "]}\n").encode()
+
+
+def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
+    """Parse and fully verify a stored conversation; raise CorruptTranscriptError naming where."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptTranscriptError(
+            f"{where}: not valid UTF-8 at byte {exc.start}; the file was left as it is. "
+            "Restore it from a backup or move it aside with `chatstate repair`.",
+            where=where) from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptTranscriptError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            "it may be truncated. The file was left as it is.", where=where) from exc
+    if not isinstance(doc, dict):
+        raise CorruptTranscriptError(f"{where}: expected a JSON object, found "
+                                     f"{type(doc).__name__}", where=where)
+    check_schema(doc.get("schema"), where)
+    header = {k: doc.get(k) for k in HEADER_KEYS}
+    types = {"id": str, "title": str, "created_at": str, "updated_at": str, "metadata": dict}
+    wrong = [k for k, t in types.items() if not isinstance(header[k], t)]
+    if wrong or not isinstance(doc.get("messages"), list):
+        raise CorruptTranscriptError(
+            f"{where}: header field(s) {', '.join(wrong) or 'messages'} missing or of the "
+            "wrong type; the file was left as it is.", where=where)
+    messages = []
+    for index, item in enumerate(doc["messages"]):
+        try:
+            messages.append(Message.model_validate(item))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise CorruptTranscriptError(
+                f"{where}: message at position {index} is invalid ({field}: {first['msg']}); "
+                "the file was left as it is.", where=where, position=index) from exc
+    bad = verify_chain(messages)
+    if bad is not None:
+        raise CorruptTranscriptError(
+            f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
+            "reordered); the file was left as it is. `chatstate repair` quarantines it.",
+            where=where, position=bad)
+    return header, messages
+
+
+def decode_partial(raw: bytes, where: str) -> Message:
+    try:
+        doc = json.loads(raw)
+        check_schema(doc.get("schema"), where)
+        return Message.model_validate(doc["message"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptTranscriptError(f"{where}: unreadable partial reply ({exc}); left as it "
+                                     "is", where=where) from exc
+
+
+def encode_partial(conversation_id: str, msg: Message) -> bytes:
+    return json.dumps({"schema": SCHEMA_VERSION, "conversation": conversation_id,
+                       "message": msg.model_dump()}, ensure_ascii=False).encode()
+
+
+def to_conversation(header: dict[str, Any], messages: list[Message],
+                    partial: Message | None) -> Conversation:
+    return Conversation.model_construct(
+        id=header["id"], title=header.get("title") or "", created_at=header["created_at"],
+        updated_at=header["updated_at"], metadata=header.get("metadata") or {},
+        messages=messages, partial=partial)

@@ -1,0 +1,45 @@
+"""The one place where sqlite3 and OS errors of the sqlite store become chatstate errors."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import CorruptTranscriptError, StoreUnavailable
+from ._files import os_error
+
+_ADVICE = {
+    "SQLITE_FULL": "the disk (or the database's size limit) is full: free space and retry",
+    "SQLITE_IOERR": "an I/O error from the device: check the disk (dmesg) before retrying",
+    "SQLITE_READONLY": "the database is read-only: check the file's permissions and mount",
+    "SQLITE_CANTOPEN": "the database file cannot be opened: check the path and permissions",
+    "SQLITE_BUSY": "another process holds the database lock: retry, or stop the other writer",
+    "SQLITE_LOCKED": "the database is locked: retry, or stop the other writer",
+    "SQLITE_PERM": "permission denied: check the file's ownership",
+}
+
+
+@contextmanager
+def translate(path: Path, action: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise os_error(exc, action, path) from exc
+    except sqlite3.DatabaseError as exc:
+        name = getattr(exc, "sqlite_errorname", "") or ""
+        text = str(exc)
+        if name.startswith("SQLITE_NOTADB") or "not a database" in text or \
+                name.startswith("SQLITE_CORRUPT"):
+            raise CorruptTranscriptError(
+                f"{path}: not a usable SQLite database ({text}); the file was left as it is. "
+                "Point the store at another file, or restore this one from a backup.",
+                where=str(path)) from exc
+        if isinstance(exc, sqlite3.IntegrityError):
+            raise
+        base = next((k for k in _ADVICE if name.startswith(k)), "")
+        advice = _ADVICE.get(base, "check the disk and retry")
+        raise StoreUnavailable(
+            f"could not {action} {path}: {text} ({name or 'sqlite error'}); {advice}. "
+            "Previously stored data is unchanged; a retry will not duplicate.") from exc

@@ -1,0 +1,272 @@
+"""The json store: one human-readable JSON file per conversation in a directory.
+
+    DIR/<id>.json             the conversation (header line + one message per line)
+    DIR/.partials/<id>.json   the in-progress reply, O(reply) to rewrite while streaming
+    DIR/.locks/<id>.lock      flock guarding every read-modify-write of <id>
+    DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
+
+Every write is temp file (O_EXCL, unpredictable name) -> fsync -> rename -> fsync
+directory, under the conversation's lock. Each append rewrites the file, so a
+per-process cache of the last verified file (keyed by inode, mtime and size)
+spares re-verifying the whole chain when nobody else has touched it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ..errors import ChatstateError, ConflictError, ConversationNotFound, CorruptTranscriptError
+from ..transcript import Conversation, ConversationSummary, Message, now_iso, validate_id
+from . import _jsondoc as doc
+from ._files import (
+    TMP_MARK,
+    atomic_write,
+    ensure_dir,
+    locked,
+    os_error,
+    read_bytes,
+    remove_durably,
+)
+from .base import CheckReport, Location, check_append
+
+Snapshot = tuple[dict[str, Any], list[str], list[Message]]
+
+
+class JsonStore:
+    """Conversations as JSON files in one directory. See the module docstring."""
+
+    partial_flush_interval = 0.0
+
+    def __init__(self, root: Path, url: str | None = None) -> None:
+        self.root = root
+        self.url = url or f"json://{root}"
+        self.recovery: list[str] = []
+        self._cache: dict[str, tuple[tuple[int, int, int], Snapshot]] = {}
+
+    @classmethod
+    def from_url(cls, url: str) -> JsonStore:
+        parsed = urlparse(url)
+        path = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
+        if not path.startswith("/"):
+            raise ChatstateError(f"json store URL {url!r} needs an absolute path: "
+                                 "json:///abs/dir")
+        return cls(Path(path), url)
+
+    def location(self) -> Location:
+        return Location(url=self.url, path=str(self.root))
+
+    def _file(self, cid: str) -> Path:
+        return self.root / f"{validate_id(cid)}.json"
+
+    def _partial(self, cid: str) -> Path:
+        return self.root / ".partials" / f"{validate_id(cid)}.json"
+
+    def _lock(self, cid: str) -> Path:
+        return self.root / ".locks" / f"{validate_id(cid)}.lock"
+
+    # -- lifecycle -------------------------------------------------------------------
+    def open(self) -> None:
+        for sub in (self.root, self.root / ".partials", self.root / ".locks",
+                    self.root / ".chatstate"):
+            ensure_dir(sub)
+        for directory in (self.root, self.root / ".partials"):
+            for tmp in sorted(directory.glob(f".*{TMP_MARK}*")):
+                self._remove_stray(tmp)
+        for partial in sorted((self.root / ".partials").glob("*.json")):
+            try:
+                self._reconcile_partial(partial.name[:-5])
+            except CorruptTranscriptError as exc:  # reported, left alone, not fatal to the store
+                self.recovery.append(f"could not reconcile: {exc}")
+
+    def _remove_stray(self, tmp: Path) -> None:
+        cid = tmp.name[1:].split(TMP_MARK)[0].removesuffix(".json")
+        try:
+            validate_id(cid)
+        except ValueError:
+            return
+        with locked(self._lock(cid), blocking=False) as got:
+            if got:  # no live writer holds it: this temp file is a dead writer's
+                remove_durably(tmp)
+                self.recovery.append(f"removed {tmp.name}, a temp file left by a killed writer")
+
+    def _reconcile_partial(self, cid: str) -> None:
+        path = self._partial(cid)
+        with locked(self._lock(cid), blocking=False) as got:
+            if not got:
+                return
+            raw = read_bytes(path)
+            if raw is None:
+                return
+            partial = doc.decode_partial(raw, str(path))
+            snap = self._read(cid) if self._file(cid).exists() else None
+            last = snap[2][-1].seq if snap and snap[2] else -1
+            if snap is None or partial.seq <= last:
+                remove_durably(path)
+                self.recovery.append(f"{cid}: removed a stale partial reply (seq {partial.seq}) "
+                                     "already superseded by the stored transcript")
+            else:
+                self.recovery.append(f"{cid}: found an interrupted reply ({len(partial.content)} "
+                                     "chars, kept as partial)")
+
+    def close(self) -> None:
+        self._cache.clear()
+
+    # -- reads -----------------------------------------------------------------------
+    def _read(self, cid: str) -> Snapshot:
+        path = self._file(cid)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise ConversationNotFound(f"no conversation {cid!r} in {self.url}") from None
+        except OSError as exc:
+            raise os_error(exc, "stat", path) from exc
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        hit = self._cache.get(cid)
+        if hit and hit[0] == key:
+            return hit[1]
+        raw = read_bytes(path)
+        if raw is None:
+            raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+        header, messages = doc.decode(raw, str(path))
+        snap = (header, [doc.message_line(m) for m in messages], messages)
+        self._cache[cid] = (key, snap)
+        return snap
+
+    def load(self, conversation_id: str) -> Conversation:
+        header, _, messages = self._read(conversation_id)
+        partial = None
+        raw = read_bytes(self._partial(conversation_id))
+        if raw is not None:
+            candidate = doc.decode_partial(raw, str(self._partial(conversation_id)))
+            if candidate.seq == (messages[-1].seq + 1 if messages else 0):
+                partial = candidate
+        return doc.to_conversation(header, list(messages), partial)
+
+    def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
+        out = []
+        for path in self.root.glob("*.json"):
+            try:
+                with open(path, "rb") as fh:
+                    first = fh.readline().decode("utf-8", "replace")
+                head = json.loads(first.split(',"messages":[', 1)[0] + "}")
+                out.append(ConversationSummary(
+                    id=head["id"], title=head.get("title", ""), created_at=head["created_at"],
+                    updated_at=head["updated_at"], message_count=head.get("message_count", 0)))
+            except (OSError, ValueError, KeyError):
+                out.append(ConversationSummary(id=path.name[:-5], title="(unreadable: run "
+                           "`chatstate doctor`)", created_at="", updated_at="",
+                           message_count=0))
+        out.sort(key=lambda s: s.updated_at, reverse=True)
+        return out[:limit] if limit is not None else out
+
+    # -- writes ----------------------------------------------------------------------
+    def _write(self, cid: str, header: dict[str, Any], lines: list[str],
+               messages: list[Message]) -> None:
+        path = self._file(cid)
+        atomic_write(path, doc.encode(header, lines))
+        st = os.stat(path)
+        self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size), (header, lines, messages))
+
+    def create(self, conversation: Conversation) -> None:
+        cid = conversation.id
+        with locked(self._lock(cid)):
+            if self._file(cid).exists():
+                raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
+            self._write(cid, conversation.header(), [], [])
+
+    def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
+        cid = conversation_id
+        with locked(self._lock(cid)):
+            header, lines, stored = self._read(cid)
+            where = str(self._file(cid))
+            already = check_append(where, stored[-1].seq if stored else -1,
+                                   lambda seq: stored[seq].hash, messages)
+            fresh = list(messages[already:])
+            if fresh:
+                new_header = dict(header, updated_at=now_iso())
+                self._write(cid, new_header, lines + [doc.message_line(m) for m in fresh],
+                            stored + fresh)
+            partial = self._partial(cid)
+            if messages and partial.exists():
+                raw = read_bytes(partial)
+                if raw is not None and doc.decode_partial(raw, str(partial)).seq <= \
+                        messages[-1].seq:
+                    remove_durably(partial)
+
+    def save_partial(self, conversation_id: str, partial: Message) -> None:
+        with locked(self._lock(conversation_id)):
+            _header, _, stored = self._read(conversation_id)
+            expected = stored[-1].seq + 1 if stored else 0
+            if partial.seq != expected:
+                raise ConflictError(f"{self._file(conversation_id)}: partial reply for seq "
+                                    f"{partial.seq}, but the next seq is {expected}",
+                                    expected_seq=partial.seq - 1, actual_seq=expected - 1)
+            atomic_write(self._partial(conversation_id),
+                         doc.encode_partial(conversation_id, partial))
+
+    def clear_partial(self, conversation_id: str) -> None:
+        with locked(self._lock(conversation_id)):
+            remove_durably(self._partial(conversation_id))
+
+    def set_header(self, conversation_id: str, *, title: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> None:
+        with locked(self._lock(conversation_id)):
+            header, lines, stored = self._read(conversation_id)
+            changes: dict[str, Any] = {"updated_at": now_iso()}
+            if title is not None:
+                changes["title"] = title
+            if metadata is not None:
+                changes["metadata"] = metadata
+            self._write(conversation_id, dict(header, **changes), lines, stored)
+
+    def delete(self, conversation_id: str) -> None:
+        with locked(self._lock(conversation_id)):
+            if not remove_durably(self._file(conversation_id)):
+                raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
+            remove_durably(self._partial(conversation_id))
+            self._cache.pop(conversation_id, None)
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def record_open(self, record: dict[str, Any]) -> None:
+        path = self.root / ".chatstate" / "opens.jsonl"
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise os_error(exc, "record this open in", path) from exc
+
+    def opens(self) -> list[dict[str, Any]]:
+        raw = read_bytes(self.root / ".chatstate" / "opens.jsonl") or b""
+        out = []
+        for line in raw.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line of a killed open: bookkeeping, not a transcript
+        return out
+
+    def check(self) -> CheckReport:
+        report = CheckReport(ok=False, url=self.url)
+        probe = self.root / ".chatstate" / f"probe-{os.getpid()}"
+        try:
+            atomic_write(probe, b"chatstate probe")
+            report.steps.append(f"wrote and fsynced {probe}")
+            if read_bytes(probe) != b"chatstate probe":
+                raise ChatstateError(f"{probe}: read back different bytes")
+            report.steps.append("read it back")
+            remove_durably(probe)
+            report.steps.append("deleted it")
+            report.ok = True
+        except (ChatstateError, OSError) as exc:
+            report.error = str(exc)
+        return report

@@ -1,0 +1,340 @@
+"""The sqlite store: one row per message, WAL, synchronous=FULL.
+
+``PRIMARY KEY (conversation_id, seq)`` is the compare-and-append: two writers
+racing for one seq cannot both insert it. Appends run in ``BEGIN IMMEDIATE``
+transactions, so they are O(1) at any transcript length and serialised across
+processes by SQLite's own locks (with a busy timeout).
+
+WAL needs shared memory that network filesystems do not provide; on nfs/cifs/
+sshfs the store falls back to a rollback journal with ``synchronous=EXTRA`` and
+says so in ``recovery``. The database file is never opened with plain ``open()``
+while a connection is live (that would drop SQLite's POSIX locks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ..errors import ChatstateError, ConflictError, ConversationNotFound, CorruptTranscriptError
+from ..transcript import (
+    Conversation,
+    ConversationSummary,
+    Message,
+    chain_hash,
+    now_iso,
+    validate_id,
+)
+from ._files import ensure_dir
+from ._sqlite_errors import translate
+from ._sqlite_schema import APPLICATION_ID, MIGRATIONS
+from .base import CheckReport, Location, check_append
+
+
+class SqliteStore:
+    """Conversations in one SQLite database file. See the module docstring."""
+
+    partial_flush_interval = 0.0
+    busy_timeout_ms = 10_000
+
+    def __init__(self, path: Path, url: str | None = None) -> None:
+        self.path = path
+        self.url = url or f"sqlite://{path}"
+        self.recovery: list[str] = []
+        self.journal_mode = "wal"
+        self._db: sqlite3.Connection | None = None
+        self._fts = False
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteStore:
+        parsed = urlparse(url)
+        path = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
+        if not path.startswith("/"):
+            raise ChatstateError(f"sqlite store URL {url!r} needs an absolute path: "
+                                 "sqlite:///abs/file.db")
+        return cls(Path(path), url)
+
+    def location(self) -> Location:
+        return Location(url=self.url, path=str(self.path))
+
+    # -- lifecycle -------------------------------------------------------------------
+    def open(self) -> None:
+        from ..durability import inspect
+
+        ensure_dir(self.path.parent)
+        with translate(self.path, "create"):
+            if not self.path.exists():  # create it 0600 before SQLite does, whatever the umask
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            os.chmod(self.path, 0o600)
+        network = inspect(self.path, probe=False).network_fs
+        with translate(self.path, "open"):
+            db = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000,
+                                 isolation_level=None, check_same_thread=False)
+        try:
+            self._configure(db, network)
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    def _configure(self, db: sqlite3.Connection, network: bool) -> None:
+        with translate(self.path, "read"):
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if app_id != APPLICATION_ID and tables:
+            raise CorruptTranscriptError(
+                f"{self.path}: a SQLite database that is not a chatstate store (application_id "
+                f"{app_id:#x}, {tables} schema objects); it was not changed. Point the store "
+                "at another file.", where=str(self.path))
+        with translate(self.path, "configure"):
+            db.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
+            if network:
+                db.execute("PRAGMA journal_mode=DELETE")
+                db.execute("PRAGMA synchronous=EXTRA")
+                self.journal_mode = "delete"
+                self.recovery.append(f"{self.path} is on a network filesystem: WAL is unsafe "
+                                     "there, using a rollback journal with synchronous=EXTRA")
+            else:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA foreign_keys=ON")
+            self._migrate(db)
+            self._fts = bool(db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise CorruptTranscriptError(
+                    f"{self.path}: schema version {version} is newer than this chatstate knows "
+                    f"({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
+                    where=str(self.path))
+            for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
+                migration(db)
+                db.execute(f"PRAGMA user_version={number}")
+                if number == len(MIGRATIONS):
+                    db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise ChatstateError(f"store {self.url} is not open: use chatstate.open_store()")
+        return self._db
+
+    @contextmanager
+    def _tx(self, action: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction; COMMIT returns only when durable (synchronous=FULL)."""
+        db = self.db
+        with translate(self.path, action):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    # the original error says more; SQLite rolls back on its own
+                    with suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
+
+    # -- reads -----------------------------------------------------------------------
+    def _header(self, db: sqlite3.Connection, cid: str) -> tuple[Any, ...]:
+        row = db.execute("SELECT id, title, created_at, updated_at, metadata, message_count "
+                         "FROM conversations WHERE id=?", (validate_id(cid),)).fetchone()
+        if row is None:
+            raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+        return tuple(row)
+
+    def load(self, conversation_id: str) -> Conversation:
+        cid = conversation_id
+        where = f"{self.path} conversation {cid!r}"
+        with translate(self.path, "read"):
+            db = self.db
+            db.execute("BEGIN")  # one snapshot for header, messages and partial
+            try:
+                head = self._header(db, cid)
+                rows = db.execute("SELECT seq, body, hash FROM messages WHERE "
+                                  "conversation_id=? ORDER BY seq", (cid,)).fetchall()
+                prow = db.execute("SELECT seq, body FROM partials WHERE conversation_id=?",
+                                  (cid,)).fetchone()
+            finally:
+                db.execute("COMMIT")
+        messages = _decode_rows(rows, where)
+        partial = None
+        if prow is not None and prow[0] == len(messages):
+            partial = _decode_body(prow[1], "", where, prow[0])
+        return Conversation.model_construct(
+            id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
+            metadata=json.loads(head[4]), messages=messages, partial=partial)
+
+    def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
+        with translate(self.path, "read"):
+            rows = self.db.execute(
+                "SELECT id, title, created_at, updated_at, message_count FROM conversations "
+                "ORDER BY updated_at DESC LIMIT ?", (-1 if limit is None else limit,)).fetchall()
+        return [ConversationSummary(id=r[0], title=r[1], created_at=r[2], updated_at=r[3],
+                                    message_count=r[4]) for r in rows]
+
+    def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
+        """(conversation id, seq, content) of messages containing ``text``."""
+        with translate(self.path, "search"):
+            if self._fts:
+                phrase = '"' + text.replace('"', '""') + '"'
+                rows = self.db.execute("SELECT conversation_id, seq, content FROM message_text "
+                                       "WHERE message_text MATCH ? LIMIT ?",
+                                       (phrase, limit)).fetchall()
+            else:
+                rows = self.db.execute(
+                    "SELECT conversation_id, seq, json_extract(body, '$.content') FROM messages "
+                    "WHERE instr(json_extract(body, '$.content'), ?) > 0 LIMIT ?",
+                    (text, limit)).fetchall()
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    # -- writes ----------------------------------------------------------------------
+    def create(self, conversation: Conversation) -> None:
+        with self._tx("create a conversation in") as db:
+            try:
+                db.execute("INSERT INTO conversations (id, title, created_at, updated_at, "
+                           "metadata) VALUES (?, ?, ?, ?, ?)",
+                           (validate_id(conversation.id), conversation.title,
+                            conversation.created_at, conversation.updated_at,
+                            json.dumps(conversation.metadata)))
+            except sqlite3.IntegrityError:
+                raise ConflictError(f"conversation {conversation.id!r} already exists in "
+                                    f"{self.url}") from None
+
+    def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
+        cid = conversation_id
+        with self._tx("append to") as db:
+            count = self._header(db, cid)[5]
+
+            def hash_at(seq: int) -> str:
+                row = db.execute("SELECT hash FROM messages WHERE conversation_id=? AND seq=?",
+                                 (cid, seq)).fetchone()
+                return str(row[0]) if row else ""
+
+            already = check_append(f"{self.path} conversation {cid!r}", count - 1, hash_at,
+                                   messages)
+            fresh = messages[already:]
+            if not fresh:
+                return
+            try:
+                db.executemany("INSERT INTO messages (conversation_id, seq, body, hash) "
+                               "VALUES (?, ?, ?, ?)",
+                               [(cid, m.seq, m.body(), m.hash) for m in fresh])
+            except sqlite3.IntegrityError:
+                raise ConflictError(f"{self.path} conversation {cid!r}: another writer took "
+                                    f"seq {fresh[0].seq}; reload and retry") from None
+            if self._fts:
+                db.executemany("INSERT INTO message_text (content, conversation_id, seq) "
+                               "VALUES (?, ?, ?)", [(m.content, cid, m.seq) for m in fresh])
+            db.execute("UPDATE conversations SET message_count=?, last_hash=?, updated_at=? "
+                       "WHERE id=?", (fresh[-1].seq + 1, fresh[-1].hash, now_iso(), cid))
+            db.execute("DELETE FROM partials WHERE conversation_id=? AND seq<=?",
+                       (cid, fresh[-1].seq))
+
+    def save_partial(self, conversation_id: str, partial: Message) -> None:
+        cid = conversation_id
+        with self._tx("save the partial reply in") as db:
+            count = self._header(db, cid)[5]
+            if partial.seq != count:
+                raise ConflictError(f"{self.path} conversation {cid!r}: partial reply for seq "
+                                    f"{partial.seq}, but the next seq is {count}",
+                                    expected_seq=partial.seq - 1, actual_seq=count - 1)
+            db.execute("INSERT OR REPLACE INTO partials (conversation_id, seq, body) "
+                       "VALUES (?, ?, ?)", (cid, partial.seq, partial.body()))
+
+    def clear_partial(self, conversation_id: str) -> None:
+        with self._tx("clear the partial reply in") as db:
+            db.execute("DELETE FROM partials WHERE conversation_id=?", (conversation_id,))
+
+    def set_header(self, conversation_id: str, *, title: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> None:
+        with self._tx("update") as db:
+            self._header(db, conversation_id)
+            if title is not None:
+                db.execute("UPDATE conversations SET title=? WHERE id=?",
+                           (title, conversation_id))
+            if metadata is not None:
+                db.execute("UPDATE conversations SET metadata=? WHERE id=?",
+                           (json.dumps(metadata), conversation_id))
+            db.execute("UPDATE conversations SET updated_at=? WHERE id=?",
+                       (now_iso(), conversation_id))
+
+    def delete(self, conversation_id: str) -> None:
+        with self._tx("delete from") as db:
+            self._header(db, conversation_id)
+            if self._fts:
+                db.execute("DELETE FROM message_text WHERE conversation_id=?",
+                           (conversation_id,))
+            db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def record_open(self, record: dict[str, Any]) -> None:
+        with self._tx("record this open in") as db:
+            db.execute("INSERT INTO opens (record) VALUES (?)",
+                       (json.dumps(record, sort_keys=True),))
+
+    def opens(self) -> list[dict[str, Any]]:
+        with translate(self.path, "read"):
+            rows = self.db.execute("SELECT record FROM opens ORDER BY id").fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def check(self) -> CheckReport:
+        report = CheckReport(ok=False, url=self.url)
+        key = f"probe-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            with self._tx("write a probe to") as db:
+                db.execute("INSERT INTO probes (id, value) VALUES (?, ?)", (key, "ok"))
+            report.steps.append(f"wrote and committed a probe row to {self.path}")
+            row = self.db.execute("SELECT value FROM probes WHERE id=?", (key,)).fetchone()
+            if row is None or row[0] != "ok":
+                raise ChatstateError(f"{self.path}: the probe row did not read back")
+            report.steps.append("read it back")
+            with self._tx("delete a probe from") as db:
+                db.execute("DELETE FROM probes WHERE id=?", (key,))
+            report.steps.append("deleted it")
+            report.ok = True
+        except (ChatstateError, sqlite3.Error, OSError) as exc:
+            report.error = str(exc)
+        return report
+
+
+def _decode_body(body: str, hash_: str, where: str, seq: int) -> Message:
+    try:
+        return Message.model_validate({**json.loads(body), "hash": hash_})
+    except ValueError as exc:
+        raise CorruptTranscriptError(f"{where}: message seq {seq} is unreadable ({exc}); the "
+                                     "database was left as it is", where=where,
+                                     position=seq) from exc
+
+
+def _decode_rows(rows: list[Any], where: str) -> list[Message]:
+    messages: list[Message] = []
+    prev: str | None = None
+    for position, (seq, body, hash_) in enumerate(rows):
+        msg = _decode_body(body, hash_, where, seq)
+        if seq != position or msg.seq != seq or chain_hash(prev, body) != hash_:
+            raise CorruptTranscriptError(
+                f"{where}: hash chain broken at seq {position} (a message was edited, removed "
+                "or reordered); the database was left as it is", where=where, position=position)
+        messages.append(msg)
+        prev = hash_
+    return messages
