@@ -1,0 +1,225 @@
+"""The stateless model adapter: its types, its one backend seam and its one retry loop.
+
+An adapter takes the whole message list on every call and returns a reply; it
+keeps no conversation state (invariant 10). The HTTP work sits behind a
+``Backend`` of two methods (one request, one streamed request), which the
+httpx2 wire client and the openai SDK client both implement. Each backend
+translates its foreign errors into ``AttemptFailed`` in exactly one place; the
+``RetryingAdapter`` below owns the single retry loop that both share, so the
+retry rules, the Retry-After handling and the error texts exist once.
+
+A stream that drops after it started is retried too: the new stream must
+re-produce the text already yielded, which is swallowed; if it diverges the
+adapter raises rather than yield text that contradicts what the caller shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import ModelError
+from ._parse import StreamAccumulator, parse_completion
+from ._policy import RetryPolicy, to_model_error
+
+__all__ = [
+    "AttemptFailed",
+    "Backend",
+    "Completion",
+    "ModelAdapter",
+    "RetryingAdapter",
+]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A whole reply: its text, the model that wrote it, token usage and why it stopped."""
+
+    text: str
+    model: str | None
+    usage: dict[str, int] | None
+    finish_reason: str | None
+
+
+class ModelAdapter(Protocol):
+    """What the session calls. Holds no conversation state: every call gets the full list."""
+
+    model: str
+    """The model used when a call does not name one."""
+
+    def complete(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+                 params: Mapping[str, Any] | None = None) -> Completion:
+        """Return the whole reply, retrying transient failures; raise ModelError when out."""
+        ...
+
+    def stream(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+               params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
+        """Yields text deltas (str) and, last, one Completion whose text is the whole reply.
+
+        The deltas concatenate to ``Completion.text``. A retried stream never
+        yields a character twice, and never yields text that contradicts what
+        was already yielded: it raises ModelError(retryable=True) instead.
+        """
+        ...
+
+
+class AttemptFailed(Exception):
+    """One attempt failed. Raised by backends, consumed by the retry loop; never escapes.
+
+    ``kind`` is one of: http, timeout, connect, cut, malformed, provider.
+    """
+
+    def __init__(self, kind: str, detail: str, *, status: int | None = None,
+                 provider_message: str | None = None, retryable: bool = False,
+                 retry_after: float | None = None) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.status = status
+        self.provider_message = provider_message
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class Backend(Protocol):
+    """One HTTP client for an OpenAI-compatible endpoint. Raises only AttemptFailed."""
+
+    endpoint: str
+    """Where requests go (no credentials), for error messages."""
+    secret: str | None
+    """The API key, so that error texts can be scrubbed of it."""
+    timeout: float | None
+    """The read timeout in seconds, for error advice."""
+
+    def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """POST a chat completion request and return the decoded JSON reply."""
+        ...
+
+    def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
+        """POST a streamed request and yield each decoded chunk until the stream ends."""
+        ...
+
+    def close(self) -> None:
+        """Release connections this backend opened (not a caller-owned client)."""
+        ...
+
+
+Attempt = Callable[[], Iterator["str | Completion"]]
+
+
+class RetryingAdapter:
+    """A ModelAdapter over any Backend, with the retry loop that every backend shares."""
+
+    def __init__(self, backend: Backend, *, model: str,
+                 policy: RetryPolicy | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.backend = backend
+        self.model = model
+        self.policy = policy or RetryPolicy()
+        self._sleep = sleep
+
+    def __repr__(self) -> str:  # never show the backend's secret
+        return f"RetryingAdapter(endpoint={self.backend.endpoint!r}, model={self.model!r})"
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def complete(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+                 params: Mapping[str, Any] | None = None) -> Completion:
+        body = self._body(messages, model, params, stream=False)
+
+        def attempt() -> Iterator[str | Completion]:
+            yield parse_completion(self.backend.send(body), Completion)
+
+        for item in self._run(attempt):
+            if isinstance(item, Completion):
+                return item
+        raise AssertionError("unreachable: _run always ends with a Completion")
+
+    def stream(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+               params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
+        body = self._body(messages, model, params, stream=True)
+
+        def attempt() -> Iterator[str | Completion]:
+            acc = StreamAccumulator()
+            with contextlib.closing(self.backend.stream(body)) as chunks:
+                for chunk in chunks:
+                    delta = acc.feed(chunk)
+                    if delta:
+                        yield delta
+            if acc.finish_reason is None:
+                # No finish_reason means the stream stopped early, even if cleanly.
+                raise AttemptFailed("cut", "the stream ended before the reply was finished",
+                                    retryable=True)
+            yield Completion(acc.text, acc.model, acc.usage, acc.finish_reason)
+
+        return self._run(attempt)
+
+    def _body(self, messages: Sequence[Mapping[str, str]], model: str | None,
+              params: Mapping[str, Any] | None, *, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = dict(params or {})
+        body["model"] = model or self.model
+        body["messages"] = [dict(m) for m in messages]
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        else:
+            body.pop("stream", None)
+            body.pop("stream_options", None)
+        return body
+
+    def _run(self, attempt: Attempt) -> Iterator[str | Completion]:
+        """The one retry loop: run attempts until one finishes, yielding each new character once.
+
+        ``shown`` is everything already yielded to the caller. A later attempt's
+        text is matched against it: the matching prefix is swallowed, only the
+        text beyond it is yielded, and a mismatch ends the call.
+        """
+        shown = ""
+        for number in itertools.count(1):
+            received = 0
+            try:
+                for item in attempt():
+                    if isinstance(item, Completion):
+                        yield self._check_final(item, shown)
+                        return
+                    new = self._unseen(item, shown, received)
+                    received += len(item)
+                    if new:
+                        shown += new
+                        yield new
+            except AttemptFailed as failure:
+                delay = self.policy.delay(failure, number)
+                if delay is None:
+                    raise self._error(failure, number, len(shown)) from failure
+                self._sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _unseen(self, delta: str, shown: str, received: int) -> str:
+        """The part of ``delta`` (which starts at offset ``received``) not yet shown."""
+        overlap = shown[received:received + len(delta)]
+        if delta[:len(overlap)] != overlap:
+            raise self._diverged(len(shown))
+        return delta[len(overlap):]
+
+    def _check_final(self, completion: Completion, shown: str) -> Completion:
+        if completion.text != shown and shown:
+            raise self._diverged(len(shown))
+        return completion
+
+    def _diverged(self, chars: int) -> ModelError:
+        return ModelError(
+            f"model stream from {self.backend.endpoint} was cut after {chars} characters and "
+            "the retried request produced a different reply, so it was not continued; "
+            "retry the turn to get a fresh reply",
+            retryable=True,
+        )
+
+    def _error(self, failure: AttemptFailed, attempts: int, shown: int) -> ModelError:
+        return to_model_error(failure, attempts=attempts, endpoint=self.backend.endpoint,
+                              secret=self.backend.secret, timeout=self.backend.timeout,
+                              shown_chars=shown)

@@ -1,0 +1,98 @@
+"""What every subcommand shares: the global options, opening the store, errors and logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+log = logging.getLogger("chatstate")
+
+
+@dataclass
+class Env:
+    """The global options, passed to subcommands as ``ctx.obj``."""
+
+    store_url: str | None = None
+    allow_ephemeral: bool = False
+    debug: bool = False
+    log_format: str = "text"
+    _store: Any = field(default=None, repr=False)
+
+    def setup_logging(self) -> None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter() if self.log_format == "json"
+                             else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger("chatstate")
+        root.handlers[:] = [handler]
+        root.setLevel(logging.DEBUG if self.debug else logging.WARNING)
+
+    def store(self, *, quiet: bool = False) -> Any:
+        """Open the store once; print where its bytes land and the verdict to stderr first."""
+        if self._store is None:
+            from ..stores import open_store
+
+            self._store = open_store(self.store_url, allow_ephemeral=self.allow_ephemeral)
+            if not quiet:
+                describe_store(self._store)
+        return self._store
+
+
+def describe_store(store: Any) -> None:
+    report = store.guard_report
+    line = f"store {store.url} {report.one_line()}"
+    if report.verdict != "durable":
+        line += " (" + " ".join(report.reasons[:1]) + ")"
+    click.echo(line, err=True)
+    for note in store.recovery:
+        click.echo(f"recovered: {note}", err=True)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"level": record.levelname.lower(), "logger": record.name,
+                           "message": record.getMessage(), "time": record.created})
+
+
+def run(cli: click.Group, argv: list[str] | None) -> int:
+    """Invoke the CLI; chatstate errors become one clear paragraph and exit 1."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="chatstate", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 1
+    except Exception as exc:
+        from ..errors import ChatstateError
+
+        if debug:
+            traceback.print_exc()
+        name = type(exc).__name__
+        if isinstance(exc, ChatstateError):
+            click.echo(f"error: {exc}", err=True)
+        else:
+            click.echo(f"error: unexpected {name}: {exc}. Rerun with --debug for the "
+                       "traceback, and please report it.", err=True)
+        return 1
+    return 0
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print one paragraph to stderr and exit with ``code``."""
+    click.echo(f"error: {message}", err=True)
+    raise click.exceptions.Exit(code)
