@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ..errors import ModelError
 from ._parse import StreamAccumulator, parse_completion
-from ._policy import RetryPolicy, to_model_error
+from ._policy import AttemptFailed, RetryPolicy, to_model_error
 
 __all__ = [
     "AttemptFailed",
@@ -67,24 +67,6 @@ class ModelAdapter(Protocol):
         ...
 
 
-class AttemptFailed(Exception):
-    """One attempt failed. Raised by backends, consumed by the retry loop; never escapes.
-
-    ``kind`` is one of: http, timeout, connect, cut, malformed, provider.
-    """
-
-    def __init__(self, kind: str, detail: str, *, status: int | None = None,
-                 provider_message: str | None = None, retryable: bool = False,
-                 retry_after: float | None = None) -> None:
-        super().__init__(detail)
-        self.kind = kind
-        self.detail = detail
-        self.status = status
-        self.provider_message = provider_message
-        self.retryable = retryable
-        self.retry_after = retry_after
-
-
 class Backend(Protocol):
     """One HTTP client for an OpenAI-compatible endpoint. Raises only AttemptFailed."""
 
@@ -108,7 +90,7 @@ class Backend(Protocol):
         ...
 
 
-Attempt = Callable[[], Iterator["str | Completion"]]
+Attempt = Callable[[], Generator["str | Completion", None, None]]
 
 
 class RetryingAdapter:
@@ -132,8 +114,8 @@ class RetryingAdapter:
                  params: Mapping[str, Any] | None = None) -> Completion:
         body = self._body(messages, model, params, stream=False)
 
-        def attempt() -> Iterator[str | Completion]:
-            yield parse_completion(self.backend.send(body), Completion)
+        def attempt() -> Generator[str | Completion, None, None]:
+            yield Completion(*parse_completion(self.backend.send(body)))
 
         for item in self._run(attempt):
             if isinstance(item, Completion):
@@ -144,7 +126,7 @@ class RetryingAdapter:
                params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
         body = self._body(messages, model, params, stream=True)
 
-        def attempt() -> Iterator[str | Completion]:
+        def attempt() -> Generator[str | Completion, None, None]:
             acc = StreamAccumulator()
             with contextlib.closing(self.backend.stream(body)) as chunks:
                 for chunk in chunks:
@@ -155,7 +137,7 @@ class RetryingAdapter:
                 # No finish_reason means the stream stopped early, even if cleanly.
                 raise AttemptFailed("cut", "the stream ended before the reply was finished",
                                     retryable=True)
-            yield Completion(acc.text, acc.model, acc.usage, acc.finish_reason)
+            yield Completion(*acc.reply())
 
         return self._run(attempt)
 
@@ -183,15 +165,16 @@ class RetryingAdapter:
         for number in itertools.count(1):
             received = 0
             try:
-                for item in attempt():
-                    if isinstance(item, Completion):
-                        yield self._check_final(item, shown)
-                        return
-                    new = self._unseen(item, shown, received)
-                    received += len(item)
-                    if new:
-                        shown += new
-                        yield new
+                with contextlib.closing(attempt()) as items:
+                    for item in items:
+                        if isinstance(item, Completion):
+                            yield self._check_final(item, shown)
+                            return
+                        new = self._unseen(item, shown, received)
+                        received += len(item)
+                        if new:
+                            shown += new
+                            yield new
             except AttemptFailed as failure:
                 delay = self.policy.delay(failure, number)
                 if delay is None:

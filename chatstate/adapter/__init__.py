@@ -1,0 +1,94 @@
+"""The stateless model adapter: whole message list in, reply out, retries inside.
+
+    adapter = make_adapter()                       # httpx2 wire client, settings from env
+    adapter = make_adapter(client=openai.OpenAI()) # the caller's SDK client
+    adapter.complete(messages)  -> Completion
+    adapter.stream(messages)    -> str deltas ..., then one Completion
+
+Importing this package is cheap: httpx2, pydantic-settings and openai load
+only when an adapter is made (openai only for an SDK client).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._policy import RetryPolicy
+from .base import Backend, Completion, ModelAdapter, RetryingAdapter
+
+if TYPE_CHECKING:
+    from .settings import ModelSettings
+
+__all__ = [
+    "Backend",
+    "Completion",
+    "ModelAdapter",
+    "ModelSettings",
+    "RetryPolicy",
+    "RetryingAdapter",
+    "make_adapter",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # ModelSettings pulls in pydantic-settings; load it on first use only.
+    if name == "ModelSettings":
+        from .settings import ModelSettings
+
+        return ModelSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def make_adapter(*, model: str | None = None, base_url: str | None = None,
+                 api_key: str | None = None, client: Any = None, timeout: float | None = None,
+                 max_retries: int | None = None, backoff_base: float | None = None,
+                 settings: ModelSettings | None = None) -> RetryingAdapter:
+    """Build an adapter. Arguments win over ``settings`` (default: ``ModelSettings()``,
+    i.e. CHATSTATE_* env > OPENAI_* env > .env).
+
+    ``client`` = an ``openai.OpenAI`` instance -> the SDK backend (openai is
+    imported only then; its own retries are switched off); otherwise the
+    httpx2 wire backend talks to ``base_url``. ``base_url``/``api_key`` with a
+    ``client`` is an error: the client already carries both.
+    """
+    from pydantic import SecretStr
+
+    from .settings import ModelSettings
+
+    given: dict[str, Any] = {"model": model, "base_url": base_url,
+                             "api_key": SecretStr(api_key) if api_key is not None else None,
+                             "timeout": timeout, "max_retries": max_retries,
+                             "backoff_base": backoff_base}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if settings is None:
+        settings = ModelSettings(**overrides)
+    elif overrides:
+        settings = settings.model_copy(update=overrides)
+    policy = RetryPolicy(max_retries=settings.max_retries, backoff_base=settings.backoff_base,
+                         backoff_max=settings.backoff_max,
+                         retry_after_max=settings.retry_after_max)
+    backend = _backend(settings, client, explicit_timeout=timeout is not None
+                       or "timeout" in settings.model_fields_set,
+                       conflicting=base_url is not None or api_key is not None)
+    return RetryingAdapter(backend, model=settings.model, policy=policy)
+
+
+def _backend(settings: ModelSettings, client: Any, *, explicit_timeout: bool,
+             conflicting: bool) -> Backend:
+    if client is None:
+        from .wire import WireBackend
+
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        return WireBackend(settings.base_url, key, timeout=settings.timeout,
+                           connect_timeout=settings.connect_timeout)
+    import openai
+
+    from .sdk import SdkBackend
+
+    if not isinstance(client, openai.OpenAI):
+        raise TypeError(f"client must be an openai.OpenAI instance, not {type(client).__name__}")
+    if conflicting:
+        raise ValueError("pass base_url/api_key to the openai.OpenAI client, not with client=")
+    # The caller's client keeps its own timeout unless one was configured here.
+    return SdkBackend(client, timeout=settings.timeout if explicit_timeout else None,
+                      connect_timeout=settings.connect_timeout)

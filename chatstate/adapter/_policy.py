@@ -1,0 +1,157 @@
+"""When to retry, how long to wait, and what to tell the user when retries run out.
+
+Retried: 408, 409, 429, every 5xx, connection errors, timeouts and streams cut
+short. Not retried: other 4xx (the same request would fail the same way) and
+malformed replies (a proxy or a non-compatible server; waiting does not help).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..errors import ModelError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+# Providers echo keys in 401 texts ("Incorrect API key provided: sk-ab***yz").
+_KEY_PATTERN = re.compile(r"\b(sk|key|rk)-[A-Za-z0-9_*\-]{4,}")
+
+
+class AttemptFailed(Exception):
+    """One attempt failed. Raised by backends, consumed by the retry loop; never escapes.
+
+    ``kind`` is one of: http, timeout, connect, cut, malformed, provider.
+    """
+
+    def __init__(self, kind: str, detail: str, *, status: int | None = None,
+                 provider_message: str | None = None, retryable: bool = False,
+                 retry_after: float | None = None) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.status = status
+        self.provider_message = provider_message
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+def is_retryable_status(status: int) -> bool:
+    return status in RETRYABLE_STATUS or status >= 500
+
+
+@dataclass
+class RetryPolicy:
+    """Exponential backoff with jitter, overridden by the server's Retry-After.
+
+    ``max_retries`` counts retries, so a call makes at most ``max_retries + 1``
+    requests. A Retry-After longer than ``retry_after_max`` is capped there:
+    a provider asking for minutes would otherwise hang an interactive turn.
+    """
+
+    max_retries: int = 3
+    backoff_base: float = 0.5
+    backoff_max: float = 20.0
+    retry_after_max: float = 60.0
+    rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    def delay(self, failure: AttemptFailed, attempt: int) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1``, or None to give up."""
+        if not failure.retryable or attempt > self.max_retries:
+            return None
+        if failure.retry_after is not None:
+            return min(max(failure.retry_after, 0.0), self.retry_after_max)
+        ceiling = min(self.backoff_max, self.backoff_base * 2.0 ** (attempt - 1))
+        # "Equal jitter": at least half the ceiling, so waits still grow, but
+        # clients that failed together do not all come back together.
+        return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds the server asked us to wait: ``retry-after-ms``, or ``Retry-After``
+    as delay-seconds or an HTTP date. None when absent or unreadable."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    millis = lowered.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(float(millis) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    import email.utils  # HTTP dates are rare; keep the import off the startup path
+
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an HTTP date without a zone is GMT by definition
+        return None
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Remove the API key, and anything shaped like one, from text bound for a user."""
+    if secret:
+        text = text.replace(secret, "[redacted]")
+    return _KEY_PATTERN.sub(lambda m: f"{m.group(1)}-[redacted]", text)
+
+
+def advice(failure: AttemptFailed, timeout: float | None) -> str:
+    """What the user can do about this failure."""
+    status = failure.status
+    if status == 401:
+        return "check the API key (CHATSTATE_API_KEY or OPENAI_API_KEY)"
+    if status == 403:
+        return "check that the API key may use this model and project"
+    if status == 404:
+        return "check the model name (CHATSTATE_MODEL) and the base URL (CHATSTATE_BASE_URL)"
+    if status == 429:
+        return "the provider is rate limiting: wait or lower concurrency"
+    if status is not None and status >= 500:
+        return "the provider is failing: try again later"
+    if status is not None:
+        return "the request was rejected: check the messages and parameters"
+    if failure.kind == "timeout":
+        limit = f" within {timeout:g}s" if timeout else ""
+        return f"the endpoint did not answer{limit}: raise CHATSTATE_TIMEOUT or try again later"
+    if failure.kind == "connect":
+        return "check the base URL and the network (is the server running?)"
+    if failure.kind == "malformed":
+        return ("the reply is not OpenAI-compatible: check the base URL, or a proxy "
+                "in between")
+    if failure.kind == "cut":
+        return "the connection dropped mid-reply: try again"
+    return "try again later"
+
+
+def to_model_error(failure: AttemptFailed, *, attempts: int, endpoint: str,
+                   secret: str | None, timeout: float | None,
+                   shown_chars: int = 0) -> ModelError:
+    """The ModelError for a failure that will not be retried (again)."""
+    what = f"HTTP {failure.status}" if failure.status is not None else failure.detail
+    if failure.provider_message:
+        what += f" ({failure.provider_message})"
+    tries = f" after {attempts} attempts" if attempts > 1 else ""
+    cut = (f"; the stream was cut after {shown_chars} characters"
+           if shown_chars else "")
+    message = (f"model request to {endpoint} failed: {what}{tries}{cut}; "
+               f"{advice(failure, timeout)}")
+    provider = failure.provider_message
+    return ModelError(
+        redact(message, secret),
+        status=failure.status,
+        provider_message=redact(provider, secret) if provider is not None else None,
+        retryable=failure.retryable,
+    )

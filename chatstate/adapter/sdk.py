@@ -1,0 +1,96 @@
+"""A backend over a caller's ``openai.OpenAI`` client (for its auth, proxies, providers).
+
+The client is copied with ``max_retries=0``: the adapter's retry loop is the
+only one, so the SDK's retries cannot multiply with ours, and a stream that
+drops mid-way (which the SDK never retries) is covered too. Every openai
+error is translated into ``AttemptFailed`` in ``_translate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any
+
+import httpx2
+import openai
+
+from ._parse import provider_message
+from ._policy import AttemptFailed, is_retryable_status, parse_retry_after
+
+__all__ = ["SdkBackend"]
+
+# Sent as keyword arguments; every other request field travels in extra_body,
+# so per-call params the SDK does not know yet still reach the server.
+_KWARGS = ("model", "messages", "stream", "stream_options")
+
+
+class SdkBackend:
+    """A Backend that sends requests through ``client.chat.completions.create``."""
+
+    def __init__(self, client: openai.OpenAI, *, timeout: float | None = None,
+                 connect_timeout: float = 10.0) -> None:
+        if timeout is not None:
+            client = client.with_options(
+                max_retries=0, timeout=httpx2.Timeout(timeout, connect=min(connect_timeout,
+                                                                           timeout)))
+        else:
+            client = client.with_options(max_retries=0)
+        self._client = client
+        self.endpoint = str(client.base_url).rstrip("/") + "/chat/completions"
+        key = getattr(client, "api_key", None)
+        self.secret = key if isinstance(key, str) else None
+        configured = client.timeout
+        self.timeout = (configured.read if isinstance(configured, httpx2.Timeout)
+                        else configured if isinstance(configured, (int, float)) else None)
+
+    def __repr__(self) -> str:
+        return f"SdkBackend(endpoint={self.endpoint!r})"
+
+    def close(self) -> None:
+        """The client belongs to the caller; it is theirs to close."""
+
+    def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        with _translate():
+            reply: Mapping[str, Any] = self._create(body).to_dict()
+            return reply
+
+    def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
+        with _translate(), self._create(body) as chunks:
+            for chunk in chunks:
+                yield chunk.to_dict()
+
+    def _create(self, body: Mapping[str, Any]) -> Any:
+        kwargs = {k: body[k] for k in _KWARGS if k in body}
+        extra = {k: v for k, v in body.items() if k not in _KWARGS}
+        return self._client.chat.completions.create(**kwargs, extra_body=extra or None)
+
+
+@contextlib.contextmanager
+def _translate() -> Iterator[None]:
+    """Map openai errors to AttemptFailed, most specific first (the one place this happens)."""
+    try:
+        yield
+    except openai.APITimeoutError as exc:
+        raise AttemptFailed("timeout", "timed out", retryable=True) from exc
+    except openai.APIConnectionError as exc:
+        if isinstance(exc.__cause__, httpx2.ConnectError):
+            raise AttemptFailed("connect", f"could not connect: {exc.__cause__}",
+                                retryable=True) from exc
+        raise AttemptFailed("cut", f"the connection dropped: {exc.__cause__ or exc}",
+                            retryable=True) from exc
+    except openai.APIStatusError as exc:
+        status = exc.status_code
+        raise AttemptFailed(
+            "http", f"HTTP {status}", status=status,
+            provider_message=provider_message(exc.body) or None,
+            retryable=is_retryable_status(status),
+            retry_after=parse_retry_after(exc.response.headers),
+        ) from exc
+    except openai.APIResponseValidationError as exc:
+        raise AttemptFailed("malformed", f"malformed reply: {exc.message}") from exc
+    except openai.APIError as exc:
+        raise AttemptFailed("provider", "the provider reported an error",
+                            provider_message=exc.message) from exc
+    except ValueError as exc:  # the SDK's SSE decoder lets json.JSONDecodeError through
+        raise AttemptFailed("malformed", f"malformed reply (not JSON): {exc}") from exc

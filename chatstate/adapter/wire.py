@@ -1,0 +1,117 @@
+"""The default backend: OpenAI chat completions over plain httpx2, JSON and SSE.
+
+It speaks only ``POST {base_url}/chat/completions``, so it works with any
+OpenAI-compatible server and keeps the openai SDK out of the import path.
+Every httpx2 error is translated into ``AttemptFailed`` in ``_translate``,
+around the request and around the stream iteration alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any
+
+import httpx2
+
+from ._parse import provider_message
+from ._policy import AttemptFailed, is_retryable_status, parse_retry_after
+
+__all__ = ["WireBackend"]
+
+
+class WireBackend:
+    """A Backend over an httpx2 client that this object owns (or one passed in)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *,
+                 timeout: float | None = 60.0, connect_timeout: float = 10.0,
+                 http_client: httpx2.Client | None = None) -> None:
+        self.endpoint = base_url.rstrip("/") + "/chat/completions"
+        self.secret = api_key
+        self.timeout = timeout
+        self._owns_client = http_client is None
+        self._client = http_client or httpx2.Client(
+            timeout=httpx2.Timeout(timeout, connect=_min(connect_timeout, timeout)))
+        self._headers = {"User-Agent": "chatstate"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    def __repr__(self) -> str:  # the default repr would be fine today; keep it key-free by design
+        return f"WireBackend(endpoint={self.endpoint!r})"
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        with _translate():
+            response = self._client.post(self.endpoint, json=dict(body), headers=self._headers)
+            _raise_for_status(response)
+            return _decode(response.content, "response body")
+
+    def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
+        headers = {**self._headers, "Accept": "text/event-stream"}
+        with _translate(), self._client.stream("POST", self.endpoint, json=dict(body),
+                                               headers=headers) as response:
+            _raise_for_status(response)
+            for data in _event_data(response):
+                if data.strip() == "[DONE]":
+                    return
+                yield _decode(data, "SSE event")
+
+
+def _min(a: float, b: float | None) -> float:
+    return a if b is None else min(a, b)
+
+
+def _event_data(response: httpx2.Response) -> Iterator[str]:
+    for event in httpx2.EventSource(response):
+        if event.event not in ("message", "error"):
+            continue  # other named events (pings) carry no chat completion data
+        yield event.data
+
+
+def _decode(raw: bytes | str, what: str) -> Mapping[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        raise AttemptFailed("malformed", f"malformed {what} (not JSON): {text[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise AttemptFailed("malformed", f"malformed {what}: expected a JSON object")
+    return value
+
+
+def _raise_for_status(response: httpx2.Response) -> None:
+    if response.status_code < 400:
+        return
+    status = response.status_code
+    raise AttemptFailed(
+        "http", f"HTTP {status}", status=status,
+        provider_message=provider_message(response.read()),
+        retryable=is_retryable_status(status),
+        retry_after=parse_retry_after(response.headers),
+    )
+
+
+@contextlib.contextmanager
+def _translate() -> Iterator[None]:
+    """Map httpx2 errors to AttemptFailed, most specific first (the one place this happens)."""
+    try:
+        yield
+    except httpx2.SSEError as exc:
+        raise AttemptFailed("malformed", f"malformed event stream: {exc}") from exc
+    except httpx2.TimeoutException as exc:
+        raise AttemptFailed("timeout", f"timed out ({type(exc).__name__})",
+                            retryable=True) from exc
+    except httpx2.UnsupportedProtocol as exc:
+        raise AttemptFailed("connect", f"unsupported URL: {exc}") from exc
+    except httpx2.ConnectError as exc:
+        raise AttemptFailed("connect", f"could not connect: {exc}", retryable=True) from exc
+    except httpx2.TransportError as exc:
+        raise AttemptFailed("cut", f"the connection dropped: {exc}", retryable=True) from exc
+    except httpx2.DecodingError as exc:
+        raise AttemptFailed("malformed", f"undecodable response: {exc}") from exc
+    except httpx2.InvalidURL as exc:
+        raise AttemptFailed("connect", f"invalid URL: {exc}") from exc
