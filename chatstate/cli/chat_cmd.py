@@ -1,0 +1,185 @@
+"""`chatstate chat`: the REPL. Line editing and history by prompt_toolkit.
+
+Replies are rendered as they become durable (the session yields a delta only
+after the store holds it). Ctrl-C cancels the reply in flight (the partial is
+kept) without leaving the REPL; Ctrl-D exits.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+from .common import Env
+from .render import neutralise
+from .turns import conversation_options, open_chat
+
+HELP = """commands:
+  /help            this help
+  /new             start a new conversation
+  /history         show this conversation so far
+  /retry           complete the interrupted turn
+  /model NAME      switch model
+  /system TEXT     add a system instruction
+  /title TEXT      set the conversation title
+  /export FILE     write the conversation as JSON
+  /exit            leave (or Ctrl-D)
+Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
+
+
+@click.command()
+@conversation_options
+@click.option("--no-stream", is_flag=True, help="Print each reply whole.")
+@click.pass_obj
+def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
+         offline: bool, base_url: str | None, system: str | None, no_stream: bool) -> None:
+    """The chat REPL."""
+    with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
+                   offline=offline, base_url=base_url, system=system) as session:
+        Repl(session, stream=not no_stream).run()
+
+
+class Repl:
+    def __init__(self, session: Any, *, stream: bool) -> None:
+        self.chat = session
+        self.stream = stream
+        self.read = make_reader()
+
+    def say(self, text: str) -> None:
+        click.echo(text, err=True)
+
+    def run(self) -> None:
+        self.greet()
+        while True:
+            try:
+                line = self.read()
+            except KeyboardInterrupt:
+                continue
+            except EOFError:
+                self.say("bye")
+                return
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                if self.command(line.strip()) == "exit":
+                    return
+                continue
+            self.render(partial(self.chat.stream, line), partial(self.chat.send, line))
+
+    def greet(self) -> None:
+        c = self.chat
+        self.say(f"conversation {c.id} · model {c.model or '(default)'} · /help for commands")
+        for m in c.messages[-6:]:
+            self.show(m)
+        turn = c.interrupted
+        if turn is not None:
+            self.say(f"! the last turn was interrupted: {turn.describe()}. Type /retry to "
+                     "complete it.")
+            if turn.partial is not None:
+                self.say("  partial reply so far: " + neutralise(turn.partial.content[-200:]))
+
+    def show(self, m: Any) -> None:
+        tag = " (partial)" if m.status == "partial" else ""
+        click.echo(f"{m.role}{tag}> {neutralise(m.content)}")
+
+    def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:
+        from ..errors import ChatstateError
+
+        try:
+            if self.stream:
+                sys.stdout.write("assistant> ")
+                for delta in streamer():
+                    sys.stdout.write(neutralise(delta))
+                    sys.stdout.flush()
+                sys.stdout.write("\n")
+            else:
+                self.show(sender())
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            self.say("[interrupted: the partial reply is kept; /retry completes the turn]")
+        except ChatstateError as exc:
+            sys.stdout.write("\n")
+            self.say(f"error: {exc}")
+            if self.chat.interrupted is not None:
+                self.say("[your message is stored; /retry completes the turn]")
+
+    def command(self, line: str) -> str | None:
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        c = self.chat
+        if name in ("/exit", "/quit"):
+            return "exit"
+        if name == "/help":
+            self.say(HELP)
+        elif name == "/new":
+            from ..transcript import new_id
+
+            c.id = new_id()
+            c.reload()
+            self.say(f"new conversation {c.id}")
+        elif name == "/history":
+            for m in c.messages:
+                self.show(m)
+        elif name == "/retry":
+            if c.interrupted is None:
+                self.say("nothing to retry: the last turn is complete")
+            else:
+                self.render(c.retry_stream, c.retry)
+        elif name == "/model" and arg:
+            c.model = arg
+            self.say(f"model {arg}")
+        elif name == "/system" and arg:
+            c.add_system(arg)
+            self.say("system instruction stored")
+        elif name == "/title" and arg:
+            c.set_title(arg)
+            self.say(f"title: {arg}")
+        elif name == "/export" and arg:
+            self.export(arg)
+        else:
+            self.say(f"unknown or incomplete command {name!r}; /help lists them")
+        return None
+
+    def export(self, target: str) -> None:
+        import json
+        from pathlib import Path
+
+        from ..stores._files import atomic_write
+        from ..transfer import to_document
+
+        path = Path(target).expanduser().absolute()
+        doc = to_document(self.chat.store.load(self.chat.id), export=True)
+        atomic_write(path, (json.dumps(doc, ensure_ascii=False, indent=2) + "\n").encode())
+        self.say(f"exported to {path}")
+
+
+def make_reader() -> Callable[[], str]:
+    """prompt_toolkit on a terminal (line editing, persistent history); plain stdin otherwise."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        def plain() -> str:
+            line = sys.stdin.readline()
+            if not line:
+                raise EOFError
+            return line.rstrip("\n")
+        return plain
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory
+    from prompt_toolkit.key_binding import KeyBindings
+
+    from ..doctor import history_path
+
+    path = history_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    keys = KeyBindings()
+
+    @keys.add("escape", "enter")
+    def _newline(event: Any) -> None:
+        event.current_buffer.insert_text("\n")
+
+    session: PromptSession[str] = PromptSession(history=FileHistory(str(path)),
+                                                key_bindings=keys, multiline=False)
+    return lambda: session.prompt("you> ")

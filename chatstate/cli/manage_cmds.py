@@ -1,0 +1,185 @@
+"""list, replay, export, import, rm, prune, search, repair: the transcript housekeeping."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import click
+
+from .common import Env, fail
+from .render import neutralise
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array.")
+@click.option("--limit", type=int, default=None, help="At most N conversations.")
+@click.pass_obj
+def list_cmd(env: Env, as_json: bool, limit: int | None) -> None:
+    """List conversations, most recently updated first."""
+    rows = env.store().list_conversations(limit=limit)
+    if as_json:
+        click.echo(json.dumps([r.model_dump() for r in rows], indent=2))
+        return
+    for r in rows:
+        click.echo(f"{r.id}  {r.updated_at[:19]}  {r.message_count:>5} msgs  "
+                   f"{neutralise(r.title)}")
+    if not rows:
+        click.echo("(no conversations)", err=True)
+
+
+@click.command()
+@click.argument("conversation_id", metavar="ID")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json", "jsonl"]),
+              default="text", show_default=True)
+@click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 naming the first "
+              "bad seq.")
+@click.pass_obj
+def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
+    """Print a stored transcript (a partial reply shows as status partial)."""
+    from ..errors import CorruptTranscriptError
+    from ..transfer import render
+
+    try:
+        conv = env.store().load(conversation_id)
+    except CorruptTranscriptError as exc:
+        where = f" at seq {exc.position}" if exc.position is not None else ""
+        fail(f"verification failed{where}: {exc}")
+    text = render(conv, fmt)
+    click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
+    if verify:
+        bad = conv.verify()
+        if bad is not None:
+            fail(f"hash chain broken at seq {bad}")
+        tip = conv.last.hash[:16] if conv.last else "-"
+        click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)",
+                   err=True)
+    if conv.partial is not None or (conv.last and conv.last.role == "user"):
+        click.echo("note: the last turn was interrupted; `chatstate ask --id "
+                   f"{conv.id} --retry` completes it", err=True)
+
+
+@click.command()
+@click.argument("conversation_id", metavar="ID")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              required=True, help="File to write ('-' for stdout).")
+@click.pass_obj
+def export(env: Env, conversation_id: str, output: Path) -> None:
+    """Write a conversation (with hashes, and any partial reply) as JSON."""
+    from ..stores._files import atomic_write
+    from ..transfer import to_document
+
+    conv = env.store().load(conversation_id)
+    data = json.dumps(to_document(conv, export=True), ensure_ascii=False, indent=2) + "\n"
+    if str(output) == "-":
+        sys.stdout.write(data)
+        return
+    atomic_write(output.absolute(), data.encode())
+    click.echo(f"exported {conv.id} ({len(conv.messages)} messages) to {output}", err=True)
+
+
+@click.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--id", "conversation_id", help="Import under this id instead.")
+@click.pass_obj
+def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
+    """Import a chatstate export or a plain OpenAI messages list."""
+    from ..transcript import validate_id
+    from ..transfer import read_import
+
+    conv, messages = read_import(path)
+    if conversation_id:
+        conv.id = validate_id(conversation_id)
+    store = env.store()
+    store.create(conv)
+    if messages:
+        store.append(conv.id, messages)
+    if conv.partial is not None:
+        store.save_partial(conv.id, conv.partial)
+    click.echo(conv.id)
+    click.echo(f"imported {len(messages)} messages as {conv.id}", err=True)
+
+
+@click.command()
+@click.argument("conversation_id", metavar="ID")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def rm(env: Env, conversation_id: str, yes: bool) -> None:
+    """Delete a conversation."""
+    store = env.store()
+    conv = store.load(conversation_id)
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"delete {conv.id} ({len(conv.messages)} messages)?", abort=True)
+    store.delete(conversation_id)
+    click.echo(f"deleted {conversation_id}", err=True)
+
+
+def parse_age(text: str) -> timedelta:
+    match = re.fullmatch(r"(\d+)\s*([smhdw])", text.strip())
+    if not match:
+        raise click.BadParameter(f"{text!r}: use a number and a unit, e.g. 30d, 12h, 2w")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+    return timedelta(**{unit[match.group(2)]: int(match.group(1))})
+
+
+@click.command()
+@click.option("--older-than", "older_than", required=True, metavar="AGE",
+              help="e.g. 30d, 12h, 2w (by last update).")
+@click.option("--yes", is_flag=True, help="Really delete (otherwise a dry run).")
+@click.pass_obj
+def prune(env: Env, older_than: str, yes: bool) -> None:
+    """Retention: delete conversations not updated for AGE. A dry run unless --yes."""
+    cutoff = datetime.now(timezone.utc) - parse_age(older_than)
+    store = env.store()
+    old = [s for s in store.list_conversations()
+           if s.updated_at and datetime.fromisoformat(s.updated_at.replace("Z", "+00:00"))
+           < cutoff]
+    for s in old:
+        if yes:
+            store.delete(s.id)
+        click.echo(f"{'deleted' if yes else 'would delete'} {s.id} (updated {s.updated_at})")
+    if not yes:
+        click.echo(f"dry run: {len(old)} conversation(s) older than {older_than}; add --yes "
+                   "to delete them", err=True)
+
+
+@click.command()
+@click.argument("text")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.pass_obj
+def search(env: Env, text: str, limit: int) -> None:
+    """Full-text search (SQLite FTS5 for sqlite stores, a streaming scan elsewhere)."""
+    store = env.store()
+    if hasattr(store, "search"):
+        hits = store.search(text, limit=limit)
+    else:
+        hits = []
+        for summary in store.list_conversations():
+            for m in store.load(summary.id).messages:
+                if text.lower() in m.content.lower():
+                    hits.append((summary.id, m.seq, m.content))
+            if len(hits) >= limit:
+                break
+    for cid, seq, content in hits[:limit]:
+        click.echo(f"{cid}#{seq}: {neutralise(' '.join(content.split())[:120])}")
+    if not hits:
+        click.echo("no matches", err=True)
+
+
+@click.command()
+@click.argument("conversation_id", metavar="ID")
+@click.pass_obj
+def repair(env: Env, conversation_id: str) -> None:
+    """Quarantine a damaged transcript (moved aside, never deleted)."""
+    store = env.store()
+    quarantine = getattr(store, "quarantine", None)
+    if quarantine is None:
+        fail(f"{store.url}: this store has no repair yet; copy the damaged object aside by "
+             "hand")
+        return
+    where = quarantine(conversation_id)
+    click.echo(f"moved {conversation_id} to {where}; the conversation id is free again",
+               err=True)

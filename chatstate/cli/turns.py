@@ -1,0 +1,65 @@
+"""Shared by `chat` and `ask`: pick the conversation, build the adapter, open the Chat."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+from .common import Env, fail
+
+FAKE_MODELS = {"fake", "offline"}
+
+
+def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--id / -c / --new / --model / --base-url / --system, shared by chat and ask."""
+    for decorator in reversed([
+        click.option("--id", "conversation_id", metavar="ID",
+                     help="Continue conversation ID, or create it."),
+        click.option("-c", "--continue", "cont", is_flag=True,
+                     help="Continue the most recently updated conversation."),
+        click.option("--new", is_flag=True, help="Start a new conversation (the default)."),
+        click.option("--model", "-m", metavar="M", help="Model name; 'fake' uses the "
+                     "built-in offline fake model (also --offline)."),
+        click.option("--offline", is_flag=True, help="Use the built-in fake model."),
+        click.option("--base-url", metavar="URL", help="OpenAI-compatible endpoint "
+                     "(default: CHATSTATE_BASE_URL / OPENAI_BASE_URL)."),
+        click.option("--system", metavar="TEXT", help="System prompt for a new conversation."),
+    ]):
+        f = decorator(f)
+    return f
+
+
+def pick_conversation(store: Any, conversation_id: str | None, cont: bool,
+                      new: bool) -> str | None:
+    if sum(bool(x) for x in (conversation_id, cont, new)) > 1:
+        fail("choose one of --id, --continue and --new", code=2)
+    if cont:
+        latest = store.list_conversations(limit=1)
+        if not latest:
+            fail(f"there is no conversation to continue in {store.url}; start one with --new")
+        return str(latest[0].id)
+    return conversation_id
+
+
+@contextlib.contextmanager
+def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
+              model: str | None, offline: bool, base_url: str | None,
+              system: str | None) -> Iterator[Any]:
+    """A Chat over the configured store; with --model fake, a fake model for its lifetime."""
+    from ..session import Chat
+
+    store = env.store()
+    cid = pick_conversation(store, conversation_id, cont, new)
+    with contextlib.ExitStack() as stack:
+        api_key = None
+        if offline or (model or "").lower() in FAKE_MODELS:
+            from ..testing import FakeModel
+
+            fake = stack.enter_context(FakeModel(chunk_delay=0.01))
+            base_url, model, api_key = fake.base_url, "fake", "offline"
+        chat = Chat(store, conversation_id=cid, model=model, base_url=base_url,
+                    api_key=api_key, system=system)
+        yield chat

@@ -1,0 +1,273 @@
+"""Chat: the one place that orders persist -> call -> persist -> render.
+
+A turn: seal and append the user message (durable before the request leaves),
+call the model with the whole transcript, append the reply, and only then hand
+text to the caller. While streaming, deltas go into the store's partial reply
+first and are yielded after ``save_partial`` returns, so whatever a caller has
+shown is a prefix of what is stored.
+
+Opening a conversation is recovery: a trailing user message without a reply, a
+stored partial reply, or a committed partial with no complete reply after it is
+an *interrupted turn*, exposed as ``chat.interrupted``; ``retry()`` completes it
+under the same turn id. A partial reply is never dropped: before a new reply is
+written for that turn (or a new turn starts) it is committed into the chain with
+status ``partial``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
+from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A turn that a killed process, a model failure or Ctrl-C left without a complete reply."""
+
+    turn_id: str
+    user_message: Message | None
+    partial: Message | None  # the stored in-progress reply, if any
+
+    def describe(self) -> str:
+        if self.partial is not None:
+            return (f"the reply to turn {self.turn_id} was cut off after "
+                    f"{len(self.partial.content)} characters (kept as partial)")
+        return f"turn {self.turn_id} has no reply yet"
+
+
+class Chat:
+    """A conversation bound to a store and a stateless model adapter.
+
+    ``store`` is a Store or a store URL; ``adapter`` a ModelAdapter, else one is
+    made from ``model``/``base_url``/``api_key``/``client`` and the settings.
+    ``conversation_id`` continues that conversation or creates it on first send.
+    """
+
+    def __init__(self, store: Any = None, *, conversation_id: str | None = None,
+                 model: str | None = None, adapter: Any = None, system: str | None = None,
+                 title: str | None = None, base_url: str | None = None,
+                 api_key: str | None = None, client: Any = None,
+                 params: Mapping[str, Any] | None = None,
+                 flush_interval: float | None = None, allow_ephemeral: bool = False) -> None:
+        if store is None or isinstance(store, str):
+            from .stores import open_store
+
+            store = open_store(store, allow_ephemeral=allow_ephemeral)
+        self.store = store
+        if adapter is None:
+            from .adapter import make_adapter
+
+            adapter = make_adapter(model=model, base_url=base_url, api_key=api_key,
+                                   client=client)
+        self.adapter = adapter
+        self.model = model or getattr(adapter, "model", None)
+        self.params: dict[str, Any] = dict(params or {})
+        self.flush_interval = (flush_interval if flush_interval is not None
+                               else float(getattr(store, "partial_flush_interval", 0.0)))
+        self.id = validate_id(conversation_id) if conversation_id else new_id()
+        self._title = title
+        self._system = system
+        self.conversation = self._load()
+
+    # -- state -----------------------------------------------------------------------
+    def _load(self) -> Conversation:
+        try:
+            conv: Conversation = self.store.load(self.id)
+        except ConversationNotFound:
+            self._created = False
+            return Conversation(id=self.id, title=self._title or "")
+        self._created = True
+        return conv
+
+    def reload(self) -> Conversation:
+        self.conversation = self._load()
+        return self.conversation
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.conversation.messages
+
+    @property
+    def interrupted(self) -> Interrupted | None:
+        """The turn left without a complete reply, if the conversation ends in one."""
+        conv = self.conversation
+        last = conv.last
+        if conv.partial is not None:
+            return Interrupted(conv.partial.turn_id, _user_of(conv, conv.partial.turn_id),
+                               conv.partial)
+        if last is not None and last.role == "user":
+            return Interrupted(last.turn_id, last, None)
+        if last is not None and last.role == "assistant" and last.status == "partial":
+            return Interrupted(last.turn_id, _user_of(conv, last.turn_id), None)
+        return None
+
+    def _ensure_created(self) -> None:
+        if self._created:
+            return
+        try:
+            self.store.create(self.conversation)
+        except ConflictError:  # someone created it meanwhile: continue theirs
+            self.reload()
+        self._created = True
+        if self._system and not self.conversation.messages:
+            self._append([self._seal(role="system", content=self._system,
+                                     turn_id=new_turn_id())])
+
+    def _seal(self, **fields: Any) -> Message:
+        return Message.seal(self.conversation.last, **fields)
+
+    def _append(self, messages: list[Message]) -> None:
+        self.store.append(self.id, messages)
+        conv = self.conversation
+        conv.messages = conv.messages + messages
+        if conv.partial is not None and conv.partial.seq <= messages[-1].seq:
+            conv.partial = None
+
+    def _append_user(self, text: str, params: dict[str, Any]) -> Message:
+        """Append the user's message; on a conflict, go after the other writer's whole turn."""
+        for attempt in (1, 2):
+            msg = self._seal(role="user", content=text, turn_id=new_turn_id(),
+                             params=params or None)
+            try:
+                self._append([msg])
+                return msg
+            except ConflictError:
+                self.reload()
+                if attempt == 2 or self.interrupted is not None:
+                    raise  # never put our turn into the middle of another writer's turn
+        raise AssertionError("unreachable")
+
+    def _settle_partial(self) -> None:
+        """Commit a stored partial reply into the chain so it is kept, visibly, as partial."""
+        partial = self.conversation.partial
+        if partial is not None:
+            self._append([partial])
+
+    # -- public API --------------------------------------------------------------------
+    def send(self, text: str, **params: Any) -> Message:
+        """One turn, not streamed. Returns the reply, already durable."""
+        return self._consume(self._turn(text, params, streaming=False))
+
+    def stream(self, text: str, **params: Any) -> Generator[str, None, None]:
+        """One streamed turn. Each delta is durable in the store before it is yielded."""
+        return self._turn(text, params, streaming=True)
+
+    def retry(self, **params: Any) -> Message:
+        """Complete the interrupted turn under the same turn id (no second user message)."""
+        return self._consume(self._retry(params, streaming=False))
+
+    def retry_stream(self, **params: Any) -> Generator[str, None, None]:
+        return self._retry(params, streaming=True)
+
+    def set_title(self, title: str) -> None:
+        self._ensure_created()
+        self.store.set_header(self.id, title=title)
+        self.conversation.title = title
+
+    def add_system(self, text: str) -> Message:
+        """Append a system message (a new instruction from here on)."""
+        self._ensure_created()
+        self._settle_partial()
+        msg = self._seal(role="system", content=text, turn_id=new_turn_id())
+        self._append([msg])
+        return msg
+
+    # -- the turn ----------------------------------------------------------------------
+    def _consume(self, gen: Iterator[str]) -> Message:
+        for _ in gen:
+            pass
+        last = self.conversation.last
+        assert last is not None and last.role == "assistant"
+        return last
+
+    def _turn(self, text: str, params: dict[str, Any], *,
+              streaming: bool) -> Generator[str, None, None]:
+        self._ensure_created()
+        self._settle_partial()
+        merged = {**self.params, **params}
+        user = self._append_user(text, merged)
+        if not self.conversation.title and self._title is None:
+            self._auto_title(text)
+        return self._reply(user.turn_id, merged, streaming)
+
+    def _retry(self, params: dict[str, Any], *,
+               streaming: bool) -> Generator[str, None, None]:
+        turn = self.interrupted
+        if turn is None:
+            raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
+        self._settle_partial()
+        merged = {**self.params, **(turn.user_message.params or {} if turn.user_message
+                                    else {}), **params}
+        return self._reply(turn.turn_id, merged, streaming)
+
+    def _auto_title(self, text: str) -> None:
+        title = " ".join(text.split())[:60]
+        if title:
+            self.store.set_header(self.id, title=title)
+            self.conversation.title = title
+
+    def _history(self) -> list[dict[str, str]]:
+        # The model never sees cut-off replies as if they were its final words.
+        return [m.to_openai() for m in self.conversation.messages if m.status == "complete"]
+
+    def _reply(self, turn_id: str, params: dict[str, Any],
+               streaming: bool) -> Generator[str, None, None]:
+        """Generator: call the model, persist, then yield. The only place a turn is written."""
+        from .adapter import Completion
+
+        history, model = self._history(), params.pop("model", None) or self.model
+        if not streaming:
+            done = self.adapter.complete(history, model=model, params=params or None)
+            yield from self._commit(turn_id, done, params)
+            return
+        shown, pending, last_flush = "", "", time.monotonic()
+        try:
+            for event in self.adapter.stream(history, model=model, params=params or None):
+                if isinstance(event, Completion):
+                    yield from self._commit(turn_id, event, params, shown)
+                    return
+                pending += event
+                if time.monotonic() - last_flush >= self.flush_interval:
+                    self._save_partial(turn_id, shown + pending, model)
+                    out, shown, pending = pending, shown + pending, ""
+                    last_flush = time.monotonic()
+                    yield out
+            raise ModelError("the model stream ended without a final completion",
+                             retryable=True)
+        except BaseException:
+            # Ctrl-C, a closed generator or a model error: keep what arrived, then let it go.
+            if pending:
+                self._save_partial(turn_id, shown + pending, model, quiet=True)
+            raise
+
+    def _save_partial(self, turn_id: str, text: str, model: str | None,
+                      quiet: bool = False) -> None:
+        partial = self._seal(role="assistant", content=text, turn_id=turn_id,
+                             status="partial", model=model)
+        try:
+            self.store.save_partial(self.id, partial)
+        except ChatstateError:
+            if not quiet:
+                raise
+            return
+        self.conversation.partial = partial
+
+    def _commit(self, turn_id: str, done: Any, params: dict[str, Any],
+                shown: str = "") -> Iterator[str]:
+        reply = self._seal(role="assistant", content=done.text, turn_id=turn_id,
+                           model=done.model, usage=done.usage)
+        self._append([reply])
+        if done.text.startswith(shown) and len(done.text) > len(shown):
+            yield done.text[len(shown):]
+
+
+def _user_of(conv: Conversation, turn_id: str) -> Message | None:
+    for msg in reversed(conv.messages):
+        if msg.turn_id == turn_id and msg.role == "user":
+            return msg
+    return None

@@ -1,0 +1,111 @@
+"""Export and import of transcripts, and the text renderings used by `replay`.
+
+The export format is the conversation as JSON with its hash-chained messages
+(and the partial reply, if any, as a trailing message with status ``partial``);
+importing it reproduces the same hashes. A plain OpenAI ``messages`` list
+(``[{"role": ..., "content": ...}, ...]``, bare or under a ``messages`` key
+without hashes) is imported as a new conversation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import ChatstateError, CorruptTranscriptError
+from .transcript import (
+    SCHEMA_VERSION,
+    Conversation,
+    Message,
+    check_schema,
+    new_id,
+    new_turn_id,
+    validate_id,
+    verify_chain,
+)
+
+ROLES = {"system", "user", "assistant", "tool"}
+
+
+def to_document(conv: Conversation, *, export: bool = False) -> dict[str, Any]:
+    """As JSON. For replay the partial reply is a trailing message with status ``partial``;
+    an export keeps it apart (``partial``) so an import restores it as the partial."""
+    messages = [m.model_dump() for m in conv.messages]
+    partial = conv.partial.model_dump() if conv.partial is not None else None
+    if export:
+        return {"schema": SCHEMA_VERSION, **conv.header(), "messages": messages,
+                "partial": partial}
+    if partial is not None:
+        messages.append(partial)
+    return {"schema": SCHEMA_VERSION, **conv.header(), "messages": messages}
+
+
+def render(conv: Conversation, fmt: str) -> str:
+    """The conversation as text, markdown, json or jsonl (messages + partial)."""
+    doc = to_document(conv)
+    if fmt == "json":
+        return json.dumps(doc, ensure_ascii=False, indent=2)
+    if fmt == "jsonl":
+        return "\n".join(json.dumps(m, ensure_ascii=False) for m in doc["messages"])
+    lines = []
+    if fmt == "markdown":
+        lines.append(f"# {conv.title or conv.id}\n")
+    for m in doc["messages"]:
+        tag = " (partial: cut off)" if m["status"] == "partial" else ""
+        if fmt == "markdown":
+            lines.append(f"**{m['role']}**{tag} · seq {m['seq']}\n\n{m['content']}\n")
+        else:
+            lines.append(f"[{m['seq']}] {m['role']}{tag}: {m['content']}")
+    return "\n".join(lines)
+
+
+def read_import(path: Path) -> tuple[Conversation, list[Message]]:
+    """Parse an export or a plain OpenAI messages list; raise a clear error for anything else."""
+    where = str(path)
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ChatstateError(f"{where}: cannot import: not readable JSON ({exc}). Expected a "
+                             "chatstate export or an OpenAI messages list.") from exc
+    if isinstance(data, dict) and "schema" in data:
+        return _from_export(data, where)
+    raw = data.get("messages") if isinstance(data, dict) else data
+    if not isinstance(raw, list) or not raw or not all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+            for m in raw):
+        raise ChatstateError(f"{where}: cannot import: not a chatstate export and not an "
+                             "OpenAI messages list ([{\"role\": \"user\", \"content\": "
+                             "\"...\"}, ...]).")
+    title = data.get("title", "") if isinstance(data, dict) else ""
+    conv = Conversation(id=new_id("import"), title=str(title))
+    messages: list[Message] = []
+    turn = new_turn_id()
+    for item in raw:
+        if item["role"] == "user":
+            turn = new_turn_id()
+        prev = messages[-1] if messages else None
+        messages.append(Message.seal(prev, role=item["role"], content=item["content"],
+                                     turn_id=turn))
+    return conv, messages
+
+
+def _from_export(data: dict[str, Any], where: str) -> tuple[Conversation, list[Message]]:
+    check_schema(data.get("schema"), where)
+    try:
+        conv = Conversation(id=validate_id(data.get("id")), title=data.get("title") or "",
+                            created_at=data["created_at"], updated_at=data["updated_at"],
+                            metadata=data.get("metadata") or {})
+        messages = [Message.model_validate(m) for m in data.get("messages", [])]
+        if data.get("partial"):
+            conv.partial = Message.model_validate(data["partial"])
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise CorruptTranscriptError(f"{where}: not a valid chatstate export ({exc})",
+                                     where=where) from exc
+    bad = verify_chain(messages)
+    if bad is not None:
+        raise CorruptTranscriptError(f"{where}: hash chain broken at seq {bad}; not imported",
+                                     where=where, position=bad)
+    return conv, messages
