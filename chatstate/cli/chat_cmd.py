@@ -8,8 +8,8 @@ kept) without leaving the REPL; Ctrl-D exits.
 from __future__ import annotations
 
 import sys
-from functools import partial
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import click
