@@ -179,7 +179,8 @@ class SqliteStore:
         messages = _decode_rows(rows, where)
         partial = None
         if prow is not None and prow[0] == len(messages):
-            partial = _decode_body(prow[1], "", where, prow[0])
+            prev = messages[-1].hash if messages else None
+            partial = _decode_body(prow[1], chain_hash(prev, prow[1]), where, prow[0])
         return Conversation.model_construct(
             id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
             metadata=json.loads(head[4]), messages=messages, partial=partial)
