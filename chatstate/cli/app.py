@@ -1,0 +1,98 @@
+"""The click group: global options and the lazily loaded subcommands.
+
+Subcommands live in their own modules and are imported only when invoked (no
+pydantic, openai or httpx2 at startup).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+# name -> (module, attribute, one-line help shown by --help without importing the module)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "chat": ("chatstate.cli.chat_cmd", "chat", "The chat REPL."),
+    "ask": ("chatstate.cli.ask_cmd", "ask", "One turn, for scripts: prints only the reply."),
+    "list": ("chatstate.cli.manage_cmds", "list_cmd", "List conversations, newest first."),
+    "replay": ("chatstate.cli.manage_cmds", "replay", "Print a stored transcript."),
+    "export": ("chatstate.cli.manage_cmds", "export", "Write a conversation to a file."),
+    "import": ("chatstate.cli.manage_cmds", "import_cmd", "Import a transcript file."),
+    "rm": ("chatstate.cli.manage_cmds", "rm", "Delete a conversation."),
+    "prune": ("chatstate.cli.manage_cmds", "prune", "Delete old conversations (dry run "
+              "unless --yes)."),
+    "search": ("chatstate.cli.manage_cmds", "search", "Full-text search over transcripts."),
+    "repair": ("chatstate.cli.manage_cmds", "repair", "Quarantine a damaged transcript."),
+    "doctor": ("chatstate.cli.doctor_cmd", "doctor", "Readiness check that touches real "
+               "state."),
+    "probe": ("chatstate.cli.probe_cmd", "probe", "Boot id, hostname and where writes land."),
+    "survival": ("chatstate.cli.survival_cmd", "survival", "Write/verify checksummed "
+                 "records across restarts."),
+    "demo": ("chatstate.cli.demo_cmd", "demo", "The main job, offline, in a few seconds."),
+    "fake-server": ("chatstate.cli.fake_cmd", "fake_server", "Run the built-in fake "
+                    "OpenAI-compatible model."),
+    "migrate": ("chatstate.cli.migrate_cmd", "migrate", "Copy every conversation between "
+                "stores."),
+    "batch": ("chatstate.cli.batch_cmd", "batch", "Resumable batch runner."),
+    "drill": ("chatstate.cli.drill_cmd", "drill", "kill -9 a writer again and again; prove "
+              "nothing acknowledged was lost."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[cmd_name]
+        try:
+            command: click.Command = getattr(importlib.import_module(module), attr)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            return click.Command(cmd_name, help=f"({cmd_name} is not built yet)",
+                                 callback=_absent(cmd_name))
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in sorted(COMMANDS)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _absent(name: str) -> Any:
+    def fail() -> None:
+        raise click.ClickException(f"'chatstate {name}' is not part of this build yet.")
+    return fail
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--store", "store_url", envvar="CHATSTATE_STORE", metavar="URL",
+              help="json:///dir, sqlite:///file.db or s3://bucket/prefix (default: "
+                   "CHATSTATE_STORE, else SQLite in the user data directory).")
+@click.option("--allow-ephemeral", is_flag=True, envvar="CHATSTATE_ALLOW_EPHEMERAL",
+              help="Accept a store on tmpfs, /tmp or a container layer (data will not "
+                   "survive a restart).")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Format of log lines (always on stderr).")
+@click.version_option(package_name="chatstate")
+@click.pass_context
+def cli(ctx: click.Context, store_url: str | None, allow_ephemeral: bool, debug: bool,
+        log_format: str) -> None:
+    """chatstate: an LLM chat client whose history survives kill -9, restarts and redeploys."""
+    from .common import Env
+
+    ctx.obj = Env(store_url=store_url, allow_ephemeral=allow_ephemeral, debug=debug,
+                  log_format=log_format)
+    ctx.obj.setup_logging()
+
+
+def render_help() -> str:
+    """The top-level help exactly as click prints it (the source of ``_help.TEXT``)."""
+    with click.Context(cli, info_name="chatstate", terminal_width=80,
+                       **cli.context_settings) as ctx:
+        return cli.get_help(ctx) + "\n"
