@@ -45,7 +45,8 @@ def doctor(env: Env, as_json: bool, limit: int) -> None:
     else:
         click.echo(_text(report))
     if not report.ready:
-        raise click.exceptions.Exit(1)
+        # SystemExit, not click's Exit: common.run() drops the code click returns for Exit
+        sys.exit(1)
 
 
 def _summary(report: DoctorReport) -> list[tuple[str, str]]:

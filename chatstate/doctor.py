@@ -1,0 +1,295 @@
+"""``doctor``: is the store ready, what has it survived, and where does chatstate keep state?
+
+Readiness touches real state, in order: open the store (the durability guard
+runs first), ``check()`` (a probe written, read back and deleted), then load and
+verify every conversation up to a limit. A conversation that fails is named
+with its error and makes the store not ready; the data is only read.
+
+What the store has survived comes from its ``opens()`` records (boot id,
+hostname, DEPLOY_ID of every open): two distinct boot ids mean it has come
+through one reboot.
+
+Nothing here prints a secret: URLs lose their credentials (``redact_url``) and
+any text bound for the user passes through ``scrub``, which removes the values
+of secret-looking environment variables whatever the text is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from .durability import Report, host_identity, inspect
+
+__all__ = ["DoctorReport", "StateRow", "Survived", "check_conversations", "diagnose",
+           "history_path", "redact_url", "run", "scrub", "state_table", "survived",
+           "unreachable"]
+
+DEFAULT_LIMIT = 1000
+SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|AUTH|SESSION|PRIVATE", re.I)
+REDACTED = "[redacted]"
+
+
+def history_path() -> Path:
+    """Where the REPL keeps its input history (prompt_toolkit ``FileHistory``)."""
+    from platformdirs import user_state_dir
+
+    return Path(user_state_dir("chatstate")) / "history"
+
+
+# -- what may be printed --------------------------------------------------------------
+def redact_url(url: str) -> str:
+    """``url`` without a user:password part and without secret-looking query values."""
+    if "://" not in url:
+        return scrub(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = urlencode([(k, REDACTED if SECRET_NAME.search(k) else v) for k, v in pairs],
+                      safe="/:[]")
+    # built by hand: urlunsplit would turn sqlite:///abs into sqlite:/abs
+    shown = f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+    return scrub(shown + (f"#{parts.fragment}" if parts.fragment else ""))
+
+
+def scrub(text: str) -> str:
+    """``text`` with the value of every secret-looking environment variable removed."""
+    for name, value in os.environ.items():
+        if len(value) >= 4 and SECRET_NAME.search(name) and value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+# -- the parts of a report ------------------------------------------------------------
+@dataclass
+class StateRow:
+    """One kind of state chatstate keeps (or refuses to keep), and how safe it is."""
+
+    what: str
+    where: str
+    rebuilds: str
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Survived:
+    """What the store's open records say it has come through."""
+
+    opens: int = 0
+    boot_ids: list[str] = field(default_factory=list)
+    deploy_ids: list[str] = field(default_factory=list)
+    hostnames: list[str] = field(default_factory=list)
+    first_open: str | None = None
+
+    @property
+    def reboots(self) -> int:
+        return max(len(self.boot_ids) - 1, 0)
+
+    def sentence(self) -> str:
+        if not self.opens:
+            return "no opens recorded yet"
+        reboots = "1 reboot" if self.reboots == 1 else f"{self.reboots} reboots"
+        deploys = (f"{len(self.deploy_ids)} deploy{'s' * (len(self.deploy_ids) != 1)} "
+                   f"({', '.join(self.deploy_ids[-3:])})" if self.deploy_ids
+                   else "no DEPLOY_ID seen")
+        hosts = ", ".join(self.hostnames[-5:]) + (" …" if len(self.hostnames) > 5 else "")
+        return (f"{reboots}, {deploys}, host{'s' * (len(self.hostnames) != 1)} {hosts}; "
+                f"{self.opens} open{'s' * (self.opens != 1)} since "
+                f"{self.first_open or 'an unknown time'}")
+
+
+@dataclass
+class ConversationCheck:
+    checked: int = 0
+    limit: int = DEFAULT_LIMIT
+    more: bool = False
+    interrupted: int = 0
+    failures: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class DoctorReport:
+    """Everything ``chatstate doctor`` prints; ``to_dict()`` is its ``--json``."""
+
+    ready: bool
+    store: str
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    recovery: list[str] = field(default_factory=list)
+    durability: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
+    conversations: ConversationCheck | None = None
+    survived: Survived | None = None
+    state: list[StateRow] = field(default_factory=list)
+    host: dict[str, str | None] = field(default_factory=host_identity)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.survived is not None:
+            data["survived"]["reboots"] = self.survived.reboots
+            data["survived"]["summary"] = self.survived.sentence()
+        return data
+
+
+# -- the checks -----------------------------------------------------------------------
+def survived(opens: list[dict[str, Any]]) -> Survived:
+    out = Survived(opens=len(opens))
+    for rec in opens:
+        for key, seen in (("boot_id", out.boot_ids), ("deploy_id", out.deploy_ids),
+                          ("hostname", out.hostnames)):
+            value = rec.get(key)
+            if isinstance(value, str) and value and value not in seen:
+                seen.append(value)
+        if out.first_open is None and isinstance(rec.get("opened_at"), str):
+            out.first_open = rec["opened_at"]
+    return out
+
+
+def check_conversations(store: Any, limit: int = DEFAULT_LIMIT) -> ConversationCheck:
+    """Load and verify up to ``limit`` conversations, newest first; name every failure."""
+    from .errors import ConversationNotFound
+
+    result = ConversationCheck(limit=limit)
+    summaries = store.list_conversations(limit=limit + 1)
+    result.more = len(summaries) > limit
+    for summary in summaries[:limit]:
+        try:
+            conv = store.load(summary.id)
+            bad = conv.verify()
+            if bad is not None:
+                raise ValueError(f"hash chain broken at seq {bad}")
+        except ConversationNotFound:
+            continue  # deleted while we looked: not damage
+        except Exception as exc:  # a diagnostic names every failure, it never stops at one
+            kind = "" if _is_ours(exc) else f"unexpected {type(exc).__name__}: "
+            result.failures.append({"id": summary.id, "error": scrub(kind + str(exc))})
+        else:
+            last = conv.last
+            if conv.partial is not None or (last is not None and last.role == "user"):
+                result.interrupted += 1
+        result.checked += 1
+    return result
+
+
+def _is_ours(exc: BaseException) -> bool:
+    from .errors import ChatstateError
+
+    return isinstance(exc, ChatstateError | ValueError)
+
+
+def diagnose(store: Any, *, limit: int = DEFAULT_LIMIT) -> DoctorReport:
+    """The full report for a store that opened (``open_store`` ran the guard already)."""
+    guard: Report = store.guard_report
+    report = DoctorReport(ready=True, store=redact_url(store.url),
+                          durability=_scrubbed(guard.to_dict()),
+                          recovery=[scrub(note) for note in store.recovery])
+    if guard.verdict == "ephemeral":
+        report.warnings.append("the store is on ephemeral storage (allowed explicitly): its "
+                               "transcripts will not survive a restart")
+    elif guard.verdict == "unknown":
+        report.warnings.append("the store's durability is unknown: " + guard.reasons[0]
+                               if guard.reasons else "the store's durability is unknown")
+    check = store.check()
+    report.check = _scrubbed(check.to_dict())
+    if not check.ok:
+        report.problems.append(f"the store's probe write/read/delete failed: {check.error}")
+    report.conversations = check_conversations(store, limit)
+    for failure in report.conversations.failures:
+        report.problems.append(f"conversation {failure['id']!r} does not load: "
+                               f"{failure['error']}")
+    report.survived = survived(store.opens())
+    report.state = state_table(store.url, guard)
+    report.problems = [scrub(p) for p in report.problems]
+    report.ready = not report.problems
+    return report
+
+
+def unreachable(url: str, exc: BaseException) -> DoctorReport:
+    """The report when the store did not open (refused by the guard, unreadable, ...)."""
+    report = DoctorReport(ready=False, store=redact_url(url),
+                          problems=[scrub(f"the store did not open: {exc}")])
+    report.state = state_table(url, None)
+    return report
+
+
+def run(url: str | None = None, *, allow_ephemeral: bool = False,
+        limit: int = DEFAULT_LIMIT) -> DoctorReport:
+    """``chatstate doctor`` as a library call."""
+    from .errors import ChatstateError
+    from .stores import default_store_url, open_store
+
+    url = url or default_store_url()
+    try:
+        store = open_store(url, allow_ephemeral=allow_ephemeral)
+    except ChatstateError as exc:
+        return unreachable(url, exc)
+    try:
+        return diagnose(store, limit=limit)
+    finally:
+        store.close()
+
+
+# -- the durability table for chatstate's own state -------------------------------------
+def state_table(url: str, guard: Report | None) -> list[StateRow]:
+    """Where each kind of chatstate state lives, what rebuilds it, and its verdict."""
+    where, partials, verdict = _store_places(url, guard)
+    history = history_path()
+    hist = inspect(history, probe=history.parent.is_dir())
+    env_file = " (a .env file in the current directory is read, never written)" if (
+        Path(".env").is_file()) else ""
+    return [
+        StateRow("transcripts", where, "nothing: this is the state; copy it with `chatstate "
+                 "export` or `chatstate migrate`", verdict.verdict, verdict.reasons),
+        StateRow("in-progress replies", partials, "the next turn: the interrupted turn is "
+                 "kept and `/retry` asks the model again", verdict.verdict, verdict.reasons),
+        StateRow("REPL input history", str(history), "nothing needed: convenience only (up "
+                 "arrow starts empty)", hist.verdict, hist.reasons),
+        StateRow("batch ledger and outputs", "per batch output dir: see `chatstate batch "
+                 "status` (ledger DIR/.chatstate-batch.db)", "`chatstate batch run` again: "
+                 "lost outputs are redone, done rows are never called twice",
+                 "checked by `batch run`", ["probed before a batch's first write"]),
+        StateRow("secrets", "environment only: CHATSTATE_API_KEY / OPENAI_API_KEY, AWS "
+                 "credential chain" + env_file, "your deploy environment or secret manager",
+                 "never stored", ["chatstate writes no key to a transcript, log or report"]),
+        StateRow("logs", "stderr only", "nothing: whatever captures stderr keeps them",
+                 "not stored", ["--log-format json for a collector"]),
+    ]
+
+
+def _store_places(url: str, guard: Report | None) -> tuple[str, str, Report]:
+    from .stores import store_class
+
+    shown = redact_url(url)
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    try:
+        loc = store_class(scheme).from_url(url).location()
+    except Exception as exc:  # an unknown or malformed URL still gets a row
+        return shown, shown, Report(path=shown, verdict="unknown",
+                                    reasons=[scrub(f"could not place the store: {exc}")])
+    if loc.path is None:
+        remote = Report(path=shown, verdict="durable", fstype="remote", reasons=[
+            f"remote store at {redact_url(loc.remote or url)}: its durability is the "
+            "service's own promise"])
+        return shown, f"{shown} (beside each conversation)", guard or remote
+    report = guard or inspect(loc.path, probe=False)
+    path = Path(loc.path)
+    partials = (f"{path / '.partials'}" if scheme == "json"
+                else f"{path} (the partials table)" if scheme == "sqlite"
+                else f"{path} (beside each conversation)")
+    return str(path), partials, report
+
+
+def _scrubbed(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: scrub(v) if isinstance(v, str) else
+            [scrub(x) if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
+            for k, v in data.items()}
