@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 # Providers echo keys in 401 texts ("Incorrect API key provided: sk-ab***yz").
-_KEY_PATTERN = re.compile(r"\b(sk|key|rk)-[A-Za-z0-9_*\-]{4,}")
+_KEY_PATTERN = re.compile(r"\b(sk|rk)-[A-Za-z0-9_*\-]{8,}")
 
 
 class AttemptFailed(Exception):

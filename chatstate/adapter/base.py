@@ -203,6 +203,22 @@ class RetryingAdapter:
         )
 
     def _error(self, failure: AttemptFailed, attempts: int, shown: int) -> ModelError:
+        _drop_leaky_causes(failure, self.backend.secret)
         return to_model_error(failure, attempts=attempts, endpoint=self.backend.endpoint,
                               secret=self.backend.secret, timeout=self.backend.timeout,
                               shown_chars=shown)
+
+
+def _drop_leaky_causes(failure: AttemptFailed, secret: str | None) -> None:
+    """Cut the chain below ``failure`` if any foreign exception in it quotes the key.
+
+    Providers and proxies sometimes echo the key they rejected; a traceback
+    printing that chain would put it on screen or in a log (invariant 9).
+    """
+    link: BaseException | None = failure.__cause__ or failure.__context__
+    while secret and link is not None:
+        if secret in str(link) or secret in repr(link):
+            failure.__cause__ = failure.__context__ = None
+            failure.__suppress_context__ = True
+            return
+        link = link.__cause__ or link.__context__

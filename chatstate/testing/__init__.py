@@ -1,0 +1,18 @@
+"""Test helpers that ship with chatstate: a fake OpenAI-compatible model server.
+
+    from chatstate.testing import FakeModel
+    with FakeModel() as fake:
+        fake.base_url          # http://127.0.0.1:PORT/v1
+        fake.fail_next(429, times=2, retry_after=1)
+
+Stdlib only, so importing it costs next to nothing.
+"""
+
+from __future__ import annotations
+
+from ._replies import reply_text
+from ._script import Controls
+from .control import FakeControl
+from .fake_server import FakeModel, serve
+
+__all__ = ["Controls", "FakeControl", "FakeModel", "reply_text", "serve"]

@@ -1,0 +1,278 @@
+"""The fake model's HTTP side: routing, the OpenAI wire format, and each fault acted out.
+
+HTTP/1.1 with keep-alive and chunked SSE, like a real provider, so a
+"cut" is a genuine mid-body connection drop that the client's HTTP stack
+sees, not a polite end of stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, NamedTuple
+
+from ._replies import (
+    chunk_body,
+    completion_body,
+    default_error_message,
+    error_body,
+    reply_chunks,
+    usage,
+)
+from ._script import Fault, Rule, Script
+
+
+class FakeHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # close() drops connections itself; never wait on a hung handler
+
+    def __init__(self, address: tuple[str, int], script: Script) -> None:
+        self.script = script
+        self.stopping = threading.Event()
+        self.ids = itertools.count(1)
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def track(self, conn: socket.socket, *, open_: bool) -> None:
+        with self._connections_lock:
+            if open_:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def stop(self) -> None:
+        self.stopping.set()  # wakes handlers sleeping in latency/hang/chunk_delay
+        self.shutdown()
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:  # idle keep-alive handlers would otherwise block on read
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self.server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-reply (a timeout under test) is not a server bug.
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: FakeHTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, open_=True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, open_=False)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silent: the request log is the record, and stderr belongs to the test runner."""
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        script = self.server.script
+        if self.path == "/v1/models":
+            script.record(self._entry(None, status=200, behaviour="ok"))
+            model = script.options.model
+            self._json(200, {"object": "list", "data": [
+                {"id": model, "object": "model", "created": 0, "owned_by": "chatstate"}]})
+        elif self.path == "/_fake/log":
+            self._json(200, script.apply("log", {}))
+        elif self.path == "/_fake/state":
+            self._json(200, script.apply("state", {}))
+        else:
+            self._json(404, error_body(404, f"no route GET {self.path} (fake)"))
+
+    def do_POST(self) -> None:
+        body = self._read_json()
+        if body is None:
+            return
+        if self.path == "/v1/chat/completions":
+            self._chat(body)
+        elif self.path == "/_fake/control":
+            self._control(body)
+        elif self.path == "/_fake/reset":
+            self.server.script.apply("reset", {})
+            self._json(200, {"ok": True, "result": None})
+        else:
+            self._json(404, error_body(404, f"no route POST {self.path} (fake)"))
+
+    def _control(self, body: dict[str, Any]) -> None:
+        try:
+            result = self.server.script.apply(str(body.get("command")), dict(body.get("args", {})))
+        except (TypeError, ValueError) as exc:
+            self._json(400, error_body(400, f"bad control command: {exc}"))
+            return
+        self._json(200, {"ok": True, "result": result})
+
+    # -- the chat endpoint ---------------------------------------------------------------------
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        script, options = self.server.script, self.server.script.options
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            self._json(400, error_body(400, "messages must be a list of objects (fake)"))
+            return
+        last_user = next((str(m.get("content")) for m in reversed(messages)
+                          if m.get("role") == "user"), "")
+        act = script.next_behaviour(last_user)
+        failing = isinstance(act, Rule) or (isinstance(act, Fault) and act.kind == "fail")
+        status = act.status if failing and act is not None else 200
+        behaviour = "rule" if isinstance(act, Rule) else act.kind if act else "ok"
+        script.record(self._entry(body, status=status, behaviour=behaviour))
+        self._pause(options.latency)
+        if failing and act is not None:
+            self._error(act.status, act.retry_after, act.message)
+            return
+        if isinstance(act, Fault) and act.kind == "hang":
+            self._pause(act.seconds)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        chunks, finish = reply_chunks(messages, options.reply_words,
+                                      max_tokens if isinstance(max_tokens, int) else None)
+        reply = _Reply(f"chatcmpl-fake-{next(self.server.ids)}", str(body.get("model")
+                       or options.model), int(time.time()), chunks, finish, usage(messages, chunks))
+        fault = act if isinstance(act, Fault) else None
+        if body.get("stream"):
+            include = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._stream(reply, fault, include)
+        else:
+            self._complete(reply, fault)
+
+    def _complete(self, reply: _Reply, fault: Fault | None) -> None:
+        if fault is not None and fault.kind == "malformed":
+            self._raw(200, b'{"choices": [{"message": ', "application/json")
+            return
+        raw = json.dumps(completion_body(reply.id, reply.model, reply.created, "".join(
+            reply.chunks), reply.finish, reply.usage)).encode()
+        if fault is not None and fault.kind == "cut":
+            self._send_head(200, "application/json", len(raw))
+            self.wfile.write(raw[: len(raw) // 2])
+            self.close_connection = True  # the rest never comes
+            return
+        self._raw(200, raw, "application/json")
+
+    def _stream(self, reply: _Reply, fault: Fault | None, include_usage: bool) -> None:
+        self._send_head(200, "text/event-stream; charset=utf-8", None)
+
+        def chunk(**kwargs: Any) -> dict[str, Any]:
+            return chunk_body(reply.id, reply.model, reply.created,
+                              include_usage=include_usage, **kwargs)
+
+        self._event(chunk(delta={"role": "assistant", "content": "", "refusal": None}))
+        if fault is not None and fault.kind == "malformed":
+            self._event_raw("{this is not json")
+        for index, piece in enumerate(reply.chunks):
+            if fault is not None and fault.kind == "cut" and index >= fault.after_chunks:
+                break
+            self._event(chunk(delta={"content": piece}))
+        else:
+            self._event(chunk(delta={}, finish_reason=reply.finish))
+            if include_usage:
+                self._event(chunk_body(reply.id, reply.model, reply.created,
+                                       include_usage=True, token_usage=reply.usage))
+            self._event_raw("[DONE]")
+            self._end_chunks()
+            return
+        assert fault is not None
+        if fault.clean:  # a well-formed body that simply stops: no finish_reason, no [DONE]
+            self._end_chunks()
+        else:  # drop the connection mid-body, as a dying proxy or network would
+            self.close_connection = True
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _error(self, status: int, retry_after: float | str | None, message: str | None) -> None:
+        headers = {}
+        if retry_after is not None:
+            headers["Retry-After"] = _header_seconds(retry_after)
+        raw = json.dumps(error_body(status, message or default_error_message(status))).encode()
+        self._raw(status, raw, "application/json", headers)
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._raw(status, json.dumps(payload).encode(), "application/json")
+
+    def _raw(self, status: int, raw: bytes, content_type: str,
+             headers: dict[str, str] | None = None) -> None:
+        self._send_head(status, content_type, len(raw), headers)
+        self.wfile.write(raw)
+
+    def _send_head(self, status: int, content_type: str, length: int | None,
+                   headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        if length is None:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Cache-Control", "no-cache")
+        else:
+            self.send_header("Content-Length", str(length))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+
+    def _event(self, payload: dict[str, Any]) -> None:
+        self._event_raw(json.dumps(payload))
+        self._pause(self.server.script.options.chunk_delay)
+
+    def _event_raw(self, data: str) -> None:
+        raw = f"data: {data}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
+
+    def _end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _read_json(self) -> dict[str, Any] | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self._json(400, error_body(400, "request body must be a JSON object (fake)"))
+            return None
+        return body
+
+    def _entry(self, body: dict[str, Any] | None, *, status: int,
+               behaviour: str) -> dict[str, Any]:
+        body = body or {}
+        return {
+            "time": time.time(), "method": self.command, "path": self.path,
+            "body": body or None, "messages": body.get("messages"), "model": body.get("model"),
+            "stream": bool(body.get("stream")),
+            # Presence only: the value is a credential and must never be recorded.
+            "authorization": "Authorization" in self.headers,
+            "status": status, "behaviour": behaviour,
+        }
+
+    def _pause(self, seconds: float) -> None:
+        if seconds > 0:
+            self.server.stopping.wait(seconds)
+
+
+class _Reply(NamedTuple):
+    id: str
+    model: str
+    created: int
+    chunks: list[str]
+    finish: str
+    usage: dict[str, int]
+
+
+def _header_seconds(value: float | str) -> str:
+    if isinstance(value, (int, float)) and float(value).is_integer():
+        return str(int(value))
+    return str(value)

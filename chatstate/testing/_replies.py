@@ -1,0 +1,102 @@
+"""The fake model's deterministic replies, in the exact OpenAI wire shapes.
+
+A reply is a pure function of the request's messages: ``"Echo: <last user
+content>"`` followed by ``reply_words`` filler words picked by a hash of the
+whole message list. The same conversation always gets the same reply, in the
+same chunks, in every process, so a retried stream can be checked
+character by character and a test can compute the reply it expects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+FILLER = (
+    "amber", "birch", "cedar", "delta", "ember", "fjord", "garnet", "harbor",
+    "indigo", "juniper", "kestrel", "lantern", "meadow", "nectar", "onyx", "pebble",
+    "quartz", "river", "saffron", "timber", "umber", "velvet", "willow", "xenon",
+    "yarrow", "zephyr", "basalt", "cobalt", "dune", "ferro", "glacier", "hollow",
+)
+
+# Split before every non-space that follows a space: pieces keep their
+# trailing whitespace, so "".join(chunks) == text exactly.
+_CHUNK_BOUNDARY = re.compile(r"(?<=\s)(?=\S)")
+
+
+def _content(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+
+
+def reply_chunks(messages: Sequence[Mapping[str, Any]], reply_words: int = 8,
+                 max_tokens: int | None = None) -> tuple[list[str], str]:
+    """The reply's stream pieces and its finish_reason ("length" when max_tokens cut it)."""
+    last_user = next((_content(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    canonical = json.dumps([dict(m) for m in messages], sort_keys=True, ensure_ascii=True)
+    digest = hashlib.sha256(canonical.encode()).digest()
+    filler = [FILLER[digest[i % len(digest)] % len(FILLER)] for i in range(max(reply_words, 0))]
+    text = f"Echo: {last_user}" + "".join(f" {word}" for word in filler)
+    chunks = [c for c in _CHUNK_BOUNDARY.split(text) if c]
+    if max_tokens is not None and 0 <= max_tokens < len(chunks):
+        return chunks[:max_tokens], "length"
+    return chunks, "stop"
+
+
+def reply_text(messages: Sequence[Mapping[str, Any]], reply_words: int = 8,
+               max_tokens: int | None = None) -> str:
+    """The whole reply the fake gives to ``messages`` (what the tests expect to see)."""
+    return "".join(reply_chunks(messages, reply_words, max_tokens)[0])
+
+
+def usage(messages: Sequence[Mapping[str, Any]], chunks: Sequence[str]) -> dict[str, int]:
+    """Token counts: one token per whitespace-separated word in, one per chunk out."""
+    prompt = sum(len(_content(m).split()) for m in messages)
+    return {"prompt_tokens": prompt, "completion_tokens": len(chunks),
+            "total_tokens": prompt + len(chunks)}
+
+
+def completion_body(cid: str, model: str, created: int, text: str, finish_reason: str,
+                    token_usage: dict[str, int]) -> dict[str, Any]:
+    return {
+        "id": cid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": None, "finish_reason": finish_reason,
+        }],
+        "usage": token_usage, "system_fingerprint": "fp_chatstate_fake",
+    }
+
+
+def chunk_body(cid: str, model: str, created: int, *, delta: dict[str, Any] | None = None,
+               finish_reason: str | None = None, include_usage: bool = False,
+               token_usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """One ``chat.completion.chunk``; ``delta=None`` gives the final usage-only chunk."""
+    body: dict[str, Any] = {
+        "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+        "system_fingerprint": "fp_chatstate_fake",
+        "choices": [] if delta is None else [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if include_usage:  # OpenAI sends "usage": null on every chunk but the last
+        body["usage"] = token_usage
+    return body
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    kind = {401: "invalid_request_error", 429: "rate_limit_exceeded"}.get(
+        status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
+
+
+def default_error_message(status: int) -> str:
+    return {
+        400: "Bad request (fake).",
+        401: "Incorrect API key provided (fake).",
+        403: "Permission denied (fake).",
+        404: "The model does not exist (fake).",
+        429: "Rate limit reached for requests (fake).",
+    }.get(status, "The server had an error while processing your request (fake).")

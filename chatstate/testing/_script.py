@@ -1,0 +1,176 @@
+"""What the fake model will do next: queued faults, content rules, options and the log.
+
+``Controls`` is the scripting API. ``FakeModel`` (same process) and
+``FakeControl`` (over HTTP, for a fake in another process) both inherit it,
+so the two can never drift apart: each only says how a command is delivered.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Controls", "Fault", "Options", "Rule", "Script"]
+
+
+@dataclass
+class Fault:
+    """A misbehaviour for the next ``times`` chat requests.
+
+    kind: ``fail`` (answer ``status``), ``cut`` (drop the connection after
+    ``after_chunks`` content chunks; ``clean`` ends the body properly but
+    without finish_reason or [DONE]), ``hang`` (say nothing for ``seconds``,
+    then answer normally), ``malformed`` (a reply that is not valid JSON/SSE).
+    """
+
+    kind: str
+    times: int = 1
+    status: int = 500
+    retry_after: float | str | None = None
+    message: str | None = None
+    after_chunks: int = 1
+    clean: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class Rule:
+    """Every chat request whose last user message contains ``contains`` fails with ``status``."""
+
+    contains: str
+    status: int = 500
+    retry_after: float | str | None = None
+    message: str | None = None
+
+
+@dataclass
+class Options:
+    latency: float = 0.0
+    """Seconds before the response headers of every chat request."""
+    chunk_delay: float = 0.0
+    """Seconds between stream chunks."""
+    reply_words: int = 8
+    """Filler words after "Echo: <last user content>"."""
+    model: str = "fake-model"
+    """Model name in replies when the request names none, and in /v1/models."""
+
+
+@dataclass
+class Script:
+    """The fake's mutable state, shared by the server threads. Every access holds ``lock``."""
+
+    options: Options = field(default_factory=Options)
+    faults: deque[Fault] = field(default_factory=deque)
+    rules: list[Rule] = field(default_factory=list)
+    log: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def next_behaviour(self, last_user: str) -> Fault | Rule | None:
+        """Consume one use of the head fault; else the first matching rule; else None."""
+        with self.lock:
+            if self.faults:
+                fault = self.faults[0]
+                fault.times -= 1
+                if fault.times <= 0:
+                    self.faults.popleft()
+                return fault
+            return next((r for r in self.rules if r.contains in last_user), None)
+
+    def record(self, entry: dict[str, Any]) -> dict[str, Any]:
+        entry.setdefault("time", time.time())
+        with self.lock:
+            self.log.append(entry)
+        return entry
+
+    def apply(self, command: str, args: dict[str, Any]) -> Any:
+        """Run one control command (the HTTP control endpoint and FakeModel both land here)."""
+        with self.lock:
+            if command == "fail_next":
+                self.faults.append(Fault("fail", **args))
+            elif command == "cut_stream_next":
+                self.faults.append(Fault("cut", **args))
+            elif command == "hang_next":
+                self.faults.append(Fault("hang", **args))
+            elif command == "malformed_next":
+                self.faults.append(Fault("malformed", **args))
+            elif command == "add_rule":
+                self.rules.append(Rule(**args))
+            elif command == "configure":
+                for key, value in args.items():
+                    if not hasattr(self.options, key):
+                        raise TypeError(f"unknown option {key!r}")
+                    setattr(self.options, key, value)
+            elif command == "reset":
+                self.faults.clear()
+                self.rules.clear()
+                self.log.clear()
+            elif command == "log":
+                return [dict(e) for e in self.log]
+            elif command == "state":
+                return {"options": asdict(self.options),
+                        "faults": [asdict(f) for f in self.faults],
+                        "rules": [asdict(r) for r in self.rules]}
+            else:
+                raise ValueError(f"unknown command {command!r}")
+        return None
+
+
+class Controls:
+    """The scripting API of the fake model. Subclasses deliver commands via ``_command``."""
+
+    def _command(self, command: str, args: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def fail_next(self, status: int = 429, *, times: int = 1,
+                  retry_after: float | str | None = None, message: str | None = None) -> None:
+        """The next ``times`` chat requests answer ``status`` (with Retry-After if given)."""
+        self._command("fail_next", {"status": status, "times": times,
+                                    "retry_after": retry_after, "message": message})
+
+    def cut_stream_next(self, after_chunks: int = 1, *, times: int = 1,
+                        clean: bool = False) -> None:
+        """The next ``times`` chat requests send ``after_chunks`` content chunks, then drop.
+
+        Without ``clean`` the connection closes mid-body (a network cut); with it
+        the body ends properly but with no finish_reason and no [DONE]. A
+        non-streamed request gets half its JSON body, then the connection drops.
+        """
+        self._command("cut_stream_next", {"after_chunks": after_chunks, "times": times,
+                                          "clean": clean})
+
+    def hang_next(self, seconds: float, *, times: int = 1) -> None:
+        """The next ``times`` chat requests get nothing for ``seconds``, then a normal reply."""
+        self._command("hang_next", {"seconds": seconds, "times": times})
+
+    def malformed_next(self, *, times: int = 1) -> None:
+        """The next ``times`` chat requests get a 200 whose body is not valid JSON/SSE."""
+        self._command("malformed_next", {"times": times})
+
+    def add_rule(self, *, contains: str, status: int = 500,
+                 retry_after: float | str | None = None, message: str | None = None) -> None:
+        """Until reset, every request whose last user message contains the text fails."""
+        self._command("add_rule", {"contains": contains, "status": status,
+                                   "retry_after": retry_after, "message": message})
+
+    def configure(self, **options: Any) -> None:
+        """Change latency, chunk_delay, reply_words or model for the requests that follow."""
+        self._command("configure", dict(options))
+
+    def reset(self) -> None:
+        """Forget queued faults, rules and the request log (options stay)."""
+        self._command("reset", {})
+
+    @property
+    def request_log(self) -> list[dict[str, Any]]:
+        """One dict per API request, oldest first (a copy).
+
+        Keys: time (epoch seconds at arrival), method, path, body (the JSON
+        request), messages, model, stream, authorization (whether the header
+        was present; never its value), status, behaviour (ok, fail, rule, cut,
+        hang, malformed).
+        """
+        log: list[dict[str, Any]] = self._command("log", {})
+        return log

@@ -1,0 +1,387 @@
+"""The model adapter against the real fake server over loopback HTTP.
+
+One conformance suite runs every behaviour through both backends (the httpx2
+wire client and the openai SDK client); nothing is mocked. Retry waits are
+kept tiny with ``backoff_base``; Retry-After waits are asserted from the
+server's own arrival timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from chatstate.adapter import Completion, ModelSettings, RetryingAdapter, make_adapter
+from chatstate.adapter._policy import AttemptFailed, RetryPolicy, parse_retry_after
+from chatstate.errors import ModelError
+from chatstate.testing import FakeModel
+
+CANARY = "sk-canary-XYZ"
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "first question"},
+    {"role": "assistant", "content": "first answer"},
+    {"role": "user", "content": "what is durable storage?"},
+]
+
+MakeAdapter = Callable[..., RetryingAdapter]
+
+
+@pytest.fixture(autouse=True)
+def _clean_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No developer env var or .env file may leak into what a test configures."""
+    for name in ("MODEL", "BASE_URL", "API_KEY", "TIMEOUT", "MAX_RETRIES", "BACKOFF_BASE",
+                 "CONNECT_TIMEOUT", "BACKOFF_MAX", "RETRY_AFTER_MAX"):
+        monkeypatch.delenv(f"CHATSTATE_{name}", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeModel]:
+    with FakeModel(reply_words=12) as server:
+        yield server
+
+
+@pytest.fixture(params=["wire", "sdk"])
+def make(request: pytest.FixtureRequest, fake: FakeModel) -> Generator[MakeAdapter]:
+    """Build an adapter of the parametrised kind pointed at the fake."""
+    made: list[RetryingAdapter] = []
+
+    def build(**options: Any) -> RetryingAdapter:
+        options.setdefault("backoff_base", 0.01)
+        options.setdefault("model", "test-model")
+        if request.param == "sdk":
+            client = openai.OpenAI(base_url=fake.base_url, api_key=CANARY)
+            adapter = make_adapter(client=client, **options)
+        else:
+            adapter = make_adapter(base_url=fake.base_url, api_key=CANARY, **options)
+        made.append(adapter)
+        return adapter
+
+    yield build
+    for adapter in made:
+        adapter.close()
+
+
+def collect(items: Iterator[str | Completion]) -> tuple[list[str], Completion]:
+    deltas: list[str] = []
+    final: Completion | None = None
+    for item in items:
+        if isinstance(item, Completion):
+            assert final is None, "exactly one Completion, last"
+            final = item
+        else:
+            assert final is None, "no delta after the Completion"
+            deltas.append(item)
+    assert final is not None
+    return deltas, final
+
+
+def chat_log(fake: FakeModel) -> list[dict[str, Any]]:
+    return [e for e in fake.request_log if e["path"] == "/v1/chat/completions"]
+
+
+# -- replies ----------------------------------------------------------------------------------
+
+
+def test_complete_returns_the_deterministic_reply(make: MakeAdapter, fake: FakeModel) -> None:
+    reply = make().complete(MESSAGES)
+    assert reply.text == fake.reply_for(MESSAGES)
+    assert reply.text.startswith("Echo: what is durable storage?")
+    assert reply.model == "test-model"
+    assert reply.finish_reason == "stop"
+    assert reply.usage is not None and reply.usage["total_tokens"] > 0
+
+
+def test_stream_deltas_add_up_to_the_same_reply(make: MakeAdapter, fake: FakeModel) -> None:
+    adapter = make()
+    deltas, final = collect(adapter.stream(MESSAGES))
+    assert len(deltas) > 1
+    assert "".join(deltas) == final.text == adapter.complete(MESSAGES).text
+    assert final.usage == adapter.complete(MESSAGES).usage
+    assert final.finish_reason == "stop"
+    body = chat_log(fake)[0]["body"]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+def test_each_call_sends_the_whole_list_and_params(make: MakeAdapter, fake: FakeModel) -> None:
+    adapter = make()
+    adapter.complete(MESSAGES[:2])
+    reply = adapter.complete(MESSAGES, model="other-model",
+                             params={"temperature": 0.25, "max_tokens": 3})
+    first, second = chat_log(fake)
+    assert first["messages"] == MESSAGES[:2]
+    assert second["messages"] == MESSAGES
+    assert second["body"]["temperature"] == 0.25 and second["model"] == "other-model"
+    assert reply.finish_reason == "length"
+    assert reply.text == fake.reply_for(MESSAGES, max_tokens=3)
+
+
+# -- retries ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_429_retry_after_is_honoured(make: MakeAdapter, fake: FakeModel, streamed: bool) -> None:
+    fake.fail_next(429, times=2, retry_after=0.25)
+    adapter = make()
+    text = (collect(adapter.stream(MESSAGES))[1].text if streamed
+            else adapter.complete(MESSAGES).text)
+    assert text == fake.reply_for(MESSAGES)
+    log = chat_log(fake)
+    assert [e["status"] for e in log] == [429, 429, 200]
+    assert all(e["messages"] == MESSAGES for e in log)
+    gaps = [b["time"] - a["time"] for a, b in zip(log, log[1:])]
+    assert all(gap >= 0.25 for gap in gaps), gaps
+
+
+def test_retry_after_is_capped(fake: FakeModel) -> None:
+    fake.fail_next(503, retry_after=30)
+    settings = ModelSettings(base_url=fake.base_url, retry_after_max=0.05)
+    started = time.monotonic()
+    assert make_adapter(settings=settings).complete(MESSAGES).text
+    assert time.monotonic() - started < 5
+
+
+def test_5xx_until_retries_run_out(make: MakeAdapter, fake: FakeModel) -> None:
+    fake.fail_next(503, times=10)
+    with pytest.raises(ModelError) as caught:
+        make(max_retries=2).complete(MESSAGES)
+    error = caught.value
+    assert error.status == 503 and error.retryable
+    assert "HTTP 503" in str(error) and "after 3 attempts" in str(error)
+    assert "try again later" in str(error)
+    assert error.provider_message and "(fake)" in error.provider_message
+    assert len(chat_log(fake)) == 3  # the SDK's own retries are off: no multiplication
+
+
+def test_401_is_not_retried(make: MakeAdapter, fake: FakeModel) -> None:
+    fake.fail_next(401, times=3)
+    with pytest.raises(ModelError) as caught:
+        make().complete(MESSAGES)
+    assert caught.value.status == 401 and not caught.value.retryable
+    assert "OPENAI_API_KEY" in str(caught.value)
+    assert len(chat_log(fake)) == 1
+
+
+def test_rule_fails_only_matching_requests(make: MakeAdapter, fake: FakeModel) -> None:
+    fake.add_rule(contains="FAIL-ME", status=400)
+    adapter = make()
+    with pytest.raises(ModelError) as caught:
+        adapter.complete([{"role": "user", "content": "please FAIL-ME now"}])
+    assert caught.value.status == 400 and "rejected" in str(caught.value)
+    assert adapter.complete(MESSAGES).text == fake.reply_for(MESSAGES)
+
+
+def test_timeout_on_a_hanging_endpoint(make: MakeAdapter, fake: FakeModel) -> None:
+    fake.hang_next(2.0, times=2)
+    started = time.monotonic()
+    with pytest.raises(ModelError) as caught:
+        make(timeout=0.2, max_retries=1).complete(MESSAGES)
+    assert time.monotonic() - started < 1.5
+    assert "did not answer within 0.2s" in str(caught.value) and caught.value.retryable
+    assert len(chat_log(fake)) == 2
+
+
+def test_connection_refused_is_retried_then_reported(fake: FakeModel) -> None:
+    url = fake.base_url
+    fake.close()
+    with pytest.raises(ModelError) as caught:
+        make_adapter(base_url=url, max_retries=1, backoff_base=0.01).complete(MESSAGES)
+    assert "could not connect" in str(caught.value) and "after 2 attempts" in str(caught.value)
+
+
+# -- streams that drop ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("clean", [False, True], ids=["connection-cut", "early-end"])
+def test_cut_stream_is_resumed_without_duplication(make: MakeAdapter, fake: FakeModel,
+                                                   clean: bool) -> None:
+    fake.cut_stream_next(after_chunks=4, clean=clean)
+    deltas, final = collect(make().stream(MESSAGES))
+    expected = fake.reply_for(MESSAGES)
+    assert "".join(deltas) == final.text == expected
+    assert final.usage is not None
+    assert len(chat_log(fake)) == 2
+
+
+def test_cut_stream_out_of_retries_says_how_far_it_got(make: MakeAdapter,
+                                                       fake: FakeModel) -> None:
+    fake.cut_stream_next(after_chunks=3, times=5)
+    shown: list[str] = []
+    with pytest.raises(ModelError) as caught:
+        for item in make(max_retries=2).stream(MESSAGES):
+            assert isinstance(item, str)
+            shown.append(item)
+    text = "".join(shown)
+    assert text and fake.reply_for(MESSAGES).startswith(text)
+    assert f"cut after {len(text)} characters" in str(caught.value)
+    assert caught.value.retryable
+    assert len(chat_log(fake)) == 3
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_malformed_reply_is_a_clear_error(make: MakeAdapter, fake: FakeModel,
+                                          streamed: bool) -> None:
+    fake.malformed_next()
+    adapter = make()
+    with pytest.raises(ModelError) as caught:
+        if streamed:
+            list(adapter.stream(MESSAGES))
+        else:
+            adapter.complete(MESSAGES)
+    assert "not OpenAI-compatible" in str(caught.value) and "malformed" in str(caught.value)
+    assert caught.value.status is None and not caught.value.retryable
+    assert len(chat_log(fake)) == 1
+
+
+class ScriptedBackend:
+    """A Backend peer that replays given streams: for what the fake cannot do (diverge)."""
+
+    endpoint = "scripted://model"
+    secret = None
+    timeout = None
+
+    def __init__(self, *streams: tuple[list[str], bool]) -> None:
+        self.streams = list(streams)
+
+    def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
+        pieces, finished = self.streams.pop(0)
+        for piece in pieces:
+            yield {"choices": [{"delta": {"content": piece}, "finish_reason": None}]}
+        if not finished:
+            raise AttemptFailed("cut", "the connection dropped", retryable=True)
+        yield {"choices": [{"delta": {}, "finish_reason": "stop"}]}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("retry", [["Hello ", "there ", "Bob"], ["Hel"]],
+                         ids=["diverges", "ends-short"])
+def test_a_retried_stream_never_contradicts_what_was_shown(retry: list[str]) -> None:
+    backend = ScriptedBackend((["Hello ", "world"], False), (retry, True))
+    adapter = RetryingAdapter(backend, model="m", sleep=lambda s: None)
+    shown: list[str] = []
+    with pytest.raises(ModelError) as caught:
+        for item in adapter.stream(MESSAGES):
+            shown.append(item)  # type: ignore[arg-type]
+    assert "".join(shown) == "Hello world"
+    assert "cut after 11 characters" in str(caught.value) and caught.value.retryable
+
+
+def test_a_retried_stream_swallows_the_prefix_across_chunk_boundaries() -> None:
+    backend = ScriptedBackend((["Hel", "lo wo"], False), (["H", "ello w", "orld!"], True))
+    adapter = RetryingAdapter(backend, model="m", sleep=lambda s: None)
+    deltas, final = collect(adapter.stream(MESSAGES))
+    assert deltas == ["Hel", "lo wo", "rld!"] and final.text == "Hello world!"
+
+
+# -- secrets ----------------------------------------------------------------------------------
+
+
+def test_the_api_key_never_appears_in_errors_or_the_log(make: MakeAdapter,
+                                                       fake: FakeModel) -> None:
+    adapter = make(max_retries=0, timeout=0.2)
+    texts: list[str] = [repr(adapter)]
+    fake.fail_next(401, message=f"Incorrect API key provided: {CANARY}.")
+    fake.fail_next(503)
+    fake.malformed_next()
+    fake.hang_next(1.0)
+    for _ in range(4):
+        with pytest.raises(ModelError) as caught:
+            adapter.complete(MESSAGES)
+        error: BaseException | None = caught.value
+        texts += [str(caught.value), repr(caught.value), str(caught.value.provider_message)]
+        while error is not None:
+            texts.append(str(error))
+            error = error.__cause__
+    log = chat_log(fake)
+    assert all(entry["authorization"] is True for entry in log)
+    assert CANARY not in "\n".join(texts) + json.dumps(log)
+    assert "Authorization" not in json.dumps(log)
+
+
+# -- policy and settings ----------------------------------------------------------------------
+
+
+def test_parse_retry_after_forms() -> None:
+    assert parse_retry_after({"Retry-After": "3"}) == 3.0
+    assert parse_retry_after({"retry-after-ms": "250", "Retry-After": "9"}) == 0.25
+    when = "Wed, 21 Oct 2015 07:28:10 GMT"
+    assert parse_retry_after({"Retry-After": when}, now=1445412480.0) == 10.0
+    assert parse_retry_after({"Retry-After": when}, now=1445412500.0) == 0.0
+    assert parse_retry_after({"Retry-After": "soon"}) is None
+    assert parse_retry_after({}) is None
+
+
+def test_backoff_grows_with_jitter_and_respects_limits() -> None:
+    policy = RetryPolicy(max_retries=3, backoff_base=1.0, backoff_max=3.0, retry_after_max=5.0)
+    transient = AttemptFailed("http", "HTTP 503", status=503, retryable=True)
+    delays = [policy.delay(transient, n) for n in (1, 2, 3)]
+    assert 0.5 <= delays[0] <= 1.0 and 1.0 <= delays[1] <= 2.0  # type: ignore[operator]
+    assert 1.5 <= delays[2] <= 3.0  # type: ignore[operator]
+    assert policy.delay(transient, 4) is None
+    assert policy.delay(AttemptFailed("http", "", status=400), 1) is None
+    slow = AttemptFailed("http", "", status=429, retryable=True, retry_after=120)
+    assert policy.delay(slow, 1) == 5.0
+
+
+def test_settings_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    Path(".env").write_text("OPENAI_API_KEY=from-dotenv\nCHATSTATE_MODEL=dotenv-model\n"
+                            "CHATSTATE_BASE_URL=http://dotenv.invalid/v1\n"
+                            "CHATSTATE_MAX_RETRIES=7\n")
+    settings = ModelSettings()
+    assert settings.api_key is not None and settings.api_key.get_secret_value() == "from-dotenv"
+    assert (settings.model, settings.max_retries) == ("dotenv-model", 7)
+    assert "from-dotenv" not in repr(settings)
+
+    monkeypatch.setenv("OPENAI_API_KEY", "from-openai-env")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://openai-env.invalid/v1")
+    settings = ModelSettings()
+    assert settings.api_key is not None
+    assert settings.api_key.get_secret_value() == "from-openai-env"
+    assert settings.base_url == "http://openai-env.invalid/v1"
+
+    monkeypatch.setenv("CHATSTATE_API_KEY", "from-chatstate-env")
+    monkeypatch.setenv("CHATSTATE_BASE_URL", "http://chatstate-env.invalid/v1")
+    monkeypatch.setenv("CHATSTATE_MODEL", "env-model")
+    settings = ModelSettings()
+    assert settings.api_key is not None
+    assert settings.api_key.get_secret_value() == "from-chatstate-env"
+    assert (settings.base_url, settings.model) == ("http://chatstate-env.invalid/v1", "env-model")
+
+    adapter = make_adapter(model="arg-model", base_url="http://arg.invalid/v1", api_key="arg")
+    assert adapter.model == "arg-model"
+    assert adapter.backend.endpoint == "http://arg.invalid/v1/chat/completions"
+    assert adapter.backend.secret == "arg" and adapter.policy.max_retries == 7
+    adapter.close()
+
+
+def test_make_adapter_rejects_mixed_configuration(fake: FakeModel) -> None:
+    with pytest.raises(TypeError, match="openai.OpenAI"):
+        make_adapter(client=object())
+    client = openai.OpenAI(base_url=fake.base_url, api_key=CANARY)
+    with pytest.raises(ValueError, match="client"):
+        make_adapter(client=client, base_url=fake.base_url)
+
+
+def test_importing_the_adapter_stays_light() -> None:
+    code = ("import sys, chatstate.adapter; "
+            "print(sorted(m for m in ('openai', 'httpx2', 'pydantic_settings') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
