@@ -153,7 +153,8 @@ class JsonStore:
             try:
                 with open(path, "rb") as fh:
                     first = fh.readline().decode("utf-8", "replace")
-                head = json.loads(first.split(',"messages":[', 1)[0] + "}")
+                # the document's own key ends the first line; metadata may hold the same text
+                head = json.loads(first.rsplit(',"messages":[', 1)[0] + "}")
                 out.append(ConversationSummary(
                     id=head["id"], title=head.get("title", ""), created_at=head["created_at"],
                     updated_at=head["updated_at"], message_count=head.get("message_count", 0)))

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import ChatstateError, ConflictError, ConversationNotFound, CorruptTranscriptError
+from ..errors import (
+    ChatstateError,
+    ConflictError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+    SchemaVersionError,
+)
 from ..transcript import (
     Conversation,
     ConversationSummary,
@@ -113,7 +119,7 @@ class SqliteStore:
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > len(MIGRATIONS):
-                raise CorruptTranscriptError(
+                raise SchemaVersionError(
                     f"{self.path}: schema version {version} is newer than this chatstate knows "
                     f"({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
                     where=str(self.path))
@@ -264,7 +270,8 @@ class SqliteStore:
 
     def clear_partial(self, conversation_id: str) -> None:
         with self._tx("clear the partial reply in") as db:
-            db.execute("DELETE FROM partials WHERE conversation_id=?", (conversation_id,))
+            db.execute("DELETE FROM partials WHERE conversation_id=?",
+                       (validate_id(conversation_id),))
 
     def set_header(self, conversation_id: str, *, title: str | None = None,
                    metadata: dict[str, Any] | None = None) -> None:
