@@ -222,7 +222,7 @@ def _rows(sa: dict[str, Any], sb: dict[str, Any]) -> str:
         return f"no row count from the first run ({sa.get('error') or 'not probed'})"
     if before is None:
         return f"no row count from the second run ({sb.get('error') or 'not probed'})"
-    counts = f"({after} rows before, {before} now)"
+    counts = f"({after} row{'s' * (after != 1)} before, {before} now)"
     if before == 0 and after > 0:
         gone = "files/rows" if not sb.get("existed") else "rows (the file is there, empty)"
         return f"lost its {gone} {counts}"
