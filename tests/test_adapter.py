@@ -8,6 +8,7 @@ server's own arrival timestamps.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -140,7 +141,7 @@ def test_429_retry_after_is_honoured(make: MakeAdapter, fake: FakeModel, streame
     log = chat_log(fake)
     assert [e["status"] for e in log] == [429, 429, 200]
     assert all(e["messages"] == MESSAGES for e in log)
-    gaps = [b["time"] - a["time"] for a, b in zip(log, log[1:])]
+    gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(log)]
     assert all(gap >= 0.25 for gap in gaps), gaps
 
 
@@ -247,9 +248,9 @@ def test_malformed_reply_is_a_clear_error(make: MakeAdapter, fake: FakeModel,
 class ScriptedBackend:
     """A Backend peer that replays given streams: for what the fake cannot do (diverge)."""
 
-    endpoint = "scripted://model"
-    secret = None
-    timeout = None
+    endpoint: str = "scripted://model"
+    secret: str | None = None
+    timeout: float | None = None
 
     def __init__(self, *streams: tuple[list[str], bool]) -> None:
         self.streams = list(streams)
@@ -371,7 +372,7 @@ def test_settings_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_make_adapter_rejects_mixed_configuration(fake: FakeModel) -> None:
-    with pytest.raises(TypeError, match="openai.OpenAI"):
+    with pytest.raises(TypeError, match=r"openai\.OpenAI"):
         make_adapter(client=object())
     client = openai.OpenAI(base_url=fake.base_url, api_key=CANARY)
     with pytest.raises(ValueError, match="client"):
@@ -379,9 +380,10 @@ def test_make_adapter_rejects_mixed_configuration(fake: FakeModel) -> None:
 
 
 def test_importing_the_adapter_stays_light() -> None:
-    code = ("import sys, chatstate.adapter; "
-            "print(sorted(m for m in ('openai', 'httpx2', 'pydantic_settings') "
-            "if m in sys.modules))")
+    """openai, httpx2 and pydantic-settings load only when an adapter is made."""
+    code = ("import sys, chatstate; before = set(sys.modules); import chatstate.adapter; "
+            "new = set(sys.modules) - before; "
+            "print(sorted(m for m in ('openai', 'httpx2', 'pydantic_settings') if m in new))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"

@@ -26,6 +26,7 @@ class ModelSettings(BaseSettings):
         env_prefix="CHATSTATE_",
         env_file=".env",
         extra="ignore",
+        env_ignore_empty=True,  # `OPENAI_API_KEY=` (as in .env.example) means unset
         validate_by_name=True,
         validate_by_alias=True,
     )
@@ -34,16 +35,16 @@ class ModelSettings(BaseSettings):
     # Within the environment, CHATSTATE_* wins over OPENAI_* (AliasChoices order);
     # the .env source as a whole ranks below the real environment.
     base_url: str = Field(
-        DEFAULT_BASE_URL,
+        default=DEFAULT_BASE_URL,
         validation_alias=AliasChoices("CHATSTATE_BASE_URL", "OPENAI_BASE_URL"),
     )
     api_key: SecretStr | None = Field(
-        None,
+        default=None,
         validation_alias=AliasChoices("CHATSTATE_API_KEY", "OPENAI_API_KEY"),
     )
-    timeout: float | None = Field(60.0, gt=0, description="read timeout, seconds")
-    connect_timeout: float = Field(10.0, gt=0)
-    max_retries: int = Field(3, ge=0)
-    backoff_base: float = Field(0.5, ge=0, description="first retry waits about this long")
-    backoff_max: float = Field(20.0, ge=0)
-    retry_after_max: float = Field(60.0, ge=0, description="cap on a server's Retry-After")
+    timeout: float | None = Field(default=60.0, gt=0, description="read timeout, seconds")
+    connect_timeout: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    backoff_base: float = Field(default=0.5, ge=0, description="first retry waits about this long")
+    backoff_max: float = Field(default=20.0, ge=0)
+    retry_after_max: float = Field(default=60.0, ge=0, description="cap on a server's Retry-After")

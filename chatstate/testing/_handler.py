@@ -25,7 +25,7 @@ from ._replies import (
     reply_chunks,
     usage,
 )
-from ._script import Fault, Rule, Script
+from ._script import Fault, Script
 
 
 class FakeHTTPServer(ThreadingHTTPServer):
@@ -120,35 +120,38 @@ class _Handler(BaseHTTPRequestHandler):
     # -- the chat endpoint ---------------------------------------------------------------------
 
     def _chat(self, body: dict[str, Any]) -> None:
-        script, options = self.server.script, self.server.script.options
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             self._json(400, error_body(400, "messages must be a list of objects (fake)"))
             return
         last_user = next((str(m.get("content")) for m in reversed(messages)
                           if m.get("role") == "user"), "")
-        act = script.next_behaviour(last_user)
-        failing = isinstance(act, Rule) or (isinstance(act, Fault) and act.kind == "fail")
-        status = act.status if failing and act is not None else 200
-        behaviour = "rule" if isinstance(act, Rule) else act.kind if act else "ok"
-        script.record(self._entry(body, status=status, behaviour=behaviour))
-        self._pause(options.latency)
-        if failing and act is not None:
+        act = self.server.script.next_behaviour(last_user)
+        failing = act is not None and act.kind in ("fail", "rule")
+        self.server.script.record(self._entry(
+            body, status=act.status if act and failing else 200,
+            behaviour=act.kind if act else "ok"))
+        self._pause(self.server.script.options.latency)
+        if act is not None and failing:
             self._error(act.status, act.retry_after, act.message)
             return
-        if isinstance(act, Fault) and act.kind == "hang":
+        if act is not None and act.kind == "hang":
             self._pause(act.seconds)
+        reply = self._reply(body, messages)
+        if body.get("stream"):
+            include = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._stream(reply, act, include)
+        else:
+            self._complete(reply, act)
+
+    def _reply(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> _Reply:
+        options = self.server.script.options
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         chunks, finish = reply_chunks(messages, options.reply_words,
                                       max_tokens if isinstance(max_tokens, int) else None)
-        reply = _Reply(f"chatcmpl-fake-{next(self.server.ids)}", str(body.get("model")
-                       or options.model), int(time.time()), chunks, finish, usage(messages, chunks))
-        fault = act if isinstance(act, Fault) else None
-        if body.get("stream"):
-            include = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._stream(reply, fault, include)
-        else:
-            self._complete(reply, fault)
+        return _Reply(f"chatcmpl-fake-{next(self.server.ids)}",
+                      str(body.get("model") or options.model), int(time.time()),
+                      chunks, finish, usage(messages, chunks))
 
     def _complete(self, reply: _Reply, fault: Fault | None) -> None:
         if fault is not None and fault.kind == "malformed":

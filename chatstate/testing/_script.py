@@ -20,10 +20,11 @@ __all__ = ["Controls", "Fault", "Options", "Rule", "Script"]
 class Fault:
     """A misbehaviour for the next ``times`` chat requests.
 
-    kind: ``fail`` (answer ``status``), ``cut`` (drop the connection after
-    ``after_chunks`` content chunks; ``clean`` ends the body properly but
-    without finish_reason or [DONE]), ``hang`` (say nothing for ``seconds``,
-    then answer normally), ``malformed`` (a reply that is not valid JSON/SSE).
+    kind: ``fail`` (answer ``status``), ``rule`` (the same, from a content
+    rule), ``cut`` (drop the connection after ``after_chunks`` content chunks;
+    ``clean`` ends the body properly but without finish_reason or [DONE]),
+    ``hang`` (say nothing for ``seconds``, then answer normally),
+    ``malformed`` (a reply that is not valid JSON/SSE).
     """
 
     kind: str
@@ -68,8 +69,9 @@ class Script:
     log: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def next_behaviour(self, last_user: str) -> Fault | Rule | None:
-        """Consume one use of the head fault; else the first matching rule; else None."""
+    def next_behaviour(self, last_user: str) -> Fault | None:
+        """Consume one use of the head fault; else the first matching rule (as a
+        Fault of kind "rule"); else None, meaning a normal reply."""
         with self.lock:
             if self.faults:
                 fault = self.faults[0]
@@ -77,7 +79,11 @@ class Script:
                 if fault.times <= 0:
                     self.faults.popleft()
                 return fault
-            return next((r for r in self.rules if r.contains in last_user), None)
+            rule = next((r for r in self.rules if r.contains in last_user), None)
+        if rule is None:
+            return None
+        return Fault("rule", status=rule.status, retry_after=rule.retry_after,
+                     message=rule.message)
 
     def record(self, entry: dict[str, Any]) -> dict[str, Any]:
         entry.setdefault("time", time.time())
@@ -86,23 +92,17 @@ class Script:
         return entry
 
     def apply(self, command: str, args: dict[str, Any]) -> Any:
-        """Run one control command (the HTTP control endpoint and FakeModel both land here)."""
+        """Run one control command (the HTTP control endpoint and FakeModel both land here).
+
+        Raises TypeError for bad arguments and ValueError for an unknown command.
+        """
         with self.lock:
-            if command == "fail_next":
-                self.faults.append(Fault("fail", **args))
-            elif command == "cut_stream_next":
-                self.faults.append(Fault("cut", **args))
-            elif command == "hang_next":
-                self.faults.append(Fault("hang", **args))
-            elif command == "malformed_next":
-                self.faults.append(Fault("malformed", **args))
+            if command in _FAULT_KINDS:
+                self.faults.append(Fault(_FAULT_KINDS[command], **args))
             elif command == "add_rule":
                 self.rules.append(Rule(**args))
             elif command == "configure":
-                for key, value in args.items():
-                    if not hasattr(self.options, key):
-                        raise TypeError(f"unknown option {key!r}")
-                    setattr(self.options, key, value)
+                self._configure(args)
             elif command == "reset":
                 self.faults.clear()
                 self.rules.clear()
@@ -116,6 +116,17 @@ class Script:
             else:
                 raise ValueError(f"unknown command {command!r}")
         return None
+
+    def _configure(self, args: dict[str, Any]) -> None:
+        unknown = sorted(set(args) - set(asdict(self.options)))
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(unknown)}")
+        for key, value in args.items():
+            setattr(self.options, key, value)
+
+
+_FAULT_KINDS = {"fail_next": "fail", "cut_stream_next": "cut", "hang_next": "hang",
+                "malformed_next": "malformed"}
 
 
 class Controls:
