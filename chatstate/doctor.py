@@ -30,7 +30,8 @@ __all__ = ["DoctorReport", "StateRow", "Survived", "check_conversations", "diagn
            "unreachable"]
 
 DEFAULT_LIMIT = 1000
-SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|AUTH|SESSION|PRIVATE", re.I)
+SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|AUTH|PRIVATE", re.I)
+MIN_SECRET = 6  # shorter values are flags and names; replacing them would garble output
 REDACTED = "[redacted]"
 
 
@@ -64,7 +65,7 @@ def redact_url(url: str) -> str:
 def scrub(text: str) -> str:
     """``text`` with the value of every secret-looking environment variable removed."""
     for name, value in os.environ.items():
-        if len(value) >= 4 and SECRET_NAME.search(name) and value in text:
+        if len(value) >= MIN_SECRET and SECRET_NAME.search(name) and value in text:
             text = text.replace(value, REDACTED)
     return text
 

@@ -76,6 +76,17 @@ def test_ready_on_a_fresh_store(local_store_url: str) -> None:
     assert result.stderr.startswith(f"store {local_store_url} on ")  # the one stderr line
 
 
+def test_ready_on_every_store_kind(store_url: str) -> None:
+    result = doctor(store_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("READY")
+    if store_url.startswith("s3://"):
+        assert "its durability is the service's own promise" in result.stdout
+        data = json.loads(doctor(store_url, "--json").stdout)
+        assert data["state"][0]["verdict"] == "durable"
+        assert data["state"][0]["where"] == redact_url(store_url)
+
+
 def test_ready_with_conversations(local_store_url: str) -> None:
     add_conversation(local_store_url, "a", turns=2)
     add_conversation(local_store_url, "b")
