@@ -198,18 +198,18 @@ class S3IO:
             raise StoreUnavailable(
                 f"could not {action} {where} at {endpoint}: access denied ({scrub(str(exc))}). "
                 "Check the credentials in the environment (AWS_ACCESS_KEY_ID/"
-                "AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and the bucket policy.") from None
+                "AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and the bucket policy.") from exc
         except Exception as exc:  # obstore raises BaseError, OSError, ValueError, RuntimeError
             text = scrub(str(exc))
             if "NoSuchBucket" in text:
                 raise StoreUnavailable(
                     f"could not {action} {where}: bucket {self.target.bucket!r} does not exist "
                     f"at {endpoint}. Create it (aws s3 mb s3://{self.target.bucket}) or fix "
-                    "the store URL.") from None
+                    "the store URL.") from exc
             raise StoreUnavailable(
                 f"could not {action} {where} at {endpoint} (retried with backoff): {text}. "
                 "Check that the endpoint is reachable and retry; a write either landed whole "
-                "or not at all, and retrying an append never duplicates it.") from None
+                "or not at all, and retrying an append never duplicates it.") from exc
 
     def get(self, key: str, action: str = "read") -> Blob | None:
         """The object's bytes and e-tag, or None when it does not exist."""
