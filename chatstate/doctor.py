@@ -208,6 +208,9 @@ def diagnose(store: Any, *, limit: int = DEFAULT_LIMIT) -> DoctorReport:
     for failure in report.conversations.failures:
         report.problems.append(f"conversation {failure['id']!r} does not load: "
                                f"{failure['error']}")
+    if report.conversations.failures:
+        report.warnings.append("the damaged data was only read; `chatstate replay ID --verify` "
+                               "shows where, `chatstate repair ID` moves it aside")
     report.survived = survived(store.opens())
     report.state = state_table(store.url, guard)
     report.problems = [scrub(p) for p in report.problems]

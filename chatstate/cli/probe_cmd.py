@@ -85,7 +85,7 @@ def _rows(sq: dict[str, Any]) -> str:
     if not sq["rows_before"]:
         new = " (new file)" if not sq.get("existed") else ""
         return f"0 rows before this run{new}, 1 now: {sq['file']}"
-    boots = sq["boots_before"]
-    return (f"{sq['rows_before']} rows before this run (from {boots} boot"
+    boots, rows = sq["boots_before"], sq["rows_before"]
+    return (f"{rows} row{'s' * (rows != 1)} before this run (from {boots} boot"
             f"{'s' * (boots != 1)}, first {sq['first_row_at']}), {sq['rows_after']} now: "
             f"{sq['file']}")
