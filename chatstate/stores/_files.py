@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -67,6 +68,19 @@ def write_all(fd: int, data: bytes) -> None:
 def temp_name(target: Path) -> Path:
     """An unpredictable dot-named sibling; the target's name is inside so recovery can find it."""
     return target.with_name(f".{target.name}{TMP_MARK}{secrets.token_hex(8)}")
+
+
+_TEMP_RE = re.compile(r"\.(?P<target>.+)" + re.escape(TMP_MARK) + r"[0-9a-f]{16}")
+
+
+def temp_target(name: str) -> str | None:
+    """The target file name if ``name`` is one of ``temp_name``'s, else None.
+
+    Strict on purpose: a valid conversation id may itself start with a dot or contain
+    ".tmp-", and recovery must never take such a transcript for a dead writer's debris.
+    """
+    match = _TEMP_RE.fullmatch(name)
+    return match.group("target") if match else None
 
 
 def atomic_write(target: Path, data: bytes) -> None:

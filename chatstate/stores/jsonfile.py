@@ -31,6 +31,7 @@ from ._files import (
     os_error,
     read_bytes,
     remove_durably,
+    temp_target,
 )
 from .base import CheckReport, Location, check_append
 
@@ -84,7 +85,10 @@ class JsonStore:
                 self.recovery.append(f"could not reconcile: {exc}")
 
     def _remove_stray(self, tmp: Path) -> None:
-        cid = tmp.name[1:].split(TMP_MARK)[0].removesuffix(".json")
+        target = temp_target(tmp.name)
+        if target is None or not target.endswith(".json"):
+            return
+        cid = target.removesuffix(".json")
         try:
             validate_id(cid)
         except ValueError:
