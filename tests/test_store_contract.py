@@ -367,3 +367,23 @@ def test_two_processes_appending_lose_nothing(store_url: str) -> None:
     assert len(conv.messages) == 1 + len(acks) == 1 + 2 * per_writer
     assert_acked_present(conv.messages, acks)
     store.close()
+
+
+ODD_IDS = [".hidden", ".x.tmp-1", ".x.json.tmp-0123456789abcdef", "a.tmp-b", "-", "_..._",
+           "A" * 128, "partials", ".partials", ".locks", ".chatstate"]
+
+
+def test_valid_but_odd_ids_survive_reopen(store_url: str) -> None:
+    store = open_store(store_url)
+    for cid in ODD_IDS:
+        new_conversation(store, cid, 2)
+        store.save_partial(cid, Message.seal(store.load(cid).last, role="user", content="p",
+                                             turn_id="t", status="partial"))
+    store.close()
+    store = open_store(store_url)  # recovery must not mistake any of them for debris
+    assert sorted(s.id for s in store.list_conversations()) == sorted(ODD_IDS)
+    for cid in ODD_IDS:
+        conv = store.load(cid)
+        assert len(conv.messages) == 2 and conv.partial is not None, cid
+    store.close()
+
