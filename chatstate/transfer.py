@@ -10,6 +10,7 @@ without hashes) is imported as a new conversation.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from .transcript import (
 )
 
 ROLES = {"system", "user", "assistant", "tool"}
+_C1 = re.compile("[\x7f-\x9f]")
 
 
 def to_document(conv: Conversation, *, export: bool = False) -> dict[str, Any]:
@@ -43,13 +45,29 @@ def to_document(conv: Conversation, *, export: bool = False) -> dict[str, Any]:
     return {"schema": SCHEMA_VERSION, **conv.header(), "messages": messages}
 
 
+def dumps(data: Any, *, indent: int | None = None) -> str:
+    """JSON that keeps non-ASCII text readable but escapes DEL and the C1 controls.
+
+    json.dumps already escapes C0 controls (ESC included); with ensure_ascii off it
+    would pass U+007F-U+009F through raw, and some terminals act on C1 (U+009B is
+    CSI). Escaped, the document decodes to exactly the same strings.
+    """
+    return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}",
+                   json.dumps(data, ensure_ascii=False, indent=indent))
+
+
+def export_json(conv: Conversation) -> str:
+    """The export file's text: the conversation, its hashes and any partial reply apart."""
+    return dumps(to_document(conv, export=True), indent=2) + "\n"
+
+
 def render(conv: Conversation, fmt: str) -> str:
     """The conversation as text, markdown, json or jsonl (messages + partial)."""
     doc = to_document(conv)
     if fmt == "json":
-        return json.dumps(doc, ensure_ascii=False, indent=2)
+        return dumps(doc, indent=2)
     if fmt == "jsonl":
-        return "\n".join(json.dumps(m, ensure_ascii=False) for m in doc["messages"])
+        return "\n".join(dumps(m) for m in doc["messages"])
     lines = []
     if fmt == "markdown":
         lines.append(f"# {conv.title or conv.id}\n")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
+from typing import Any
 
 import click
 
-from .common import Env
+from ..errors import ChatstateError
+from .common import Env, fail
 from .render import neutralise
-from .turns import conversation_options, open_chat
+from .turns import conversation_options, open_chat, valid_text
 
 
 @click.command()
@@ -28,33 +31,26 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
 
     The user message is durable before the request is sent, and each piece of
     the reply is durable before it is printed. `--id ID` continues ID or
-    creates it.
+    creates it. Exit status: 0 ok, 1 failure, 2 usage.
     """
-    if not retry and (prompt is None or prompt == "-"):
-        prompt = sys.stdin.read()
-    if not retry and not (prompt or "").strip():
-        raise click.UsageError("empty prompt: pass PROMPT or pipe text on stdin")
-    tty = sys.stdout.isatty()
+    text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as chat:
         click.echo(f"conversation {chat.id}", err=True)
         try:
-            if as_json or no_stream:
-                reply = chat.retry() if retry else chat.send(prompt or "")
-                if not as_json:
-                    click.echo(neutralise(reply.content) if tty else reply.content)
-            else:
-                deltas = chat.retry_stream() if retry else chat.stream(prompt or "")
-                for delta in deltas:
-                    sys.stdout.write(neutralise(delta) if tty else delta)
-                    sys.stdout.flush()
-                sys.stdout.write("\n")
-                reply = chat.messages[-1]
-        except Exception as exc:
+            reply = one_turn(chat, text, stream=not (as_json or no_stream),
+                             show=not as_json)
+        except KeyboardInterrupt:
             if chat.interrupted is not None:
-                click.echo(f"the turn is stored but has no complete reply; complete it with "
-                           f"`chatstate ask --id {chat.id} --retry`", err=True)
-            raise exc
+                click.echo(f"\n{retry_hint(chat.id)}", err=True)
+            raise
+        except ChatstateError as exc:
+            if chat.interrupted is None:
+                raise
+            if env.debug:
+                traceback.print_exc()
+            fail(f"{exc} {retry_hint(chat.id)}")
+            return
         if as_json:
             user = next((m for m in reversed(chat.messages)
                          if m.role == "user" and m.turn_id == reply.turn_id), None)
@@ -62,3 +58,41 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
                 "conversation_id": chat.id, "turn_id": reply.turn_id,
                 "user_seq": user.seq if user else None, "reply_seq": reply.seq,
                 "reply": reply.content, "model": reply.model, "usage": reply.usage}))
+
+
+def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
+                cont: bool) -> str:
+    """The prompt text, checked before anything is opened; empty for --retry."""
+    if retry:
+        if prompt is not None:
+            raise click.UsageError("--retry completes the interrupted turn; it takes no PROMPT")
+        if not (conversation_id or cont):
+            raise click.UsageError("--retry needs --id ID or -c to say which conversation")
+        return ""
+    if prompt is None or prompt == "-":
+        prompt = sys.stdin.read()
+    text = valid_text(prompt, "the prompt")
+    if not text.strip():
+        raise click.UsageError("empty prompt: pass PROMPT or pipe text on stdin")
+    return text
+
+
+def one_turn(chat: Any, text: str, *, stream: bool, show: bool) -> Any:
+    """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
+    tty = sys.stdout.isatty()
+    if not stream:
+        reply = chat.send(text) if text else chat.retry()
+        if show:
+            click.echo(neutralise(reply.content) if tty else reply.content)
+        return reply
+    deltas = chat.stream(text) if text else chat.retry_stream()
+    for delta in deltas:
+        sys.stdout.write(neutralise(delta) if tty else delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return chat.messages[-1]
+
+
+def retry_hint(cid: str) -> str:
+    return (f"Your message is stored in conversation {cid} but has no complete reply; "
+            f"complete the turn with `chatstate ask --id {cid} --retry`.")

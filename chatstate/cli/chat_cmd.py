@@ -16,16 +16,16 @@ import click
 
 from .common import Env
 from .render import neutralise
-from .turns import conversation_options, open_chat
+from .turns import conversation_options, open_chat, valid_text
 
 HELP = """commands:
   /help            this help
   /new             start a new conversation
   /history         show this conversation so far
   /retry           complete the interrupted turn
-  /model NAME      switch model
+  /model [NAME]    show or switch the model
   /system TEXT     add a system instruction
-  /title TEXT      set the conversation title
+  /title [TEXT]    show or set the conversation title
   /export FILE     write the conversation as JSON
   /exit            leave (or Ctrl-D)
 Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
@@ -62,13 +62,25 @@ class Repl:
             except EOFError:
                 self.say("bye")
                 return
-            if not line.strip():
-                continue
-            if line.startswith("/"):
-                if self.command(line.strip()) == "exit":
-                    return
-                continue
-            self.render(partial(self.chat.stream, line), partial(self.chat.send, line))
+            if self.handle(line) == "exit":
+                return
+
+    def handle(self, line: str) -> str | None:
+        """One input line; a failed command says why and the REPL carries on."""
+        from ..errors import ChatstateError
+
+        if not line.strip():
+            return None
+        try:
+            text = valid_text(line, "that input")
+            if text.startswith("/"):
+                return self.command(text.strip())
+            self.render(partial(self.chat.stream, text), partial(self.chat.send, text))
+        except KeyboardInterrupt:
+            self.say("[interrupted]")
+        except (ChatstateError, click.UsageError, OSError) as exc:
+            self.say(f"error: {exc.format_message() if isinstance(exc, click.UsageError) else exc}")
+        return None
 
     def greet(self) -> None:
         c = self.chat
@@ -109,52 +121,73 @@ class Repl:
 
     def command(self, line: str) -> str | None:
         name, _, arg = line.partition(" ")
-        arg = arg.strip()
-        c = self.chat
         if name in ("/exit", "/quit"):
             return "exit"
-        if name == "/help":
-            self.say(HELP)
-        elif name == "/new":
-            from ..transcript import new_id
-
-            c.id = new_id()
-            c.reload()
-            self.say(f"new conversation {c.id}")
-        elif name == "/history":
-            for m in c.messages:
-                self.show(m)
-        elif name == "/retry":
-            if c.interrupted is None:
-                self.say("nothing to retry: the last turn is complete")
-            else:
-                self.render(c.retry_stream, c.retry)
-        elif name == "/model" and arg:
-            c.model = arg
-            self.say(f"model {arg}")
-        elif name == "/system" and arg:
-            c.add_system(arg)
-            self.say("system instruction stored")
-        elif name == "/title" and arg:
-            c.set_title(arg)
-            self.say(f"title: {arg}")
-        elif name == "/export" and arg:
-            self.export(arg)
-        else:
-            self.say(f"unknown or incomplete command {name!r}; /help lists them")
+        action = COMMANDS.get(name)
+        if action is None:
+            self.say(f"unknown command {name!r}; /help lists them")
+            return None
+        method, needs = action
+        if needs and not arg.strip():
+            self.say(f"{name} needs {needs}: {name} {needs}")
+            return None
+        getattr(self, method)(arg.strip())
         return None
 
-    def export(self, target: str) -> None:
-        import json
+    def do_help(self, _: str) -> None:
+        self.say(HELP)
+
+    def do_new(self, _: str) -> None:
+        from ..transcript import new_id
+
+        self.chat.id = new_id()
+        self.chat.reload()
+        self.say(f"new conversation {self.chat.id}")
+
+    def do_history(self, _: str) -> None:
+        for m in self.chat.messages:
+            self.show(m)
+        if self.chat.conversation.partial is not None:
+            self.show(self.chat.conversation.partial)
+
+    def do_retry(self, _: str) -> None:
+        if self.chat.interrupted is None:
+            self.say("nothing to retry: the last turn is complete")
+        else:
+            self.render(self.chat.retry_stream, self.chat.retry)
+
+    def do_model(self, arg: str) -> None:
+        if arg:
+            self.chat.model = arg
+        self.say(f"model {self.chat.model or '(default)'}")
+
+    def do_system(self, arg: str) -> None:
+        self.chat.add_system(arg)
+        self.say("system instruction stored")
+
+    def do_title(self, arg: str) -> None:
+        if arg:
+            self.chat.set_title(arg)
+        self.say(f"title: {neutralise(self.chat.conversation.title) or '(none)'}")
+
+    def do_export(self, target: str) -> None:
         from pathlib import Path
 
         from ..stores._files import atomic_write
-        from ..transfer import to_document
+        from ..transfer import export_json
 
         path = Path(target).expanduser().absolute()
-        doc = to_document(self.chat.store.load(self.chat.id), export=True)
-        atomic_write(path, (json.dumps(doc, ensure_ascii=False, indent=2) + "\n").encode())
+        atomic_write(path, export_json(self.chat.store.load(self.chat.id)).encode())
         self.say(f"exported to {path}")
+
+
+# name -> (Repl method, what the argument is when one is required)
+COMMANDS: dict[str, tuple[str, str | None]] = {
+    "/help": ("do_help", None), "/new": ("do_new", None), "/history": ("do_history", None),
+    "/retry": ("do_retry", None), "/model": ("do_model", None),
+    "/system": ("do_system", "TEXT"), "/title": ("do_title", None),
+    "/export": ("do_export", "FILE"),
+}
 
 
 def make_reader() -> Callable[[], str]:

@@ -38,9 +38,17 @@ class Env:
             from ..stores import open_store
 
             self._store = open_store(self.store_url, allow_ephemeral=self.allow_ephemeral)
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None:  # close (sqlite: release the connection) when the command ends
+                ctx.call_on_close(self.close)
             if not quiet:
                 describe_store(self._store)
         return self._store
+
+    def close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
 
 def describe_store(store: Any) -> None:
@@ -63,7 +71,9 @@ def run(cli: click.Group, argv: list[str] | None) -> int:
     """Invoke the CLI; chatstate errors become one clear paragraph and exit 1."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        cli.main(args=argv, prog_name="chatstate", standalone_mode=False)
+        # Without standalone mode click *returns* the code of an Exit (our `fail`,
+        # ctx.exit) instead of raising it; commands themselves return None.
+        result = cli.main(args=argv, prog_name="chatstate", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
@@ -89,7 +99,7 @@ def run(cli: click.Group, argv: list[str] | None) -> int:
             click.echo(f"error: unexpected {name}: {exc}. Rerun with --debug for the "
                        "traceback, and please report it.", err=True)
         return 1
-    return 0
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
 def fail(message: str, code: int = 1) -> None:

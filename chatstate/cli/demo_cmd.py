@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from .common import Env
+from .common import Env, fail
 from .render import neutralise
 
 
@@ -50,12 +50,16 @@ def demo(env: Env, kill_after: int) -> None:
         click.echo(f"   the killed writer had rendered {len(shown)} characters", err=True)
         step("3. reopening the conversation is recovery")
         chat = Chat(store, conversation_id=cid, base_url=fake.base_url, model="fake-model")
-        report_recovery(chat, shown)
-        step("4. retry() completes the interrupted turn under the same turn id")
-        stream_turn(chat.retry_stream())
+        recovered = report_recovery(chat, shown)
+        if recovered:
+            step("4. retry() completes the interrupted turn under the same turn id")
+            stream_turn(chat.retry_stream())
         step("5. replay from the store, hash chain verified")
-        replay(store, cid)
+        verified = replay(store, cid)
     click.echo(f"\nreplay it any time: chatstate replay {cid} --verify", err=True)
+    if not (recovered and verified):
+        fail("the demo did not show what it promises (see above); rerun with --debug and "
+             "please report it")
 
 
 def stream_turn(deltas: Any) -> None:
@@ -86,19 +90,21 @@ def kill_writer(store_url: str, cid: str, base_url: str, kill_after: int) -> str
     return shown.decode(errors="replace")
 
 
-def report_recovery(chat: Any, shown: str) -> None:
+def report_recovery(chat: Any, shown: str) -> bool:
+    """Say what reopening found; True when the rendered text is a prefix of the stored one."""
     turn = chat.interrupted
     if turn is None:
         click.echo("   no interrupted turn (the writer finished before the kill)", err=True)
-        return
+        return False
     click.echo(f"   found: {turn.describe()}", err=True)
     stored = turn.partial.content if turn.partial is not None else ""
-    ok = stored.startswith(shown)
+    ok = bool(shown) and stored.startswith(shown)
     click.echo(f"   the store holds {len(stored)} characters of the reply; everything the "
                f"writer rendered is a prefix of it: {'yes' if ok else 'NO'}", err=True)
+    return ok
 
 
-def replay(store: Any, cid: str) -> None:
+def replay(store: Any, cid: str) -> bool:
     conv = store.load(cid)
     for m in conv.messages:
         tag = " (partial, kept)" if m.status == "partial" else ""
@@ -108,3 +114,4 @@ def replay(store: Any, cid: str) -> None:
     bad = conv.verify()
     click.echo(f"   {len(conv.messages)} messages; hash chain "
                f"{'verified' if bad is None else f'BROKEN at seq {bad}'}", err=True)
+    return bad is None

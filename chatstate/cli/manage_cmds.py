@@ -70,10 +70,10 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
 def export(env: Env, conversation_id: str, output: Path) -> None:
     """Write a conversation (with hashes, and any partial reply) as JSON."""
     from ..stores._files import atomic_write
-    from ..transfer import to_document
+    from ..transfer import export_json
 
     conv = env.store().load(conversation_id)
-    data = json.dumps(to_document(conv, export=True), ensure_ascii=False, indent=2) + "\n"
+    data = export_json(conv)
     if str(output) == "-":
         sys.stdout.write(data)
         return
@@ -87,6 +87,7 @@ def export(env: Env, conversation_id: str, output: Path) -> None:
 @click.pass_obj
 def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
     """Import a chatstate export or a plain OpenAI messages list."""
+    from ..errors import ConflictError
     from ..transcript import validate_id
     from ..transfer import read_import
 
@@ -94,7 +95,10 @@ def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
     if conversation_id:
         conv.id = validate_id(conversation_id)
     store = env.store()
-    store.create(conv)
+    try:
+        store.create(conv)
+    except ConflictError as exc:
+        fail(f"{exc}; nothing was imported. Import it under another id with --id NEW_ID.")
     if messages:
         store.append(conv.id, messages)
     if conv.partial is not None:

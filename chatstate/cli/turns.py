@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import click
 from .common import Env, fail
 
 FAKE_MODELS = {"fake", "offline"}
+FAKE_WORDS_ENV = "CHATSTATE_FAKE_REPLY_WORDS"
 
 
 def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -22,7 +24,8 @@ def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Continue the most recently updated conversation."),
         click.option("--new", is_flag=True, help="Start a new conversation (the default)."),
         click.option("--model", "-m", metavar="M", help="Model name; 'fake' uses the "
-                     "built-in offline fake model (also --offline)."),
+                     "built-in offline fake model (also --offline), whose replies echo "
+                     f"your message plus ${FAKE_WORDS_ENV} filler words (default 8)."),
         click.option("--offline", is_flag=True, help="Use the built-in fake model."),
         click.option("--base-url", metavar="URL", help="OpenAI-compatible endpoint "
                      "(default: CHATSTATE_BASE_URL / OPENAI_BASE_URL)."),
@@ -32,16 +35,35 @@ def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def pick_conversation(store: Any, conversation_id: str | None, cont: bool,
-                      new: bool) -> str | None:
-    if sum(bool(x) for x in (conversation_id, cont, new)) > 1:
-        fail("choose one of --id, --continue and --new", code=2)
+def pick_conversation(store: Any, conversation_id: str | None, cont: bool) -> str | None:
     if cont:
         latest = store.list_conversations(limit=1)
         if not latest:
             fail(f"there is no conversation to continue in {store.url}; start one with --new")
         return str(latest[0].id)
     return conversation_id
+
+
+def valid_text(text: str, what: str) -> str:
+    """``text`` if it can be stored; undecodable input (lone surrogates) is a usage error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw = text[exc.start].encode("utf-8", "surrogateescape")
+        raise click.UsageError(f"{what} is not valid UTF-8 (byte 0x{raw.hex()} at character "
+                               f"{exc.start}); nothing was stored") from exc
+    return text
+
+
+def fake_reply_words() -> int:
+    """How many filler words the built-in fake adds to each reply (a longer, slower stream)."""
+    raw = os.environ.get(FAKE_WORDS_ENV, "").strip()
+    if not raw:
+        return 8
+    if not raw.isdigit():
+        fail(f"{FAKE_WORDS_ENV}={raw!r} is not a whole number of words; unset it or use e.g. 200",
+             code=2)
+    return int(raw)
 
 
 @contextlib.contextmanager
@@ -51,14 +73,17 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
     """A Chat over the configured store; with --model fake, a fake model for its lifetime."""
     from ..session import Chat
 
+    if sum(bool(x) for x in (conversation_id, cont, new)) > 1:
+        raise click.UsageError("choose one of --id, --continue and --new")
     store = env.store()
-    cid = pick_conversation(store, conversation_id, cont, new)
+    cid = pick_conversation(store, conversation_id, cont)
     with contextlib.ExitStack() as stack:
         api_key = None
         if offline or (model or "").lower() in FAKE_MODELS:
             from ..testing import FakeModel
 
-            fake = stack.enter_context(FakeModel(chunk_delay=0.01))
+            fake = stack.enter_context(FakeModel(chunk_delay=0.01,
+                                                 reply_words=fake_reply_words()))
             base_url, model, api_key = fake.base_url, "fake", "offline"
         chat = Chat(store, conversation_id=cid, model=model, base_url=base_url,
                     api_key=api_key, system=system)
