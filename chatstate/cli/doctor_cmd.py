@@ -45,7 +45,7 @@ def doctor(env: Env, as_json: bool, limit: int) -> None:
     else:
         click.echo(_text(report))
     if not report.ready:
-        # SystemExit, not click's Exit: common.run() drops the code click returns for Exit
+        # SystemExit keeps its code through click and common.run() in any mode
         sys.exit(1)
 
 

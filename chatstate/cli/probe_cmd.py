@@ -29,8 +29,8 @@ def probe(ctx: click.Context, as_json: bool, paths: tuple[str, ...]) -> None:
     in a small SQLite file .chatstate-probe.db (kept, so that the next run can
     count the rows earlier runs left: run it again after a reboot or a redeploy
     and compare with `chatstate probe diff`), and a write+fsync+read probe file
-    that is deleted at once. It creates no directory. Delete the
-    .chatstate-probe.db files freely.
+    that is deleted at once. It creates no directory. The probe files may be
+    deleted at any time.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -52,7 +52,7 @@ def diff_cmd(first: str, second: str) -> None:
         a, b = load_report(first), load_report(second)
     except ProbeReportError as exc:
         click.echo(f"error: {exc}", err=True)
-        # SystemExit, not click's Exit: common.run() drops the code click returns for Exit
+        # SystemExit keeps its code through click and common.run() in any mode
         sys.exit(2)
     click.echo(f"A: {first} ({a.get('time') or '?'} on {a.get('hostname') or '?'})")
     click.echo(f"B: {second} ({b.get('time') or '?'} on {b.get('hostname') or '?'})")

@@ -49,7 +49,7 @@ def verify_cmd(directory: str) -> None:
         result = verify(directory)
     except SurvivalFileMissing as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)  # SystemExit: common.run() drops the code of click's Exit
+        sys.exit(2)  # SystemExit keeps its code in any click mode
     for problem in result.problems:
         click.echo(f"MISMATCH {problem}")
     problems = len(result.problems)
