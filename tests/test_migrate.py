@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-
 from chatstate.migrate import migrate
 from chatstate.stores import open_store
 from chatstate.transcript import Conversation, Message
