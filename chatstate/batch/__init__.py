@@ -1,0 +1,25 @@
+"""The resumable batch runner: one prompt over many records, one output file each.
+
+    from chatstate.batch import Batch
+    with Batch("out/", prompt="Summarise:\\n{text}", model="gpt-4o-mini") as batch:
+        summary = batch.run("records.jsonl")
+        assert batch.verify() == []
+
+The recovery contract (DESIGN.md, "Batch"): the state locations are probed
+before the first write; work is claimed with one atomic statement; each output
+is written atomically and its sha256 recorded with ``done``; every run starts
+by recovering what a killed one left; ``verify`` proves no row is stuck, every
+``done`` file matches its hash, and the files on disk are exactly the ``done``
+rows. Modules: ``inputs`` (JSONL/directory records), ``ledger`` (SQLite),
+``outputs`` (names, atomic writes, quarantine), ``recovery`` (recover,
+verify), ``runner`` (``Batch``), ``workers`` (who holds a row, and is it alive).
+"""
+
+from __future__ import annotations
+
+from .inputs import InputError, Record
+from .recovery import Recovery
+from .report import Progress, Summary
+from .runner import Batch
+
+__all__ = ["Batch", "InputError", "Progress", "Record", "Recovery", "Summary"]

@@ -1,0 +1,113 @@
+"""The threads of one run: each claims a record, runs it to the end, and claims the next.
+
+``concurrency`` threads each hold at most one record, so at most that many
+model requests are in flight. The first unexpected error (a full disk, a bad
+API key) stops every thread from claiming more; the run re-raises it after
+the records in flight have finished. Ctrl-C does the same, and a second
+Ctrl-C abandons the requests in flight (the next run recovers their rows).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .ledger import Ledger
+from .report import Progress
+from .workers import Worker
+
+if TYPE_CHECKING:
+    from .runner import Batch
+
+
+class Pool:
+    def __init__(self, batch: Batch, ledger: Ledger, worker: Worker, limit: int | None) -> None:
+        self.batch, self.ledger, self.worker = batch, ledger, worker
+        self.tally: Counter[str] = Counter()
+        self.interrupted = False
+        self._left = limit
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._owned = batch._adapter is None
+        self._base = batch._adapter if batch._adapter is not None else self._make_adapter()
+
+    def _make_adapter(self) -> Any:
+        from ..adapter import make_adapter
+
+        args = self.batch._model_args
+        return make_adapter(model=args["model"], base_url=args["base_url"],
+                            api_key=args["api_key"])
+
+    def close(self) -> None:
+        if self._owned and hasattr(self._base, "close"):
+            self._base.close()
+
+    def run(self, progress: Callable[[Progress], None] | None, interval: float,
+            started: float) -> None:
+        threads = [threading.Thread(target=self._loop, name=f"batch-{n}", daemon=True)
+                   for n in range(self.batch.concurrency)]
+        for thread in threads:
+            thread.start()
+        try:
+            self._wait(threads, progress, interval, started)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self._stop.set()
+            self.batch.echo("interrupted: finishing the requests in flight (Ctrl-C again to "
+                            "abandon them)")
+            self._wait(threads, None, interval, started)
+        if self._errors:
+            raise self._errors[0]
+
+    def _wait(self, threads: list[threading.Thread], progress: Callable[[Progress], None] | None,
+              interval: float, started: float) -> None:
+        while any(t.is_alive() for t in threads):
+            deadline = time.monotonic() + interval
+            for thread in threads:
+                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+            if progress is not None:
+                progress(self.snapshot(started))
+        if progress is not None:
+            progress(self.snapshot(started))
+
+    def snapshot(self, started: float) -> Progress:
+        return Progress(counts=self.ledger.counts(), done_now=self.tally["done"],
+                        elapsed=time.monotonic() - started)
+
+    def _take(self) -> bool:
+        with self._lock:
+            if self._left is None:
+                return True
+            if self._left <= 0:
+                return False
+            self._left -= 1
+            return True
+
+    def _give_back(self) -> None:
+        with self._lock:
+            if self._left is not None:
+                self._left += 1
+
+    def _counted(self) -> None:
+        with self._lock:
+            self.tally["attempts"] += 1
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set() and self._take():
+                claim = self.ledger.claim(self.worker.id, self.batch.max_attempts)
+                if claim is None:
+                    self._give_back()
+                    return
+                outcome = self.batch._process(self.ledger, self.worker, claim, self._base,
+                                              self._counted)
+                with self._lock:
+                    self.tally[outcome] += 1
+        except BaseException as exc:
+            with self._lock:
+                self._errors.append(exc)
+            self._stop.set()

@@ -1,0 +1,283 @@
+"""The batch ledger: one SQLite row per input record, the single source of truth for a run.
+
+WAL with ``synchronous=FULL``, so a statement that returned is on disk. Every
+state change is one conditional statement whose row count decides whether it
+happened: ``claim`` moves the oldest ``pending`` row to ``running`` under this
+worker's id, and every later step (``count_attempt``, ``finish``, ``fail``)
+applies only while the row is still ``running`` under the same worker. Two
+runners on one ledger therefore never own the same record; a worker whose row
+was taken from it (because it was wrongly judged dead) finds out instead of
+overwriting. Each thread gets its own connection; SQLite serialises writers.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ChatstateError, SchemaVersionError
+from ..stores._files import ensure_dir
+from ..stores._sqlite_errors import translate
+from ..transcript import now_iso
+from ._schema import APPLICATION_ID, MIGRATIONS
+from .workers import Worker
+
+STATUSES = ("pending", "running", "done", "failed")
+BUSY_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A record this worker now owns: status ``running``, ``attempts`` already used."""
+
+    id: str
+    text: str
+    attempts: int
+    output_path: str
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    status: str
+    attempts: int
+    output_path: str
+    output_sha256: str | None
+    writing_sha256: str | None
+    worker: str | None
+    last_error: str | None
+    done_at: str | None
+    conversation_id: str | None
+
+
+_ROW_COLUMNS = ("id, status, attempts, output_path, output_sha256, writing_sha256, worker, "
+                "last_error, done_at, conversation_id")
+
+
+class Ledger:
+    """Open with ``Ledger.open``; safe to share between threads (one connection each)."""
+
+    def __init__(self, path: Path, *, network: bool = False) -> None:
+        self.path = path
+        self._network = network
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path, *, create: bool, network: bool = False) -> Ledger:
+        """Open (and with ``create``, create and migrate) the ledger at ``path``."""
+        if not path.exists():
+            if not create:
+                raise ChatstateError(f"no batch ledger at {path}: start one with "
+                                     "`chatstate batch run INPUT --prompt ... --out DIR`")
+            ensure_dir(path.parent)
+            with translate(path, "create"):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        ledger = cls(path, network=network)
+        ledger._migrate(ledger._conn())
+        return ledger
+
+    def close(self) -> None:
+        with self._lock:
+            for db in self._all:
+                with suppress(sqlite3.Error):
+                    db.close()
+            self._all.clear()
+        self._local = threading.local()
+
+    # -- connections -------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is not None:
+            return db
+        with translate(self.path, "open"):
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
+                                 isolation_level=None, check_same_thread=False)
+            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            if self._network:  # WAL needs shared memory that network filesystems lack
+                db.execute("PRAGMA journal_mode=DELETE")
+                db.execute("PRAGMA synchronous=EXTRA")
+            else:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+        self._local.db = db
+        with self._lock:
+            self._all.append(db)
+        return db
+
+    def _exec(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
+        with translate(self.path, "write"):
+            return self._conn().execute(sql, tuple(args))
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; COMMIT returns only when durable."""
+        db = self._conn()
+        with translate(self.path, "write"):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    with suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        with self._tx():
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if app_id != APPLICATION_ID and tables:
+                raise ChatstateError(f"{self.path} is a SQLite database but not a chatstate "
+                                     "batch ledger; it was not changed. Choose another --ledger.")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise SchemaVersionError(
+                    f"{self.path}: batch ledger schema {version} is newer than this chatstate "
+                    f"knows ({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
+                    where=str(self.path))
+            for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
+                migration(db)
+                db.execute(f"PRAGMA user_version={number}")
+            db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+
+    # -- meta and workers --------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        row = self._exec("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str, *, only_if_absent: bool = False) -> str:
+        """Store ``value`` (``only_if_absent``: keep an existing one); return what is stored."""
+        verb = "INSERT OR IGNORE" if only_if_absent else "INSERT OR REPLACE"
+        self._exec(f"{verb} INTO meta(key, value) VALUES (?, ?)", (key, value))
+        return self.meta(key) or value
+
+    def add_worker(self, w: Worker) -> None:
+        self._exec("INSERT INTO workers(id, host, pid, boot_id, start_ticks, started_at) "
+                   "VALUES (?, ?, ?, ?, ?, ?)",
+                   (w.id, w.host, w.pid, w.boot_id, w.start_ticks, now_iso()))
+
+    def end_worker(self, worker_id: str) -> None:
+        self._exec("UPDATE workers SET ended_at=? WHERE id=?", (now_iso(), worker_id))
+
+    def workers(self, ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        """id -> (host, pid, boot_id, start_ticks, ended_at) for the given worker ids."""
+        out = {}
+        for wid in set(ids):
+            row = self._exec("SELECT host, pid, boot_id, start_ticks, ended_at FROM workers "
+                             "WHERE id=?", (wid,)).fetchone()
+            if row is not None:
+                out[wid] = tuple(row)
+        return out
+
+    # -- records -----------------------------------------------------------------
+    def register(self, records: Iterable[tuple[str, str, str, str]]) -> tuple[int, list[str]]:
+        """Insert (id, text, text_sha256, output_path) rows not yet known, idempotently.
+
+        Returns (number added, ids whose registered text differs from the input now);
+        a changed record keeps its registered text and status.
+        """
+        added, changed, now = 0, [], now_iso()
+        with self._tx() as db:
+            for rid, text, sha, out in records:
+                row = db.execute("SELECT text_sha256 FROM records WHERE id=?", (rid,)).fetchone()
+                if row is not None:
+                    if row[0] != sha:
+                        changed.append(rid)
+                    continue
+                db.execute("INSERT INTO records(id, text, text_sha256, output_path, created_at, "
+                           "updated_at) VALUES (?, ?, ?, ?, ?, ?)", (rid, text, sha, out, now, now))
+                added += 1
+        return added, changed
+
+    def claim(self, worker_id: str, max_attempts: int) -> Claim | None:
+        """Take the oldest pending record with attempts left, or None. One atomic statement."""
+        row = self._exec(
+            "UPDATE records SET status='running', worker=?, writing_sha256=NULL, updated_at=? "
+            "WHERE rowid=(SELECT rowid FROM records WHERE status='pending' AND attempts<? "
+            "ORDER BY rowid LIMIT 1) AND status='pending' "
+            "RETURNING id, text, attempts, output_path",
+            (worker_id, now_iso(), max_attempts)).fetchone()
+        return None if row is None else Claim(row[0], row[1], row[2], row[3])
+
+    def count_attempt(self, rid: str, worker_id: str, max_attempts: int) -> bool:
+        """Count a request for ``rid`` about to be sent. False: none left, or not ours."""
+        cur = self._exec("UPDATE records SET attempts=attempts+1, updated_at=? WHERE id=? AND "
+                         "status='running' AND worker=? AND attempts<?",
+                         (now_iso(), rid, worker_id, max_attempts))
+        return cur.rowcount == 1
+
+    def set_writing(self, rid: str, worker_id: str, sha: str) -> bool:
+        cur = self._exec("UPDATE records SET writing_sha256=? WHERE id=? AND status='running' "
+                         "AND worker=?", (sha, rid, worker_id))
+        return cur.rowcount == 1
+
+    def finish(self, rid: str, worker_id: str | None, sha: str,
+               conversation_id: str | None = None) -> bool:
+        """Mark done with the output's hash, if still ours (``worker_id`` None: any dead holder)."""
+        now = now_iso()
+        cur = self._exec(
+            "UPDATE records SET status='done', output_sha256=?, writing_sha256=NULL, worker=NULL, "
+            "last_error=NULL, conversation_id=coalesce(?, conversation_id), done_at=?, "
+            "updated_at=? WHERE id=? AND status='running' AND worker IS ?",
+            (sha, conversation_id, now, now, rid, worker_id))
+        return cur.rowcount == 1
+
+    def fail(self, rid: str, worker_id: str | None, error: str, *, final: bool,
+             max_attempts: int) -> str | None:
+        """Give the row up: ``failed`` if final or out of attempts, else back to ``pending``.
+
+        Returns the new status, or None if the row was not (any longer) this worker's.
+        """
+        row = self._exec(
+            "UPDATE records SET status=CASE WHEN ? OR attempts>=? THEN 'failed' ELSE 'pending' "
+            "END, last_error=?, worker=NULL, writing_sha256=NULL, updated_at=? "
+            "WHERE id=? AND status='running' AND worker IS ? RETURNING status",
+            (final, max_attempts, error, now_iso(), rid, worker_id)).fetchone()
+        return None if row is None else str(row[0])
+
+    def release(self, worker_id: str, max_attempts: int, error: str) -> int:
+        """Hand back every row this worker still holds (on an interrupted run)."""
+        return self._exec(
+            "UPDATE records SET status=CASE WHEN attempts>=? THEN 'failed' ELSE 'pending' END, "
+            "last_error=CASE WHEN attempts>=? THEN ? ELSE last_error END, worker=NULL, "
+            "writing_sha256=NULL, updated_at=? WHERE worker=? AND status='running'",
+            (max_attempts, max_attempts, error, now_iso(), worker_id)).rowcount
+
+    def redo(self, rid: str, sha: str, why: str) -> bool:
+        """A done row whose output was lost or changed: back to pending with fresh attempts."""
+        return self._exec(
+            "UPDATE records SET status='pending', attempts=0, output_sha256=NULL, last_error=?, "
+            "done_at=NULL, updated_at=? WHERE id=? AND status='done' AND output_sha256=?",
+            (why, now_iso(), rid, sha)).rowcount == 1
+
+    def expire(self, max_attempts: int) -> list[str]:
+        """Pending rows that already used ``max_attempts`` become failed; returns their ids."""
+        rows = self._exec(
+            "UPDATE records SET status='failed', last_error=coalesce(last_error, ?), "
+            "updated_at=? WHERE status='pending' AND attempts>=? RETURNING id",
+            (f"used its {max_attempts} attempts", now_iso(), max_attempts)).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def rows(self, status: str | None = None) -> list[Row]:
+        where, args = ("WHERE status=?", (status,)) if status else ("", ())
+        cur = self._exec(f"SELECT {_ROW_COLUMNS} FROM records {where} ORDER BY rowid", args)
+        return [Row(*r) for r in cur.fetchall()]
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATUSES, 0)
+        for status, n in self._exec("SELECT status, count(*) FROM records GROUP BY status"):
+            counts[status] = n
+        return counts
+
+    def output_paths(self) -> dict[str, str]:
+        """output path -> record id, for every record."""
+        return {r[0]: r[1] for r in self._exec("SELECT output_path, id FROM records")}

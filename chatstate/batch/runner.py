@@ -1,0 +1,267 @@
+"""``Batch``: one prompt over many records, one output file each, resumable after kill -9.
+
+The order of every record's life is fixed: claim (one conditional UPDATE) ->
+count the attempt (committed right before the request) -> call the model ->
+record the output's hash as "being written" -> atomic write (temp, fsync,
+rename, fsync dir) -> ``done`` with the hash (one statement). A kill at any
+point leaves a state that ``recover`` (which every run starts with) can finish:
+see ``recovery``. ``concurrency`` threads each hold at most one record, so at
+most that many requests are in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ChatstateError, ModelError
+from ..stores._files import ensure_dir
+from . import outputs
+from ._work import CountingAdapter, OutOfAttempts, SerialisedStore, ask, ask_with_transcript
+from ._work import conversation_id as make_cid
+from .inputs import Record, fill, read_records, records_from
+from .ledger import Claim, Ledger
+from .recovery import Recovery, recover, verify
+from .report import Progress, Summary
+from .workers import Worker
+
+if TYPE_CHECKING:
+    from ..durability import Report
+
+LEDGER_NAME = ".chatstate-batch.db"
+DEFAULT_MAX_ATTEMPTS = 3
+FATAL_STATUS = frozenset({401, 403, 404})  # would fail every record the same way: stop the run
+Source = str | os.PathLike[str] | Iterable[Record | Mapping[str, Any] | str]
+
+
+class Batch:
+    """A resumable batch over an output directory and its ledger.
+
+    ``Batch(out, *, prompt="{text}", ledger=None, system=None, model=None,
+    base_url=None, api_key=None, adapter=None, params=None, concurrency=4,
+    max_attempts=None, transcripts=None, allow_ephemeral=False, echo=None)``
+
+    - ``out``: the output directory (one ``<encoded id>.txt`` per record).
+    - ``prompt``: template; ``{text}`` and ``{id}`` are filled in.
+    - ``ledger``: the SQLite ledger path (default ``out/.chatstate-batch.db``).
+    - ``model``/``base_url``/``api_key`` or ``adapter``: the model, as for
+      ``make_adapter``; ``params``: extra request parameters (temperature, ...).
+    - ``max_attempts``: model requests per record before it is ``failed``
+      (default: the ledger's last value, else 3); every request counts,
+      including the adapter's retries after a 429 or a 5xx.
+    - ``transcripts``: a Store; each call is also kept there as a one-turn
+      conversation ``batch-<batch id>-<sha256(id)[:16]>``.
+    - ``echo``: where notes go (probe verdicts, recovery, changed records);
+      default: stderr. Ephemeral locations raise ``EphemeralStoreError``
+      unless ``allow_ephemeral`` (or ``CHATSTATE_ALLOW_EPHEMERAL=1``).
+
+    ``run(source=None, *, limit=None, progress=None, interval=0.5) -> Summary``
+    registers ``source`` (a .jsonl path, a directory, or records), recovers, and
+    processes pending records; ``add``, ``recover``, ``status`` and ``verify``
+    are the other verbs. Use as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, out: str | os.PathLike[str], *, prompt: str = "{text}",
+                 ledger: str | os.PathLike[str] | None = None, system: str | None = None,
+                 model: str | None = None, base_url: str | None = None,
+                 api_key: str | None = None, adapter: Any = None,
+                 params: Mapping[str, Any] | None = None, concurrency: int = 4,
+                 max_attempts: int | None = None, transcripts: Any = None,
+                 allow_ephemeral: bool = False,
+                 echo: Callable[[str], None] | None = None) -> None:
+        if "{text}" not in prompt and "{id}" not in prompt:
+            raise ValueError("the prompt template must contain {text} (or {id})")
+        if concurrency < 1 or (max_attempts is not None and max_attempts < 1):
+            raise ValueError("concurrency and max_attempts must be at least 1")
+        self.out = Path(out).expanduser().absolute()
+        raw = os.fspath(ledger) if ledger is not None else None
+        if raw and raw.startswith("sqlite://"):
+            raw = raw[len("sqlite://"):]
+        self.ledger_path = Path(raw).expanduser().absolute() if raw else self.out / LEDGER_NAME
+        self.prompt, self.system, self.params = prompt, system, dict(params or {})
+        self.concurrency = concurrency
+        self._max_attempts = max_attempts
+        self._model_args = {"model": model, "base_url": base_url, "api_key": api_key}
+        self._adapter = adapter
+        self._store = SerialisedStore(transcripts) if transcripts is not None else None
+        self.allow_ephemeral = allow_ephemeral
+        self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._ledger: Ledger | None = None
+        self._reports: list[Report] | None = None
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
+    # -- setup -------------------------------------------------------------------
+    def probe(self) -> list[Report]:
+        """Inspect (once) where the ledger and the outputs land, say so, refuse ephemeral ones."""
+        if self._reports is None:
+            from ..durability import inspect
+            from ..errors import EphemeralStoreError
+            from ..stores import allow_ephemeral_from_env
+
+            reports = [inspect(self.ledger_path), inspect(self.out)]
+            allowed = self.allow_ephemeral or allow_ephemeral_from_env()
+            for what, rep in zip(("ledger", "outputs"), reports, strict=True):
+                self.echo(f"{what} {rep.path} {rep.one_line()} (device {rep.device or '?'})")
+                if rep.verdict == "ephemeral" and not allowed:
+                    raise EphemeralStoreError(
+                        f"refusing batch {what} at {rep.path}: {' '.join(rep.reasons[:1])} "
+                        "It would not survive a restart. Use a durable directory, or accept "
+                        "the loss with --allow-ephemeral, allow_ephemeral=True or "
+                        "CHATSTATE_ALLOW_EPHEMERAL=1.")
+            if reports[0].device != reports[1].device:
+                self.echo(f"warning: the ledger (device {reports[0].device}) and the outputs "
+                          f"(device {reports[1].device}) are on different devices: they would "
+                          "not survive the same events; keep them together")
+            self._reports = reports
+        return self._reports
+
+    def _open(self, *, create: bool) -> Ledger:
+        if self._ledger is None:
+            network = bool(self._reports and self._reports[0].network_fs)
+            ledger = Ledger.open(self.ledger_path, create=create, network=network)
+            self._bind(ledger)
+            self._ledger = ledger
+        return self._ledger
+
+    def _bind(self, ledger: Ledger) -> None:
+        """A ledger outside DIR belongs to one DIR; inside, it moves with it."""
+        here = str(self.out)
+        stored = ledger.set_meta("out_dir", here, only_if_absent=True)
+        if stored != here and self.out not in self.ledger_path.parents:
+            ledger.close()
+            raise ChatstateError(f"ledger {self.ledger_path} belongs to output directory "
+                                 f"{stored}, not {here}: pass --out {stored}, or another --ledger")
+        ledger.set_meta("batch_id", os.urandom(4).hex(), only_if_absent=True)
+
+    @property
+    def max_attempts(self) -> int:
+        if self._max_attempts is not None:
+            return self._max_attempts
+        stored = self._ledger.meta("max_attempts") if self._ledger else None
+        return int(stored) if stored else DEFAULT_MAX_ATTEMPTS
+
+    # -- verbs -------------------------------------------------------------------
+    def add(self, source: Source) -> tuple[int, list[str]]:
+        """Register records idempotently. Returns (added, ids whose text changed: not applied)."""
+        if isinstance(source, (str, os.PathLike)):
+            records = read_records(source, skip=self.out)
+        else:
+            records = records_from(source)
+        self.probe()
+        ledger = self._open(create=True)
+        ensure_dir(self.out)
+        added, changed = ledger.register(
+            (r.id, r.text, r.sha256, outputs.output_name(r.id)) for r in records)
+        if changed:
+            self.echo(f"warning: {len(changed)} record(s) changed since they were registered "
+                      f"and were left as registered (their outputs follow the old text): "
+                      + ", ".join(repr(c) for c in changed[:10])
+                      + (f" and {len(changed) - 10} more" if len(changed) > 10 else ""))
+        return added, changed
+
+    def recover(self, *, quarantine: bool = False) -> Recovery:
+        """Reconcile the ledger with DIR after a crash (see ``recovery``); says what it did."""
+        self.probe()
+        ledger = self._open(create=False)
+        result = recover(ledger, self.out, max_attempts=self.max_attempts,
+                         quarantine_extras=quarantine)
+        for note in result.notes():
+            self.echo(f"recovered: {note}" if not note.startswith("left") else note)
+        return result
+
+    def status(self) -> dict[str, int]:
+        """Record counts by status."""
+        return self._open(create=False).counts()
+
+    def failures(self, limit: int = 20) -> list[tuple[str, str]]:
+        rows = self._open(create=False).rows("failed")[:limit]
+        return [(r.id, r.last_error or "") for r in rows]
+
+    def verify(self) -> list[str]:
+        """Every violation of the recovery contract (empty: consistent). Writes nothing."""
+        return verify(self._open(create=False), self.out)
+
+    def run(self, source: Source | None = None, *, limit: int | None = None,
+            progress: Callable[[Progress], None] | None = None,
+            interval: float = 0.5) -> Summary:
+        """Register ``source``, recover, then process pending records (at most ``limit``)."""
+        from ._pool import Pool
+
+        started = time.monotonic()
+        if source is not None:
+            self.add(source)
+        self.probe()
+        ledger = self._open(create=True)
+        ensure_dir(self.out)
+        self._max_attempts = self.max_attempts  # resolved once: the threads read it often
+        ledger.set_meta("max_attempts", str(self._max_attempts))
+        found = self.recover()
+        for rid in ledger.expire(self.max_attempts):
+            self.echo(f"failed {rid!r}: it has used its {self.max_attempts} attempts")
+        worker = Worker.current()
+        ledger.add_worker(worker)
+        pool = Pool(self, ledger, worker, limit)
+        try:
+            pool.run(progress, interval, started)
+        finally:
+            ledger.release(worker.id, self.max_attempts, "the run stopped while it held this "
+                           "record")
+            ledger.end_worker(worker.id)
+            pool.close()
+        return Summary(counts=ledger.counts(), done_now=pool.tally["done"],
+                       failed_now=pool.tally["failed"], attempts=pool.tally["attempts"],
+                       adopted=len(found.adopted), elapsed=time.monotonic() - started,
+                       interrupted=pool.interrupted, failures=self.failures())
+
+    # -- one record (called by the pool's threads) ---------------------------------
+    def _process(self, ledger: Ledger, worker: Worker, claim: Claim, base: Any,
+                 count_request: Callable[[], None]) -> str:
+        """Run one claimed record to ``done``/``failed``/``pending``; returns the outcome."""
+        max_attempts = self.max_attempts
+
+        def count() -> None:
+            if not ledger.count_attempt(claim.id, worker.id, max_attempts):
+                raise OutOfAttempts(f"record {claim.id!r} has no attempts left")
+            count_request()
+
+        adapter = CountingAdapter(base, max_attempts - claim.attempts, count)
+        prompt = fill(self.prompt, claim.id, claim.text)
+        cid = None
+        try:
+            if self._store is None:
+                text = ask(adapter, prompt, system=self.system, params=self.params)
+            else:
+                cid = make_cid(str(ledger.meta("batch_id")), claim.id)
+                text = ask_with_transcript(self._store, cid, adapter, prompt,
+                                           system=self.system, title=f"batch {claim.id}"[:120],
+                                           params=self.params)
+        except (ModelError, OutOfAttempts) as exc:
+            fatal = isinstance(exc, ModelError) and exc.status in FATAL_STATUS
+            final = isinstance(exc, ModelError) and not exc.retryable and not fatal
+            status = ledger.fail(claim.id, worker.id, str(exc), final=final,
+                                 max_attempts=max_attempts)
+            if fatal:
+                raise
+            return status or "lost"
+        data = text.encode("utf-8", "surrogatepass")
+        sha = outputs.sha256_hex(data)
+        if not ledger.set_writing(claim.id, worker.id, sha):
+            return "lost"
+        moved = outputs.write_output(self.out, claim.output_path, data)
+        if moved:
+            self.echo(f"moved {claim.output_path} (not written by this batch) to {moved}")
+        return "done" if ledger.finish(claim.id, worker.id, sha, cid) else "lost"

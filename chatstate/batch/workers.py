@@ -1,0 +1,75 @@
+"""Who holds a ledger row, and whether that process is still alive.
+
+A worker is one ``Batch.run`` in one process, named by host, pid and the
+process's start time (plus a random suffix, so two runs in one process differ).
+The start time guards against pid reuse: a pid that now belongs to another
+process is a dead worker. A worker on another host cannot be checked from here,
+so it counts as alive: stealing a live worker's rows would call the model twice.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from typing import Literal
+
+from ..durability import boot_id
+
+Liveness = Literal["alive", "dead", "elsewhere"]
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc), or None if unknown/gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])  # field 22 of proc(5)
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Worker:
+    id: str
+    host: str
+    pid: int
+    boot_id: str | None
+    start_ticks: int | None
+
+    @classmethod
+    def current(cls) -> Worker:
+        host, pid = socket.gethostname(), os.getpid()
+        ticks = start_ticks(pid)
+        wid = f"{host}:{pid}:{ticks if ticks is not None else '?'}:{secrets.token_hex(3)}"
+        return cls(id=wid, host=host, pid=pid, boot_id=boot_id(), start_ticks=ticks)
+
+
+def liveness(host: str, pid: int, boot: str | None, ticks: int | None,
+             ended: bool) -> Liveness:
+    """Is the worker that registered with these facts still running?"""
+    if ended:
+        return "dead"
+    if host != socket.gethostname():
+        return "elsewhere"
+    now_boot = boot_id()
+    if boot and now_boot and boot != now_boot:
+        return "dead"  # registered before the last reboot
+    if os.path.isdir("/proc/self"):
+        current = start_ticks(pid)
+        if current is None:
+            return "dead"
+        return "alive" if ticks is None or current == ticks else "dead"
+    try:  # no /proc (macOS): the pid alone, without a pid-reuse check
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "dead"
+    except PermissionError:
+        return "alive"
+    return "alive"
