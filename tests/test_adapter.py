@@ -290,6 +290,22 @@ def test_a_retried_stream_swallows_the_prefix_across_chunk_boundaries() -> None:
     assert deltas == ["Hel", "lo wo", "rld!"] and final.text == "Hello world!"
 
 
+def test_an_error_event_mid_stream_is_retried_when_the_provider_says_so() -> None:
+    class ErrorThenReply(ScriptedBackend):
+        def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
+            if self.streams:
+                self.streams.pop()
+                yield {"error": {"message": "Overloaded", "type": "server_error"}}
+            yield {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}
+
+    adapter = RetryingAdapter(ErrorThenReply(([], False)), model="m", sleep=lambda s: None)
+    assert collect(adapter.stream(MESSAGES))[1].text == "ok"
+    fatal = RetryingAdapter(ErrorThenReply(([], False)), model="m",
+                            policy=RetryPolicy(max_retries=0))
+    with pytest.raises(ModelError, match="Overloaded"):
+        list(fatal.stream(MESSAGES))
+
+
 # -- secrets ----------------------------------------------------------------------------------
 
 
@@ -377,6 +393,18 @@ def test_make_adapter_rejects_mixed_configuration(fake: FakeModel) -> None:
     client = openai.OpenAI(base_url=fake.base_url, api_key=CANARY)
     with pytest.raises(ValueError, match="client"):
         make_adapter(client=client, base_url=fake.base_url)
+
+
+def test_public_names_are_pinned() -> None:
+    import chatstate.adapter
+
+    assert chatstate.adapter.__all__ == [
+        "Backend", "Completion", "ModelAdapter", "ModelSettings", "RetryPolicy",
+        "RetryingAdapter", "make_adapter"]
+    assert chatstate.adapter.ModelSettings is ModelSettings
+    adapter = make_adapter(base_url="http://127.0.0.1:9/v1")
+    assert isinstance(adapter, chatstate.adapter.ModelAdapter)
+    adapter.close()
 
 
 def test_importing_the_adapter_stays_light() -> None:

@@ -235,6 +235,13 @@ def test_remote_control_in_another_process() -> None:
         server.wait(timeout=5)
 
 
+def test_public_names_are_pinned() -> None:
+    import chatstate.testing
+
+    assert chatstate.testing.__all__ == [
+        "Controls", "FakeControl", "FakeModel", "reply_text", "serve"]
+
+
 def test_importing_the_fake_is_stdlib_only() -> None:
     code = ("import sys, chatstate; before = set(sys.modules); import chatstate.testing; "
             "new = set(sys.modules) - before; "

@@ -20,7 +20,7 @@ import itertools
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ModelError
 from ._parse import StreamAccumulator, parse_completion
@@ -45,6 +45,7 @@ class Completion:
     finish_reason: str | None
 
 
+@runtime_checkable
 class ModelAdapter(Protocol):
     """What the session calls. Holds no conversation state: every call gets the full list."""
 
