@@ -27,6 +27,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     if config.option.basetemp or hasattr(config, "workerinput"):
         return  # given explicitly, or an xdist worker (it derives its own from the controller)
