@@ -1,7 +1,10 @@
 """A writer run as a subprocess by the store tests; it prints what the store acknowledged.
 
-    crash_writer.py crash   URL CID        wait for "go" on stdin, then append turns and save
-                                           partials forever (until SIGKILLed)
+    crash_writer.py serve   URL CID        a warmed-up fork server: for every "go" line on
+                                           stdin, fork a writer that prints "pid <pid>", opens
+                                           the store, prints "opened", then appends turns and
+                                           saves partials until SIGKILLed; print "done <status>"
+                                           once it is reaped
     crash_writer.py contend URL CID N      wait for "go", then append N messages, reloading,
                                            resealing and retrying on ConflictError
     crash_writer.py fsize   URL CID LIMIT SIZE
@@ -36,8 +39,28 @@ def wait_for_go() -> None:
         sys.exit(0)
 
 
+def serve(url: str, cid: str) -> None:
+    say("ready")  # imports are done: the parent's kill clock starts at "go", not at exec
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        child = os.fork()
+        if child == 0:
+            try:
+                crash(url, cid)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(1)
+        # the child's output is all in the pipe before this line: it is dead when reaped
+        _pid, status = os.waitpid(child, 0)
+        say(f"done {status}")
+
+
 def crash(url: str, cid: str) -> None:
-    wait_for_go()
+    say(f"pid {os.getpid()}")
     store = open_store(url)
     conv = store.load(cid)
     say("opened")
@@ -101,8 +124,8 @@ def fsize(url: str, cid: str, limit: int, size: int) -> None:
 
 def main(argv: list[str]) -> None:
     mode, url, cid, *rest = argv
-    if mode == "crash":
-        crash(url, cid)
+    if mode == "serve":
+        serve(url, cid)
     elif mode == "contend":
         contend(url, cid, int(rest[0]))
     elif mode == "fsize":

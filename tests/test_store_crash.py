@@ -1,26 +1,33 @@
 """SIGKILL a writer at random instants; every acknowledged message must survive exactly once.
 
-One store per kind is reused across all kills. Each round: a warmed-up writer
-(``tests/crash_writer.py crash``, imports done, waiting for "go") is released,
-appends turns and streams partial replies, printing ``ack <seq> <hash>`` only
-after ``append`` returned; it is SIGKILLed after a random delay that spans the
-whole write path: its own ``open()`` (recovery of the previous kill), loads,
-partial saves, temp-file writes, renames, fsyncs and commits. The next writer
-starts importing while this one runs, so interpreter start-up costs no wall time.
+One store per kind is reused across all kills. A warmed-up fork server
+(``tests/crash_writer.py serve``) forks one writer per round, so neither
+interpreter start-up nor imports count against the kill window. Each writer
+opens the store (recovering the previous kill), then appends turns and streams
+partial replies, printing ``ack <seq> <hash>`` only after ``append`` returned.
+
+Kill points are spread over the whole write path relative to each store's own
+speed: one round in five dies at a random instant inside ``open()`` (recovery);
+the others wait for 0-4 acknowledgements and then die at a uniformly random
+instant within the next write cycle (partial saves, temp-file writes, renames,
+fsyncs, commits, conditional PUTs).
 
 After every kill a fresh ``open_store`` (which is recovery) must show: every
 acknowledged message present at its seq exactly once, the chain valid, a partial
-(if any) for the next seq only, and for json no temp file left anywhere. At the
-end, appends still work. ``CHATSTATE_CRASH_KILLS`` raises the count (default 50).
+(if any) for the next seq only, and for json no temp file anywhere. At the end
+appends still work. ``CHATSTATE_CRASH_KILLS`` changes the count (default 50),
+``CHATSTATE_CRASH_SEED`` replays a run.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
 import subprocess
 import time
+from typing import IO
 
 import pytest
 from stores import (
@@ -42,33 +49,72 @@ CID = "crashy"
 pytestmark = pytest.mark.slow
 
 
-def _ready(writer: subprocess.Popen[str]) -> None:
-    assert writer.stdout is not None
-    line = writer.stdout.readline()
-    assert line == "ready\n", f"writer did not start: {line!r} {writer.stderr}"
+class Round:
+    """One forked writer: its pid, what it printed, and how long things took."""
+
+    def __init__(self, server: subprocess.Popen[str]) -> None:
+        assert server.stdin is not None and server.stdout is not None
+        self.out: IO[str] = server.stdout
+        self.lines: list[str] = []
+        server.stdin.write("go\n")
+        server.stdin.flush()
+        self.started = time.monotonic()
+        first = self.read()
+        assert first.startswith("pid "), first
+        self.pid = int(first.split()[1])
+
+    def read(self) -> str:
+        line = self.out.readline()
+        if not line:
+            raise AssertionError("the fork server died; its stderr says why")
+        self.lines.append(line)
+        if line.startswith("done "):
+            raise AssertionError(f"the writer exited on its own (status {line.split()[1]})")
+        return line
+
+    def until(self, prefix: str) -> float:
+        while not self.read().startswith(prefix):
+            pass
+        return time.monotonic()
+
+    def kill(self) -> list[tuple[int, str]]:
+        os.kill(self.pid, signal.SIGKILL)
+        while not (line := self.out.readline()).startswith("done "):
+            assert line, "the fork server died"
+            self.lines.append(line)
+        status = int(line.split()[1])
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, \
+            f"the writer exited on its own (status {status}): {self.lines[-3:]}"
+        return parse_acks("".join(self.lines))
 
 
-def _go(writer: subprocess.Popen[str]) -> None:
-    assert writer.stdin is not None
-    writer.stdin.write("go\n")
-    writer.stdin.flush()
+class Timing:
+    """Running estimates of how long open() and one write cycle take in this store."""
+
+    def __init__(self) -> None:
+        self.open_s = 0.05
+        self.cycle_s = 0.02
+
+    def learn(self, opened: float, cycles: list[float]) -> None:
+        self.open_s = 0.7 * self.open_s + 0.3 * opened
+        for c in cycles:
+            self.cycle_s = 0.7 * self.cycle_s + 0.3 * c
 
 
-def _kill_at_random(writer: subprocess.Popen[str], rng: random.Random) -> tuple[str, str]:
-    """Let the writer run a random while, SIGKILL it; return its stdout and stderr."""
-    assert writer.stdout is not None
-    if rng.random() < 0.2:  # early: inside open(), i.e. while it recovers the last kill
-        time.sleep(rng.uniform(0, 0.015))
-    else:
-        # mid-stream: the store is open, appends and partial saves are under way
-        if writer.stdout.readline() != "opened\n":
-            _out, err = writer.communicate(timeout=5)
-            raise AssertionError(f"writer failed before writing: {err}")
-        time.sleep(rng.uniform(0, 0.06))
-    writer.send_signal(signal.SIGKILL)
-    out, err = writer.communicate(timeout=30)
-    assert writer.returncode == -signal.SIGKILL, f"writer died on its own: {err}"
-    return out, err
+def _run_round(server: subprocess.Popen[str], rng: random.Random,
+               timing: Timing) -> list[tuple[int, str]]:
+    rnd = Round(server)
+    if rng.random() < 0.2:  # inside open(): the writer is recovering the previous kill
+        time.sleep(rng.uniform(0, timing.open_s))
+        return rnd.kill()
+    opened = rnd.until("opened")
+    stamps = [opened]
+    for _ in range(rng.randint(0, 4)):
+        stamps.append(rnd.until("ack "))
+    time.sleep(rng.uniform(0, timing.cycle_s))
+    acks = rnd.kill()
+    timing.learn(opened - rnd.started, [b - a for a, b in itertools.pairwise(stamps)])
+    return acks
 
 
 def _verify(url: str, acked: list[tuple[int, str]], found: list[str]) -> int:
@@ -89,37 +135,34 @@ def _verify(url: str, acked: list[tuple[int, str]], found: list[str]) -> int:
 
 
 def test_sigkilled_writer_loses_no_acknowledged_message(store_url: str) -> None:
-    rng = random.Random(os.environ.get("CHATSTATE_CRASH_SEED") or None)
+    seed = int(os.environ.get("CHATSTATE_CRASH_SEED") or random.randrange(1 << 30))
+    rng, timing = random.Random(seed), Timing()
     store = open_store(store_url)
     store.create(Conversation(id=CID, title="crash test"))
     store.close()
     acked: list[tuple[int, str]] = []
     recovered: list[str] = []
-    writers = [spawn_writer("crash", store_url, CID)]
-    _ready(writers[0])
-    stored = 0
+    server = spawn_writer("serve", store_url, CID)
     try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
         for _ in range(KILLS):
-            _go(writers[-1])
-            writers.append(spawn_writer("crash", store_url, CID))  # warms up meanwhile
-            out, _err = _kill_at_random(writers[-2], rng)
-            acked += parse_acks(out)
+            acked += _run_round(server, rng, timing)
             stored = _verify(store_url, acked, recovered)
-            _ready(writers[-1])
+    except AssertionError as exc:
+        server.kill()
+        raise AssertionError(f"{exc}\nseed={seed}\nserver stderr:\n"
+                             f"{server.communicate()[1][-3000:]}") from exc
     finally:
-        for proc in writers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    print(f"{len(acked)} acknowledged, {stored} stored; recovery found:", *recovered,
-          sep="\n  ")
-    assert len(acked) > KILLS, "the writers hardly wrote: the kill points were not spread"
+        if server.poll() is None and server.stdin is not None:
+            server.stdin.close()  # EOF: the fork server exits
+            server.wait(30)
+    print(f"seed {seed}: {len(acked)} acknowledged, {stored} stored, open {timing.open_s:.3f}s "
+          f"cycle {timing.cycle_s:.3f}s; recovery found:", *recovered, sep="\n  ")
+    assert len(acked) >= KILLS // 2, "the writers hardly wrote: kill points were not spread"
     assert stored >= len(acked)
     store = open_store(store_url)  # and the store still takes appends
-    last = store.load(CID).last
-    more = seal_chain(2, last)
+    more = seal_chain(2, store.load(CID).last)
     store.append(CID, more)
     conv = store.load(CID)
-    assert conv.messages[-2:] == more and conv.verify() is None
-    assert conv.partial is None
+    assert conv.messages[-2:] == more and conv.verify() is None and conv.partial is None
     store.close()
