@@ -1,0 +1,99 @@
+"""Driving the real ``chatstate`` command from tests: in-process, as a subprocess, on a pty.
+
+``invoke`` runs ``chatstate.cli.common.run`` (the same code path as the console
+script, exit codes and error paragraphs included) inside click's stream
+isolation, so stdout and stderr stay apart; it is fast enough to use for most
+tests. ``run_cli`` starts the installed ``chatstate`` script, for the things that
+only a real process shows (file descriptors, signals, the import-time cost).
+``cli_env`` is the environment both use: HOME and the XDG directories under
+``tmp_path`` (REPL history lands there), no model credentials from the caller,
+and no ``CHATSTATE_STORE`` leaking in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from chatstate.cli import cli
+from chatstate.cli.common import run
+
+CHATSTATE = str(Path(sys.executable).with_name("chatstate"))
+API_KEY = "sk-test-cli-0123456789abcdef"  # long enough that redaction never hits real words
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[=>()][0-9A-Za-z]?")
+HOSTILE = "A\x1b]0;pwned\x07B\x1b[2JC\rD\x00E\x9bF\x1b[31mred"
+"""OSC retitle, clear screen, carriage return, NUL, C1 CSI and an SGR colour, in one line."""
+CLEARED = ("CHATSTATE_STORE", "CHATSTATE_ALLOW_EPHEMERAL", "CHATSTATE_API_KEY",
+           "CHATSTATE_BASE_URL", "CHATSTATE_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL",
+           "CHATSTATE_FAKE_REPLY_WORDS", "DEPLOY_ID")
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    @property
+    def first_err_line(self) -> str:
+        return self.err.splitlines()[0] if self.err else ""
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A clean environment for a chatstate process whose home is under ``tmp_path``."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    env.update(HOME=str(home), XDG_STATE_HOME=str(home / "state"),
+               XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"),
+               PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", COLUMNS="200", LINES="50",
+               PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def invoke(args: list[str], *, store: str | None = None, input: str | bytes | None = None,
+           env: dict[str, str] | None = None) -> Result:
+    """``chatstate [--store STORE] ARGS`` in this process, through ``common.run``."""
+    argv = (["--store", store] if store else []) + args
+    overrides: dict[str, str | None] = dict.fromkeys(CLEARED)
+    overrides.update(env or {})
+    runner = CliRunner()
+    with runner.isolation(input=input, env=overrides) as (out, err, _):
+        code = run(cli, argv)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return Result(code, out.getvalue().decode(), err.getvalue().decode())
+
+
+def run_cli(args: list[str], env: dict[str, str], *, store: str | None = None,
+            input: str | bytes | None = None, timeout: float = 60) -> Result:
+    """The installed ``chatstate`` script as a subprocess."""
+    argv = [CHATSTATE] + (["--store", store] if store else []) + args
+    data = input.encode() if isinstance(input, str) else input
+    proc = subprocess.run(argv, input=data, capture_output=True, env=env, timeout=timeout,
+                          check=False)
+    return Result(proc.returncode, proc.stdout.decode(errors="surrogateescape"),
+                  proc.stderr.decode(errors="surrogateescape"))
+
+
+def replay_json(store: str, cid: str) -> dict[str, Any]:
+    """The conversation as ``replay --format json`` prints it."""
+    result = invoke(["replay", cid, "--format", "json"], store=store)
+    assert result.code == 0, result.err
+    doc: dict[str, Any] = result.json()
+    return doc
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
