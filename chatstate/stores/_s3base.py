@@ -67,7 +67,9 @@ class S3StoreBase:
         """Check (or create) the store marker, and remove probes a killed check() left."""
         self._io = S3IO(self.target)
         self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="chatstate-s3")
-        blob = self.io.get(doc.MARKER, "open the store at")
+        pending = self.pool.submit(self.io.get, doc.MARKER, "open the store at")
+        probes = self.io.keys(doc.PROBES)
+        blob = pending.result()
         if blob is None:
             marker = doc.encode({"kind": STORE_KIND, "created_at": now_iso()})
             try:
@@ -80,7 +82,7 @@ class S3StoreBase:
                 raise CorruptTranscriptError(f"{where}: not a chatstate store marker; nothing "
                                              "was written. Use another prefix.", where=where)
         cutoff = datetime.now(timezone.utc) - timedelta(minutes=10)
-        stale = [k for k, modified in self.io.keys(doc.PROBES) if modified < cutoff]
+        stale = [k for k, modified in probes if modified < cutoff]
         if stale:  # younger probes may belong to a check() running right now
             self.io.delete(stale)
             self.recovery.append(f"removed {len(stale)} probe object(s) left by a killed check")

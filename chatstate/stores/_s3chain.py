@@ -57,19 +57,20 @@ def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> list[Message]:
     messages: list[Message] = []
     spans: list[tuple[int, str]] = []  # (first seq, key) to name the object at a position
     snaps = io.keys(doc.snapshots_dir(cid))
-    offset = None
     if snaps:
         key = snaps[-1][0]
         where = io.target.where(key)
         end = doc.seq_of(key, where)
-        messages = doc.decode_messages(_must_get(io, key), where, 0)
+        pending = pool.submit(_must_get, io, key)  # overlaps the listing of the tail
+        keys = [k for k, _ in io.keys(doc.segments_dir(cid), offset=doc.segment_key(cid, end))]
+        messages = doc.decode_messages(pending.result(), where, 0)
         if messages[-1].seq != end:
             raise CorruptTranscriptError(f"{where}: snapshot named after seq {end} ends at seq "
                                          f"{messages[-1].seq}; left as it is", where=where,
                                          position=min(end, messages[-1].seq))
         spans.append((0, key))
-        offset = doc.segment_key(cid, end)
-    keys = [k for k, _ in io.keys(doc.segments_dir(cid), offset=offset)]
+    else:
+        keys = [k for k, _ in io.keys(doc.segments_dir(cid))]
     for key, raw in zip(keys, pool.map(lambda k: _must_get(io, k), keys), strict=True):
         where = io.target.where(key)
         first = doc.seq_of(key, where)

@@ -69,8 +69,9 @@ class S3Store(S3StoreBase):
         cid = validate_id(conversation_id)
         index = self.pool.submit(chain.get_index, self.io, cid)
         partial_blob = self.pool.submit(self.io.get, doc.partial_key(cid))
-        header = self._header(cid)
+        pending = self.pool.submit(self._header, cid)
         messages = chain.read_chain(self.io, self.pool, cid)
+        header = pending.result()
         self._chains[cid] = list(messages)
         state = index.result()
         if state.doc is None or state.doc["message_count"] < len(messages):
@@ -177,12 +178,16 @@ class S3Store(S3StoreBase):
             end, tail = stored[-1], (len(stored), stored[-1].hash)
         else:
             return
+        mine = self._partials.get(cid)
+        cleared = None
+        if mine is not None and mine.seq <= end.seq:  # overlaps the index update
+            cleared = self.pool.submit(self.io.delete, [doc.partial_key(cid)],
+                                       "clear the partial reply at")
+            self._partials.pop(cid, None)
         header = None if state.exists else self._header(cid)
         chain.update_index(self.io, cid, state, header, tail=tail)
-        mine = self._partials.get(cid)
-        if mine is not None and mine.seq <= end.seq:
-            self.io.delete([doc.partial_key(cid)], "clear the partial reply at")
-            self._partials.pop(cid, None)
+        if cleared is not None:
+            cleared.result()
         if fresh and chain.crosses_snapshot(fresh[0].seq, end.seq):
             self._snapshot(cid, end)
 
