@@ -60,15 +60,35 @@ _ROW_COLUMNS = ("id, status, attempts, output_path, output_sha256, writing_sha25
                 "last_error, done_at, conversation_id")
 
 
+class _Result:
+    """A finished statement: its rows (fetched under the lock) and its row count."""
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self.rows, self.rowcount = rows, rowcount
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.rows)
+
+
 class Ledger:
-    """Open with ``Ledger.open``; safe to share between threads (one connection each)."""
+    """Open with ``Ledger.open``; safe to share between threads.
+
+    One connection per process, used under a lock: the threads of one run take
+    turns without ever meeting SQLITE_BUSY, whose busy handler sleeps in steps of
+    milliseconds; other processes are serialised by SQLite's own locks.
+    """
 
     def __init__(self, path: Path, *, network: bool = False) -> None:
         self.path = path
         self._network = network
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
 
     @classmethod
     def open(cls, path: Path, *, create: bool, network: bool = False) -> Ledger:
@@ -81,22 +101,24 @@ class Ledger:
             with translate(path, "create"):
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         ledger = cls(path, network=network)
-        ledger._migrate(ledger._conn())
+        try:
+            ledger._migrate(ledger._conn())
+        except BaseException:
+            ledger.close()
+            raise
         return ledger
 
     def close(self) -> None:
         with self._lock:
-            for db in self._all:
+            if self._db is not None:
                 with suppress(sqlite3.Error):
-                    db.close()
-            self._all.clear()
-        self._local = threading.local()
+                    self._db.close()
+                self._db = None
 
-    # -- connections -------------------------------------------------------------
+    # -- the connection ----------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is not None:
-            return db
+        if self._db is not None:
+            return self._db
         with translate(self.path, "open"):
             db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
                                  isolation_level=None, check_same_thread=False)
@@ -107,29 +129,31 @@ class Ledger:
             else:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=FULL")
-        self._local.db = db
-        with self._lock:
-            self._all.append(db)
+        self._db = db
         return db
 
-    def _exec(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
-        with translate(self.path, "write"):
-            return self._conn().execute(sql, tuple(args))
+    def _exec(self, sql: str, args: Iterable[Any] = ()) -> _Result:
+        """One statement in its own transaction (autocommit): durable when it returns."""
+        with self._lock, translate(self.path, "write"):
+            cur = self._conn().execute(sql, tuple(args))
+            rows = cur.fetchall()
+            return _Result(rows, cur.rowcount)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; COMMIT returns only when durable."""
-        db = self._conn()
-        with translate(self.path, "write"):
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    with suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
-                raise
+        with self._lock:
+            db = self._conn()
+            with translate(self.path, "write"):
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        with suppress(sqlite3.Error):
+                            db.execute("ROLLBACK")
+                    raise
 
     def _migrate(self, db: sqlite3.Connection) -> None:
         with self._tx():

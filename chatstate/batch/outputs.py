@@ -36,7 +36,7 @@ def output_name(record_id: str) -> str:
             out.append(ch)
         else:
             out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-    name = "".join(out)
+    name = "".join(out) or "%"  # a bare '%' is no encoding's output either
     if len(name) > MAX_NAME:
         # '~' never appears in an encoded name, so a shortened name cannot equal a full one.
         digest = hashlib.sha256(record_id.encode("utf-8", "surrogatepass")).hexdigest()

@@ -114,14 +114,17 @@ class Batch:
 
             reports = [inspect(self.ledger_path), inspect(self.out)]
             allowed = self.allow_ephemeral or allow_ephemeral_from_env()
-            for what, rep in zip(("ledger", "outputs"), reports, strict=True):
+            named = list(zip(("ledger", "outputs"), reports, strict=True))
+            for what, rep in named:
                 self.echo(f"{what} {rep.path} {rep.one_line()} (device {rep.device or '?'})")
-                if rep.verdict == "ephemeral" and not allowed:
-                    raise EphemeralStoreError(
-                        f"refusing batch {what} at {rep.path}: {' '.join(rep.reasons[:1])} "
-                        "It would not survive a restart. Use a durable directory, or accept "
-                        "the loss with --allow-ephemeral, allow_ephemeral=True or "
-                        "CHATSTATE_ALLOW_EPHEMERAL=1.")
+            bad = [(what, rep) for what, rep in named if rep.verdict == "ephemeral"]
+            if bad and not allowed:
+                raise EphemeralStoreError(
+                    "refusing " + "; ".join(f"batch {what} at {rep.path}: {rep.reasons[0]}"
+                                            for what, rep in bad)
+                    + " That would not survive a restart. Use a durable directory, or accept "
+                    "the loss with --allow-ephemeral, allow_ephemeral=True or "
+                    "CHATSTATE_ALLOW_EPHEMERAL=1.")
             if reports[0].device != reports[1].device:
                 self.echo(f"warning: the ledger (device {reports[0].device}) and the outputs "
                           f"(device {reports[1].device}) are on different devices: they would "
