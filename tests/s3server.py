@@ -18,6 +18,10 @@ tests that stop the server, ``start_moto()`` gives a dedicated one.
 with 500/503 (before or after forwarding them), and logs every request, so
 tests can inject transient failures and count requests per operation.
 
+``read_object``, ``write_object`` and ``object_keys`` give raw access to a
+store's objects (keys relative to its prefix; the layout is in
+``chatstate/stores/s3.py``) for tests that tamper with stored documents.
+
 The module registers itself as both ``tests.s3server`` and ``s3server``, so
 the two import spellings share one server.
 """
@@ -54,7 +58,7 @@ CLEARED_ENV = ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_EN
                "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION")
 
 __all__ = ["FaultProxy", "MotoServer", "make_bucket", "moto_endpoint", "new_bucket_url",
-           "s3_url", "start_moto"]
+           "object_keys", "read_object", "s3_url", "start_moto", "write_object"]
 
 
 def free_port() -> int:
@@ -150,6 +154,29 @@ def s3_url(endpoint: str, bucket: str, prefix: str = "t") -> str:
 def new_bucket_url(endpoint: str, prefix: str = "t") -> str:
     """Create a fresh, uniquely named bucket and return its s3:// store URL."""
     return s3_url(endpoint, make_bucket(endpoint), prefix)
+
+
+def read_object(url: str, key: str) -> bytes | None:
+    """Raw bytes of ``key`` (relative to the store's prefix, e.g.
+    ``conversations/c1/header.json``), or None. For tests that inspect or tamper."""
+    from chatstate.stores._s3io import S3IO, parse_url
+
+    blob = S3IO(parse_url(url)).get(key)
+    return None if blob is None else blob.data
+
+
+def write_object(url: str, key: str, data: bytes) -> None:
+    """Overwrite ``key`` (relative to the store's prefix) with ``data``, unconditionally."""
+    from chatstate.stores._s3io import S3IO, parse_url
+
+    S3IO(parse_url(url)).put(key, data)
+
+
+def object_keys(url: str, prefix: str = "conversations") -> list[str]:
+    """Every key under the path segment ``prefix`` of the store, sorted."""
+    from chatstate.stores._s3io import S3IO, parse_url
+
+    return [k for k, _ in S3IO(parse_url(url)).keys(prefix)]
 
 
 class _Shared:

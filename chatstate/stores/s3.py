@@ -14,12 +14,18 @@ Layout under ``s3://bucket/prefix/``::
 ``<seq>`` is zero-padded to 10 digits. See ``_s3chain`` for why segments,
 snapshots and the index keep compare-and-append exact without a lock service.
 
-Requests (steady state): appending one message is 3 (GET index, PUT segment,
-PUT index), plus a DELETE of the partial reply this store streamed for it. A
-streamed reply's first flush is 2 (GET index, PUT), every later flush 1 PUT.
-So one user+assistant turn costs 7 requests, plus N+1 for a reply streamed in
-N flushes. Every SNAPSHOT_EVERY messages one more PUT writes a snapshot.
-Loading is 6 requests plus one GET per segment since the newest snapshot.
+Requests (steady state, pinned by tests/test_s3_store.py::test_request_cost_per_turn):
+appending one message is 3 sequential requests (GET index, PUT segment, PUT index),
+plus a DELETE of the partial reply this store streamed for it (overlapping the
+index PUT). A streamed reply's first flush is 2 (GET index, PUT), each later
+flush 1 PUT. One user+assistant turn is 6 requests unstreamed, N + 8 with the
+reply streamed in N flushes; every SNAPSHOT_EVERY (64) messages one more PUT
+writes a snapshot. Loading is 5 requests (6 once a snapshot exists) plus one GET
+per segment after the newest snapshot, in 3 round trips; listing is 2 LISTs plus
+one GET of a small index object per conversation, in parallel.
+
+The store assumes what AWS S3, MinIO and R2 give: strong read-after-write and
+list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
 
 A write is acknowledged by the object store before a method returns. The
 partial reply is flushed at most every ``partial_flush_interval`` seconds by
@@ -271,9 +277,9 @@ class S3Store(S3StoreBase):
     def delete(self, conversation_id: str) -> None:
         cid = validate_id(conversation_id)
         self._header(cid)
-        # index first (drops out of listings), header last (create() stays refused until
-        # everything is gone); messages newest first, so an interrupted delete leaves a
-        # shorter valid chain and a rerun finishes it
+        # index first (drops out of listings), header last (create() of the same id stays
+        # refused until everything is gone, so no new chain can inherit old segments);
+        # an interrupted delete is finished by running it again
         self.io.delete([doc.index_key(cid), doc.partial_key(cid)])
         for sub in (doc.snapshots_dir(cid), doc.segments_dir(cid)):
             self.io.delete([k for k, _ in reversed(self.io.keys(sub))])
