@@ -40,12 +40,17 @@ def os_error(exc: OSError, action: str, path: str | os.PathLike[str]) -> StoreUn
 
 
 def ensure_dir(path: Path) -> None:
-    """Create ``path`` (and parents) with mode 0700 whatever the umask."""
+    """Create ``path`` and any missing parents, each 0700 whatever the umask."""
+    missing = []
+    probe = path
+    while not probe.is_dir() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
     try:
-        if not path.is_dir():
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(path, 0o700)
-            fsync_dir(path.parent)
+        for directory in reversed(missing):  # mkdir(parents=True) would make parents 0777 & ~umask
+            directory.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(directory, 0o700)
+            fsync_dir(directory.parent)
     except OSError as exc:
         raise os_error(exc, "create directory", path) from exc
 
@@ -108,6 +113,23 @@ def atomic_write(target: Path, data: bytes) -> None:
         fsync_dir(target.parent)
     except OSError as exc:
         raise os_error(exc, "fsync the directory of", target) from exc
+
+
+def sync_durably(path: Path) -> None:
+    """fsync ``path`` and its directory.
+
+    For a retry that finds its write already in place: that write's own fsync may
+    have failed, so what is there now is acknowledged only after a fresh fsync.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise os_error(exc, "fsync", path) from exc
 
 
 def remove_durably(path: Path) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,11 @@ _ADVICE = {
     "SQLITE_LOCKED": "the database is locked: retry, or stop the other writer",
     "SQLITE_PERM": "permission denied: check the file's ownership",
 }
+
+
+def _fsize_limited() -> bool:
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return soft != resource.RLIM_INFINITY
 
 
 @contextmanager
@@ -40,6 +46,9 @@ def translate(path: Path, action: str) -> Iterator[None]:
             raise
         base = next((k for k in _ADVICE if name.startswith(k)), "")
         advice = _ADVICE.get(base, "check the disk and retry")
+        if name.startswith("SQLITE_IOERR_WRITE") and _fsize_limited():
+            # SQLite reports EFBIG as a plain write error; say the likelier cause first
+            advice = "the file size limit (ulimit -f) was probably reached; otherwise " + advice
         raise StoreUnavailable(
             f"could not {action} {path}: {text} ({name or 'sqlite error'}); {advice}. "
             "Previously stored data is unchanged; a retry will not duplicate.") from exc

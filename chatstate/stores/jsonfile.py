@@ -31,6 +31,7 @@ from ._files import (
     os_error,
     read_bytes,
     remove_durably,
+    sync_durably,
     temp_target,
 )
 from .base import CheckReport, Location, check_append
@@ -196,6 +197,8 @@ class JsonStore:
                 new_header = dict(header, updated_at=now_iso())
                 self._write(cid, new_header, lines + [doc.message_line(m) for m in fresh],
                             stored + fresh)
+            elif already:  # a retry of an append whose outcome was unknown: make it durable
+                sync_durably(self._file(cid))
             partial = self._partial(cid)
             if messages and partial.exists():
                 raw = read_bytes(partial)
