@@ -141,9 +141,11 @@ def _check_prefix(conv: Conversation, have: Conversation) -> None:
                            f"destination, {mine.hash[:12]} at the source)")
     if have.partial is not None:
         if len(have.messages) < len(conv.messages):
-            raise _Differs(f"the destination has a partial reply at seq {have.partial.seq} "
-                           "where the source has a complete message")
-        if not _same_partial(conv.partial, have.partial):
+            # completing the same turn supersedes its partial, as append() always does
+            if conv.messages[len(have.messages)].turn_id != have.partial.turn_id:
+                raise _Differs(f"the destination has a partial reply of another turn at seq "
+                               f"{have.partial.seq}")
+        elif not _same_partial(conv.partial, have.partial):
             raise _Differs(f"the destination has another partial reply at seq "
                            f"{have.partial.seq}")
 

@@ -152,3 +152,17 @@ def test_killed_migrate_resumes_to_the_same_result(tmp_path: Path, moto_endpoint
     assert migrate(local(src_url), clean).ok
     assert state(dst) == state(clean) == state(local(src_url))
     assert migrate(local(src_url), dst).messages_copied == 0
+
+
+def test_rerun_after_the_source_finished_a_streamed_reply(tmp_path: Path) -> None:
+    src = local(f"json://{tmp_path}/a")
+    build_corpus(src)
+    dst = local(f"sqlite://{tmp_path}/b.db")
+    assert migrate(src, dst).ok
+    beta = src.load("beta")
+    assert beta.partial is not None and dst.load("beta").partial is not None
+    src.append("beta", [Message.seal(beta.last, role="assistant", content="half a reply",
+                                     turn_id=beta.partial.turn_id)])
+    report = migrate(src, dst)
+    assert report.ok and report.copied == ["beta"] and report.messages_copied == 1
+    assert state(dst)["beta"] == state(src)["beta"] and dst.load("beta").partial is None

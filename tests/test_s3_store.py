@@ -11,6 +11,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -365,6 +366,23 @@ def test_stopped_server_is_a_clear_error_without_credentials(
         str(report.to_dict())
     assert canary not in everything
     assert not report.ok and report.error and server.endpoint in report.error
+
+
+def test_credentials_from_a_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                    url: str) -> None:
+    canary = "canary-profile-secret-0123456789"
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[dev]\naws_access_key_id = prof\naws_secret_access_key = {canary}\n")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "dev")
+    assert open_store(url).check().ok
+    monkeypatch.setenv("AWS_PROFILE", "nope")
+    with pytest.raises(ChatstateError, match="AWS_PROFILE") as info:
+        open_store(url)
+    assert "nope" in str(info.value) and canary not in str(info.value)
 
 
 def test_missing_bucket_says_so(moto_endpoint: str) -> None:

@@ -158,8 +158,8 @@ def _credential_provider() -> Any:
     except ImportError as exc:
         if profile:
             raise ChatstateError(
-                f"AWS_PROFILE={profile} needs boto3 to read ~/.aws: pip install boto3, or "
-                "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead") from exc
+                f"AWS_PROFILE={profile} needs boto3 to read ~/.aws ({exc}): pip install "
+                "boto3, or export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead") from exc
         return None
     return Boto3CredentialProvider(boto3.Session(profile_name=profile))
 
@@ -181,10 +181,17 @@ class S3IO:
         kwargs: dict[str, Any] = {"region": target.region}
         if target.endpoint:
             kwargs["endpoint"] = target.endpoint
-        with self._call("configure the client for", ""):
+        try:
             self.client = Client(target.bucket, prefix=target.prefix or None,
                                  client_options=options, retry_config=RETRY,
                                  credential_provider=_credential_provider(), **kwargs)
+        except ChatstateError:
+            raise
+        except Exception as exc:  # a bad profile, region or endpoint: nothing was sent
+            raise ChatstateError(
+                f"could not set up the S3 client for {target.where('')}: {scrub(str(exc))}. "
+                "Check AWS_PROFILE and ~/.aws/config (or AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY) and the store URL.") from exc
 
     @contextmanager
     def _call(self, action: str, key: str) -> Iterator[None]:
