@@ -16,7 +16,7 @@ from ..errors import ChatstateError, ConversationNotFound, CorruptTranscriptErro
 from ..transcript import Message, now_iso
 from . import _s3chain as chain
 from . import _s3doc as doc
-from ._s3io import S3IO, Exists, S3Target, parse_url, scrub
+from ._s3io import S3IO, Exists, S3Target, scrub
 from .base import CheckReport, Location
 
 STORE_KIND = "chatstate-s3-store"
@@ -37,11 +37,6 @@ class S3StoreBase:
         self._io: S3IO | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._chains: dict[str, list[Message]] = {}
-
-    @classmethod
-    def from_url(cls, url: str) -> Any:
-        """Parse the URL (no I/O); credentials in it are refused."""
-        return cls(parse_url(url), url)
 
     def location(self) -> Location:
         return Location(url=self.url, path=None,

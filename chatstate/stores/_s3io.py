@@ -138,7 +138,7 @@ def scrub(text: str) -> str:
     text = text.split("\n\nDebug source", 1)[0].strip()
     for name in SECRET_ENV:
         value = os.environ.get(name)
-        if value and len(value) >= 4:
+        if value and len(value) >= 8:  # real key ids are 20 chars, secrets 40
             text = text.replace(value, "***")
     return text if len(text) <= 400 else text[:400] + "…"
 
