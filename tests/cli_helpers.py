@@ -12,6 +12,7 @@ and no ``CHATSTATE_STORE`` leaking in.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pexpect
 from click.testing import CliRunner
 
 from chatstate.cli import cli
@@ -97,3 +99,48 @@ def replay_json(store: str, cid: str) -> dict[str, Any]:
 
 def strip_ansi(text: str) -> str:
     return ANSI.sub("", text)
+
+
+# prompt_toolkit turns bracketed paste on (ESC [?2004h) each time it starts reading a line,
+# and only then; its redraws of a prompt being edited do not, so this marks a fresh prompt.
+FRESH_PROMPT = re.compile(r"\x1b\[\?2004h[^\n]*?you>")
+
+
+class ReplSession:
+    """``chatstate --store STORE chat --model fake ARGS`` on a pseudo-terminal."""
+
+    def __init__(self, store: str, env: dict[str, str], *args: str,
+                 timeout: float = 30) -> None:
+        self.log = io.StringIO()
+        self.child = pexpect.spawn(CHATSTATE, ["--store", store, "chat", "--model", "fake",
+                                               *args], env=env, encoding="utf-8",
+                                   timeout=timeout, dimensions=(50, 200))
+        self.child.logfile_read = self.log
+
+    def prompt(self) -> str:
+        """Wait for a fresh prompt; return what was printed before it (ANSI stripped)."""
+        self.child.expect(FRESH_PROMPT)
+        return strip_ansi(self.child.before)
+
+    def command(self, line: str, answer: str) -> str:
+        """Send a line at a fresh prompt, wait for ``answer`` (a regex), then the next prompt."""
+        self.child.sendline(line)
+        self.child.expect(answer)
+        seen = strip_ansi(self.child.before + self.child.after)
+        return seen + self.prompt()
+
+    def eof(self) -> int:
+        """Ctrl-D; the exit status."""
+        self.child.sendcontrol("d")
+        self.child.expect(pexpect.EOF)
+        self.child.close()
+        status: int = self.child.exitstatus
+        return status
+
+    @property
+    def raw(self) -> str:
+        return self.log.getvalue()
+
+    def close(self) -> None:
+        if self.child.isalive():
+            self.child.terminate(force=True)
