@@ -80,7 +80,7 @@ def guard(store: Store, *, allow_ephemeral: bool = False) -> Any:
         report = inspect(loc.path)
     if report.verdict == "ephemeral" and not (allow_ephemeral or allow_ephemeral_from_env()):
         raise EphemeralStoreError(
-            f"refusing store {loc.url}: {' '.join(report.reasons[:1])} Transcripts written "
+            f"refusing store {loc.url}: {' '.join(report.reasons[:2])} Transcripts written "
             "there would not survive a restart. Point CHATSTATE_STORE (or --store) at durable "
             "storage, e.g. sqlite:///home/you/.local/share/chatstate/chatstate.db, or accept "
             "the loss explicitly with --allow-ephemeral, allow_ephemeral=True or "
