@@ -9,19 +9,24 @@ recovery) is included too.
 
     .venv/bin/python bench/batch_throughput.py [--latency 0.2] [--seconds 5] [--dir DIR]
 
-Prints a markdown table. The work directory defaults to a hidden temporary
-directory next to this script (a real disk, unlike /tmp on many hosts).
+Prints a markdown table. The fake model runs in its own process (as a provider
+would), so it does not share the runner's interpreter. The work directory
+defaults to a hidden temporary directory next to this script (a real disk,
+unlike /tmp on many hosts).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from chatstate.batch import Batch
-from chatstate.testing import FakeModel
 
 LEVELS = (1, 4, 16)
 
@@ -41,6 +46,19 @@ def measure(work: Path, base_url: str, concurrency: int, records: int) -> tuple[
     return summary.elapsed, summary.done_now
 
 
+@contextlib.contextmanager
+def fake_server(latency: float) -> Iterator[str]:
+    """The fake model in its own process, as a provider would be; yields its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "chatstate", "fake-server",
+                             "--latency", str(latency)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.2, help="fake model latency, s")
@@ -49,12 +67,12 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path(__file__).resolve().parent)
     args = parser.parse_args()
     rows = []
-    with FakeModel(latency=args.latency) as fake, \
+    with fake_server(args.latency) as base_url, \
             tempfile.TemporaryDirectory(dir=args.dir, prefix=".bench-") as tmp:
         for concurrency in LEVELS:
             ideal = concurrency / args.latency
             records = max(int(ideal * args.seconds), concurrency)
-            elapsed, done = measure(Path(tmp), fake.base_url, concurrency, records)
+            elapsed, done = measure(Path(tmp), base_url, concurrency, records)
             rate = done / elapsed
             rows.append((concurrency, done, elapsed, rate, ideal, rate / ideal))
     print(f"Batch throughput, fake model at {args.latency * 1000:.0f} ms latency "

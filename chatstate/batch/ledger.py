@@ -7,16 +7,16 @@ worker's id, and every later step (``count_attempt``, ``finish``, ``fail``)
 applies only while the row is still ``running`` under the same worker. Two
 runners on one ledger therefore never own the same record; a worker whose row
 was taken from it (because it was wrongly judged dead) finds out instead of
-overwriting. Each thread gets its own connection; SQLite serialises writers.
+overwriting. The threads of a run share one writer connection through group
+commit (``_db``); other processes are serialised by SQLite's own locks.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,11 @@ from ..errors import ChatstateError, SchemaVersionError
 from ..stores._files import ensure_dir
 from ..stores._sqlite_errors import translate
 from ..transcript import now_iso
+from ._db import Database, Result
 from ._schema import APPLICATION_ID, MIGRATIONS
 from .workers import Worker
 
 STATUSES = ("pending", "running", "done", "failed")
-BUSY_TIMEOUT_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -60,35 +60,13 @@ _ROW_COLUMNS = ("id, status, attempts, output_path, output_sha256, writing_sha25
                 "last_error, done_at, conversation_id")
 
 
-class _Result:
-    """A finished statement: its rows (fetched under the lock) and its row count."""
-
-    def __init__(self, rows: list[Any], rowcount: int) -> None:
-        self.rows, self.rowcount = rows, rowcount
-
-    def fetchone(self) -> Any:
-        return self.rows[0] if self.rows else None
-
-    def fetchall(self) -> list[Any]:
-        return self.rows
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.rows)
-
-
 class Ledger:
-    """Open with ``Ledger.open``; safe to share between threads.
-
-    One connection per process, used under a lock: the threads of one run take
-    turns without ever meeting SQLITE_BUSY, whose busy handler sleeps in steps of
-    milliseconds; other processes are serialised by SQLite's own locks.
-    """
+    """Open with ``Ledger.open``; safe to share between threads (writes are group-committed)."""
 
     def __init__(self, path: Path, *, network: bool = False) -> None:
         self.path = path
-        self._network = network
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.RLock()
+        with translate(path, "open"):
+            self._db = Database(path, network=network)
 
     @classmethod
     def open(cls, path: Path, *, create: bool, network: bool = False) -> Ledger:
@@ -102,81 +80,51 @@ class Ledger:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         ledger = cls(path, network=network)
         try:
-            ledger._migrate(ledger._conn())
+            with translate(path, "migrate"), ledger._db.transaction() as db:
+                ledger._migrate(db)
         except BaseException:
             ledger.close()
             raise
         return ledger
 
     def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                with suppress(sqlite3.Error):
-                    self._db.close()
-                self._db = None
+        self._db.close()
 
-    # -- the connection ----------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is not None:
-            return self._db
-        with translate(self.path, "open"):
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
-                                 isolation_level=None, check_same_thread=False)
-            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            if self._network:  # WAL needs shared memory that network filesystems lack
-                db.execute("PRAGMA journal_mode=DELETE")
-                db.execute("PRAGMA synchronous=EXTRA")
-            else:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=FULL")
-        self._db = db
-        return db
+    def _exec(self, sql: str, args: Iterable[Any] = ()) -> Result:
+        """One write statement: applied on its own conditions, durable when it returns."""
+        with translate(self.path, "write"):
+            return self._db.execute(sql, tuple(args))
 
-    def _exec(self, sql: str, args: Iterable[Any] = ()) -> _Result:
-        """One statement in its own transaction (autocommit): durable when it returns."""
-        with self._lock, translate(self.path, "write"):
-            cur = self._conn().execute(sql, tuple(args))
-            rows = cur.fetchall()
-            return _Result(rows, cur.rowcount)
+    def _read(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
+        with translate(self.path, "read"):
+            return self._db.read(sql, tuple(args))
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; COMMIT returns only when durable."""
-        with self._lock:
-            db = self._conn()
-            with translate(self.path, "write"):
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield db
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        with suppress(sqlite3.Error):
-                            db.execute("ROLLBACK")
-                    raise
+        with translate(self.path, "write"), self._db.transaction() as db:
+            yield db
 
     def _migrate(self, db: sqlite3.Connection) -> None:
-        with self._tx():
-            app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if app_id != APPLICATION_ID and tables:
-                raise ChatstateError(f"{self.path} is a SQLite database but not a chatstate "
-                                     "batch ledger; it was not changed. Choose another --ledger.")
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > len(MIGRATIONS):
-                raise SchemaVersionError(
-                    f"{self.path}: batch ledger schema {version} is newer than this chatstate "
-                    f"knows ({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
-                    where=str(self.path))
-            for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
-                migration(db)
-                db.execute(f"PRAGMA user_version={number}")
-            db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if app_id != APPLICATION_ID and tables:
+            raise ChatstateError(f"{self.path} is a SQLite database but not a chatstate "
+                                 "batch ledger; it was not changed. Choose another --ledger.")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise SchemaVersionError(
+                f"{self.path}: batch ledger schema {version} is newer than this chatstate "
+                f"knows ({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
+                where=str(self.path))
+        for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
+            migration(db)
+            db.execute(f"PRAGMA user_version={number}")
+        db.execute(f"PRAGMA application_id={APPLICATION_ID}")
 
     # -- meta and workers --------------------------------------------------------
     def meta(self, key: str) -> str | None:
-        row = self._exec("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        rows = self._read("SELECT value FROM meta WHERE key=?", (key,))
+        return str(rows[0][0]) if rows else None
 
     def set_meta(self, key: str, value: str, *, only_if_absent: bool = False) -> str:
         """Store ``value`` (``only_if_absent``: keep an existing one); return what is stored."""
@@ -196,10 +144,10 @@ class Ledger:
         """id -> (host, pid, boot_id, start_ticks, ended_at) for the given worker ids."""
         out = {}
         for wid in set(ids):
-            row = self._exec("SELECT host, pid, boot_id, start_ticks, ended_at FROM workers "
-                             "WHERE id=?", (wid,)).fetchone()
-            if row is not None:
-                out[wid] = tuple(row)
+            rows = self._read("SELECT host, pid, boot_id, start_ticks, ended_at FROM workers "
+                              "WHERE id=?", (wid,))
+            if rows:
+                out[wid] = tuple(rows[0])
         return out
 
     # -- records -----------------------------------------------------------------
@@ -293,15 +241,11 @@ class Ledger:
 
     def rows(self, status: str | None = None) -> list[Row]:
         where, args = ("WHERE status=?", (status,)) if status else ("", ())
-        cur = self._exec(f"SELECT {_ROW_COLUMNS} FROM records {where} ORDER BY rowid", args)
-        return [Row(*r) for r in cur.fetchall()]
+        rows = self._read(f"SELECT {_ROW_COLUMNS} FROM records {where} ORDER BY rowid", args)
+        return [Row(*r) for r in rows]
 
     def counts(self) -> dict[str, int]:
         counts = dict.fromkeys(STATUSES, 0)
-        for status, n in self._exec("SELECT status, count(*) FROM records GROUP BY status"):
+        for status, n in self._read("SELECT status, count(*) FROM records GROUP BY status"):
             counts[status] = n
         return counts
-
-    def output_paths(self) -> dict[str, str]:
-        """output path -> record id, for every record."""
-        return {r[0]: r[1] for r in self._exec("SELECT output_path, id FROM records")}
