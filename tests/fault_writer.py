@@ -1,0 +1,262 @@
+"""Writers run as subprocesses by the fault suite; each reports what the store acknowledged.
+
+    fault_writer.py serve SOCKFD WARMDIR   a warmed-up fork server for strace sweeps: for every
+                                           JSON command line on stdin ({"url", "cid", "scope",
+                                           "stderr"}) fork a writer that reports on the
+                                           SEQPACKET socket SOCKFD: {"pid"}, {"ready"}, then
+                                           after a "go" line on stdin {"sealed"}, {"ack"}...,
+                                           {"ok"} or {"error"}; print "done <status>" once
+                                           it is reaped
+    fault_writer.py append URL CID [--fill PATH]
+                                           one turn; with --fill, fill the disk at PATH after
+                                           opening, try the turn, free the space and retry the
+                                           same sealed messages; print one JSON outcome
+    fault_writer.py check  URL CID         what a fresh open finds, as JSON
+    fault_writer.py hold   URL CID N [--no-dir-fsync] [--sync-off]
+                                           N turns (0: until killed), printing "ack SEQ HASH"
+                                           after each append, then "holding" with the store open
+    fault_writer.py chat   URL CID BASE_URL TURNS [--stream]
+                                           after "go" on stdin, TURNS turns through Chat;
+                                           one JSON line per turn or conflict
+
+A turn is what the session writes without the model: the user message, one
+partial reply, the complete reply. Acks go out only *after* ``append`` returned.
+The serve writers report over a socket (``send`` is not ``write``), so an
+injected ``write`` fault only ever hits the store's own I/O or the error text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from chatstate import Chat, make_adapter
+from chatstate.errors import ChatstateError, ConflictError
+from chatstate.stores import open_store
+from chatstate.transcript import Conversation, Message
+
+Report = Callable[[dict[str, Any]], None]
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def seal_turn(last: Message | None, tag: str) -> tuple[Message, Message, Message]:
+    """The user message, a partial reply and the complete reply of one turn."""
+    turn_id = f"t-{tag}"
+    user = Message.seal(last, role="user", content=f"question {tag}", turn_id=turn_id)
+    partial = Message.seal(user, role="assistant", content=f"answer {tag} so f",
+                           turn_id=turn_id, status="partial", model="fake-model")
+    reply = Message.seal(user, role="assistant", content=f"answer {tag} so far and done",
+                         turn_id=turn_id, model="fake-model")
+    return user, partial, reply
+
+
+def write_turn(store: Any, cid: str, tag: str, report: Report) -> None:
+    user, partial, reply = seal_turn(store.load(cid).last, tag)
+    report({"sealed": [user.model_dump(), reply.model_dump()]})
+    store.append(cid, [user])
+    report({"ack": [user.seq, user.hash]})
+    store.save_partial(cid, partial)
+    store.append(cid, [reply])
+    report({"ack": [reply.seq, reply.hash]})
+
+
+# -- serve: the strace fork server -----------------------------------------------------
+
+def warm_up(warm_dir: str) -> None:
+    """Run a turn on each store kind once, so no lazy import happens under injection."""
+    for url in (f"json://{warm_dir}/store", f"sqlite://{warm_dir}/s.db"):
+        store = open_store(url)
+        store.create(Conversation(id="warm"))
+        write_turn(store, "warm", "warm", lambda _: None)
+        store.close()
+        for kind in (ChatstateError, ConflictError):
+            str(kind("warm"))
+
+
+def serve(sock_fd: int, warm_dir: str) -> None:
+    sock = socket.socket(fileno=sock_fd)
+    warm_up(warm_dir)
+    say("ready")
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        command = json.loads(line)
+        child = os.fork()
+        if child == 0:
+            os._exit(served_writer(sock, command))
+        _pid, status = os.waitpid(child, 0)
+        say(f"done {status}")
+
+
+def served_writer(sock: socket.socket, command: dict[str, Any]) -> int:
+    def report(obj: dict[str, Any]) -> None:
+        sock.send(json.dumps(obj).encode())
+
+    fd = os.open(command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    report({"pid": os.getpid()})
+    try:
+        store = open_store(command["url"]) if command["scope"] == "turn" else None
+        report({"ready": True})
+        if sys.stdin.readline().strip() != "go":
+            return 3
+        store = store or open_store(command["url"])
+        write_turn(store, command["cid"], command["tag"], report)
+        store.close()
+    except ChatstateError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        report({"error": type(exc).__name__, "message": str(exc)})
+        return 1
+    except BaseException as exc:
+        traceback.print_exc()
+        report({"crash": repr(exc)})
+        return 2
+    report({"ok": True})
+    return 0
+
+
+# -- one-shot writers for the mount tier ------------------------------------------------
+
+def fill(path: str) -> int:
+    """Write zeros to ``path`` until the disk is full; return the bytes written."""
+    written = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
+            try:
+                while True:
+                    written += os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return written
+
+
+def append_once(url: str, cid: str, fill_path: str | None) -> dict[str, Any]:
+    outcome: dict[str, Any] = {"acked": [], "errors": []}
+
+    def report(obj: dict[str, Any]) -> None:
+        if "ack" in obj:
+            outcome["acked"].append(obj["ack"])
+        else:
+            outcome.update(obj)
+
+    try:
+        store = open_store(url)
+    except ChatstateError as exc:
+        outcome["errors"].append({"at": "open", "type": type(exc).__name__, "message": str(exc)})
+        return outcome
+    if fill_path:
+        outcome["filled"] = fill(fill_path)
+    try:
+        write_turn(store, cid, f"{os.getpid()}", report)
+    except ChatstateError as exc:
+        outcome["errors"].append({"at": "append", "type": type(exc).__name__,
+                                  "message": str(exc)})
+        if fill_path:
+            os.unlink(fill_path)
+            sealed = [Message.model_validate(m) for m in outcome["sealed"]]
+            store.append(cid, sealed)  # the same sealed messages, once there is room
+            outcome["retried"] = True
+    store.close()
+    return outcome
+
+
+def check(url: str, cid: str) -> dict[str, Any]:
+    try:
+        store = open_store(url)
+        conv = store.load(cid)
+    except ChatstateError as exc:
+        return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    store.close()
+    return {"hashes": [m.hash for m in conv.messages], "verify": conv.verify(),
+            "partial": conv.partial.seq if conv.partial else None, "recovery": store.recovery}
+
+
+# -- hold: the power-loss writer ---------------------------------------------------------
+
+def hold(url: str, cid: str, turns: int, flags: list[str]) -> None:
+    if "--no-dir-fsync" in flags:  # the teeth of the power-loss test: skip the directory fsync
+        from chatstate.stores import _files
+
+        _files.fsync_dir = lambda path: None
+    store = open_store(url)
+    if "--sync-off" in flags:
+        store.db.execute("PRAGMA synchronous=OFF")
+    say("opened")
+    n = 0
+    while turns == 0 or n < turns:
+        n += 1
+        write_turn(store, cid, f"{os.getpid()}-{n}",
+                   lambda obj: say(f"ack {obj['ack'][0]} {obj['ack'][1]}") if "ack" in obj
+                   else None)
+    say("holding")
+    while True:
+        time.sleep(60)
+
+
+# -- chat: the concurrency worker --------------------------------------------------------
+
+def chat_worker(url: str, cid: str, base_url: str, turns: int, stream: bool) -> None:
+    adapter = make_adapter(base_url=base_url, api_key="worker-key", model="fake-model",
+                           max_retries=0)
+    say("ready")
+    if sys.stdin.readline().strip() != "go":
+        return
+    chat = Chat(url, conversation_id=cid, adapter=adapter)
+    done = 0
+    while done < turns:
+        text = f"pid {os.getpid()} turn {done}"
+        try:
+            if stream:
+                for _ in chat.stream(text):
+                    pass
+            else:
+                chat.send(text)
+        except ConflictError as exc:
+            say(json.dumps({"conflict": str(exc)}))
+            chat.reload()
+            time.sleep(0.005)
+            continue
+        reply = chat.messages[-1]
+        user = next(m for m in chat.messages if m.turn_id == reply.turn_id and m.role == "user")
+        say(json.dumps({"turn": reply.turn_id, "user": [user.seq, user.hash],
+                        "reply": [reply.seq, reply.hash], "text": text}))
+        done += 1
+    say(json.dumps({"done": turns}))
+
+
+def main(argv: list[str]) -> None:
+    mode, *rest = argv
+    if mode == "serve":
+        serve(int(rest[0]), rest[1])
+    elif mode == "append":
+        fill_path = rest[rest.index("--fill") + 1] if "--fill" in rest else None
+        say(json.dumps(append_once(rest[0], rest[1], fill_path)))
+    elif mode == "check":
+        say(json.dumps(check(rest[0], rest[1])))
+    elif mode == "hold":
+        hold(rest[0], rest[1], int(rest[2]), rest[3:])
+    elif mode == "chat":
+        chat_worker(rest[0], rest[1], rest[2], int(rest[3]), "--stream" in rest)
+    else:
+        sys.exit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

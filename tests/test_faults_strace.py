@@ -1,0 +1,249 @@
+"""Tier 2 disk faults: real syscalls fail or SIGKILL the writer, injected by strace.
+
+A warmed-up fork server (``tests/fault_writer.py serve``) forks one writer per
+round. The writer opens the store, says ready, and strace attaches to it with
+``-e inject=X:error=E:when=K`` (or ``:signal=SIGKILL``), so K counts the X
+syscalls of the operation itself, not of interpreter start-up. The operation is
+one turn as the session writes it: append the user message, save a partial
+reply, append the complete reply. K sweeps 1, 2, ... until the writer runs
+through without the injection firing (capped at ``CAP``). This reaches
+SQLite's own I/O (``pwrite64``, ``fdatasync``), which monkeypatching cannot.
+
+Every round, the writer either succeeds or exits 1 with one ``error:`` line
+naming the store's path and no traceback; an injected ``fsync``/``fdatasync``
+failure on a store file is never followed by an ack. Then, in this process, a
+fresh open (recovery) must leave no temp file, the previous transcript must
+load and verify with every acked message present once, and re-appending the
+writer's sealed messages (an error means "outcome unknown") must store each
+exactly once. ``os.replace`` is the ``rename`` syscall here (checked by
+``test_os_replace_is_the_rename_syscall``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faultlib import CID, PYTHON, WRITER, after_fault, populate, require_tool, run
+from stores import local_path
+
+from chatstate.transcript import Message
+
+pytestmark = pytest.mark.slow
+
+CAP = 64  # SQLite makes 46 pwrite64 calls in one turn plus the checkpoint at close
+ERRORS = {"fsync": "EIO", "fdatasync": "EIO", "write": "ENOSPC", "pwrite64": "ENOSPC",
+          "rename": "EIO", "openat": "EMFILE"}
+KILL_AT = ["write", "fsync", "fdatasync", "pwrite64", "rename", "openat", "close"]
+# The syscalls each store's append really makes here; a sweep over one of them that
+# never fires means the injection missed, not that the store is robust.
+USES = {"json": {"fsync", "write", "rename", "openat", "close"},
+        "sqlite": {"fdatasync", "pwrite64"}}
+
+
+@dataclass
+class Round:
+    status: int
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    stderr: str = ""
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def injected(self) -> list[int]:
+        return [i for i, line in enumerate(self.trace) if "(INJECTED)" in line]
+
+    @property
+    def acked(self) -> list[list[Any]]:
+        return [r["ack"] for r in self.reports if "ack" in r]
+
+    @property
+    def sealed(self) -> list[Message]:
+        found = [r["sealed"] for r in self.reports if "sealed" in r]
+        return [Message.model_validate(m) for m in found[0]] if found else []
+
+    def describe(self) -> str:
+        return (f"status {self.status}\nreports {self.reports}\nstderr:\n{self.stderr}\n"
+                "trace:\n" + "\n".join(self.trace[-15:]))
+
+
+class ForkServer:
+    """tests/fault_writer.py serve: forks a writer per round and reports over a socket."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.sock, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        (tmp / "warm").mkdir()
+        self.proc = subprocess.Popen(
+            [PYTHON, str(WRITER), "serve", str(child_end.fileno()), str(tmp / "warm")],
+            pass_fds=[child_end.fileno()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True)
+        child_end.close()
+        assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(30)
+        self.sock.close()
+
+    def _send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def _recv(self) -> dict[str, Any]:
+        self.sock.settimeout(30)
+        result: dict[str, Any] = json.loads(self.sock.recv(1 << 20))
+        return result
+
+    def round(self, url: str, tag: str, strace: list[str]) -> Round:
+        """One writer, with strace attached (and injecting) once it has opened the store."""
+        err, log = self.tmp / "stderr", self.tmp / "trace"
+        self._send(json.dumps({"url": url, "cid": CID, "scope": "turn", "tag": tag,
+                               "stderr": str(err)}))
+        pid = self._recv()["pid"]
+        ready = self._recv()
+        assert ready == {"ready": True}, f"the writer could not open {url}: {ready}"
+        tracer = subprocess.Popen(["strace", "-f", "-y", "-o", str(log), *strace,
+                                   "-p", str(pid)], stderr=subprocess.PIPE, text=True)
+        assert tracer.stderr is not None
+        attached = tracer.stderr.readline()
+        assert "attached" in attached, attached
+        self._send("go")
+        assert self.proc.stdout is not None
+        done = self.proc.stdout.readline()
+        assert done.startswith("done "), f"the fork server died: {done!r}"
+        tracer.wait(30)
+        rnd = Round(int(done.split()[1]), stderr=err.read_text(),
+                    trace=log.read_text().splitlines())
+        self.sock.setblocking(False)
+        try:
+            while True:
+                rnd.reports.append(json.loads(self.sock.recv(1 << 20)))
+        except BlockingIOError:
+            pass
+        return rnd
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    require_tool("strace")
+    probe = run("strace", "-f", "-e", "trace=getpid", "-o", "/dev/null", PYTHON, "-c", "1")
+    if probe.returncode != 0:
+        pytest.skip(f"strace cannot trace here (ptrace refused?): {probe.stderr.strip()}")
+    srv = ForkServer(tmp_path_factory.mktemp("forkserver"))
+    yield srv
+    srv.close()
+
+
+class Sweep:
+    """A pristine populated store, copied back before every round of a sweep."""
+
+    def __init__(self, kind: str, tmp: Path) -> None:
+        self.kind = kind
+        template = tmp / "template"
+        url = f"json://{template}/store" if kind == "json" else f"sqlite://{template}/s.db"
+        self.prev = populate(url)
+        self.template, self.work = template, tmp / "work"
+        self.url = url.replace(str(template), str(self.work))
+        self.path = local_path(self.url)
+
+    def reset(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.copytree(self.template, self.work)
+
+
+def check_error_round(rnd: Round, syscall: str, sweep: Sweep) -> None:
+    """Success, or exit 1 with one clear error naming the path; and a failed fsync is no ack."""
+    if rnd.status == 0:
+        assert {"ok": True} in rnd.reports, rnd.describe()
+    else:
+        assert os.WIFEXITED(rnd.status) and os.WEXITSTATUS(rnd.status) == 1, rnd.describe()
+        assert "Traceback" not in rnd.stderr, rnd.describe()
+        error = next(r for r in rnd.reports if "error" in r)
+        assert str(sweep.path) in error["message"], rnd.describe()
+        assert rnd.stderr.count("error: ") == 1 and str(sweep.path) in rnd.stderr
+    if syscall in ("fsync", "fdatasync") and rnd.injected:
+        first = rnd.injected[0]
+        acks_after = [line for line in rnd.trace[first:] if 'sendto(' in line and '"ack"' in line]
+        assert not acks_after, f"an ack after a failed {syscall}:\n{rnd.describe()}"
+
+
+@pytest.mark.parametrize("syscall", list(ERRORS))
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_injected_errors(server: ForkServer, tmp_path: Path, kind: str, syscall: str) -> None:
+    """The K-th ``syscall`` of the turn fails with a real errno, for every K."""
+    sweep = Sweep(kind, tmp_path)
+    errno_name = ERRORS[syscall]
+    hits = landed = 0
+    for k in range(1, CAP + 1):
+        sweep.reset()
+        rnd = server.round(sweep.url, f"{kind}-{syscall}-{k}", [
+            "-e", f"trace={syscall},sendto", "-e", f"inject={syscall}:error={errno_name}:when={k}"])
+        check_error_round(rnd, syscall, sweep)
+        verdict = after_fault(sweep.url, CID, sweep.prev, rnd.acked, rnd.sealed)
+        assert not verdict.problems, f"K={k}: {verdict.problems}\n{rnd.describe()}"
+        landed += verdict.landed_unacked
+        if not rnd.injected:
+            break
+        hits += 1
+    else:
+        pytest.fail(f"{syscall} still fired at K={CAP}: raise CAP")
+    print(f"{kind} {syscall}={errno_name}: {hits} fault points, {landed} messages landed "
+          "despite the error (retry did not duplicate them)")
+    if syscall in USES[kind]:
+        assert hits > 0, f"the injection never fired: does {kind} still call {syscall}?"
+    if (kind, syscall) == ("json", "fsync"):
+        assert landed > 0, "a failed directory fsync after the rename should leave it landed"
+
+
+@pytest.mark.parametrize("syscall", KILL_AT)
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_sigkill_at_every_syscall(server: ForkServer, tmp_path: Path, kind: str,
+                                  syscall: str) -> None:
+    """SIGKILL on entering the K-th ``syscall`` of the turn: acked messages survive, chain valid."""
+    sweep = Sweep(kind, tmp_path)
+    kills = 0
+    for k in range(1, CAP + 1):
+        sweep.reset()
+        rnd = server.round(sweep.url, f"{kind}-kill-{syscall}-{k}", [
+            "-e", f"trace={syscall}", "-e", f"inject={syscall}:signal=SIGKILL:when={k}"])
+        if rnd.status == 0:
+            assert {"ok": True} in rnd.reports, rnd.describe()
+        else:
+            assert os.WIFSIGNALED(rnd.status) and os.WTERMSIG(rnd.status) == signal.SIGKILL, \
+                rnd.describe()
+            kills += 1
+        verdict = after_fault(sweep.url, CID, sweep.prev, rnd.acked, rnd.sealed)
+        assert not verdict.problems, f"K={k}: {verdict.problems}\n{rnd.describe()}"
+        if rnd.status == 0:
+            break
+    else:
+        pytest.fail(f"{syscall} still fired at K={CAP}: raise CAP")
+    print(f"{kind}: killed at {kills} {syscall} calls")
+    if syscall in USES[kind]:
+        assert kills > 0
+
+
+def test_os_replace_is_the_rename_syscall(tmp_path: Path) -> None:
+    """The sweeps inject ``rename``: make sure that is what os.replace calls here."""
+    require_tool("strace")
+    (tmp_path / "a").write_text("x")
+    log = tmp_path / "log"
+    result = run("strace", "-f", "-e", "trace=rename,renameat,renameat2", "-o", log, PYTHON,
+                 "-c", f"import os; os.replace({str(tmp_path / 'a')!r}, "
+                 f"{str(tmp_path / 'b')!r})")
+    assert result.returncode == 0, result.stderr
+    calls = [line.split()[1].split("(")[0] for line in log.read_text().splitlines()
+             if "rename" in line]
+    assert calls == ["rename"], calls
