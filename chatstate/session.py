@@ -12,6 +12,13 @@ an *interrupted turn*, exposed as ``chat.interrupted``; ``retry()`` completes it
 under the same turn id. A partial reply is never dropped: before a new reply is
 written for that turn (or a new turn starts) it is committed into the chain with
 status ``partial``.
+
+Two writers on one conversation: appends are compare-and-append, so a writer
+whose view is stale loses and reloads. If the other writer's turn is complete
+it places its turn after it; if that turn is half done (no complete reply
+yet) it raises ConflictError and writes nothing, never splitting the turn. A
+partial reply is settled only if the store still holds exactly that partial:
+one that changed since it was loaded belongs to a live writer.
 """
 
 from __future__ import annotations
@@ -113,6 +120,8 @@ class Chat:
             self.store.create(self.conversation)
         except ConflictError:  # someone created it meanwhile: continue theirs
             self.reload()
+            self._created = True
+            self._refuse_half_done_turn()
         self._created = True
         if self._system and not self.conversation.messages:
             self._append([self._seal(role="system", content=self._system,
@@ -142,11 +151,32 @@ class Chat:
                     raise  # never put our turn into the middle of another writer's turn
         raise AssertionError("unreachable")
 
+    def _refuse_half_done_turn(self) -> None:
+        """Called after another writer moved the conversation on: never split its turn."""
+        turn = self.interrupted
+        if turn is not None:
+            raise ConflictError(
+                f"conversation {self.id!r} changed meanwhile and another writer's turn is "
+                f"not finished ({turn.describe()}); nothing was written. Reload and try "
+                "again once it is done, or retry() it.")
+
     def _settle_partial(self) -> None:
-        """Commit a stored partial reply into the chain so it is kept, visibly, as partial."""
+        """Commit a stored partial reply into the chain so it is kept, visibly, as partial.
+
+        Only the partial the store still holds: one that changed since we loaded it
+        is being streamed by a live writer, and committing our older copy would drop
+        text that writer has already shown (the store would clear its newer partial).
+        """
         partial = self.conversation.partial
-        if partial is not None:
-            self._append([partial])
+        if partial is None:
+            return
+        current: Conversation = self.store.load(self.id)
+        if (current.last_seq != self.conversation.last_seq or current.partial is None
+                or current.partial.hash != partial.hash):
+            self.conversation = current
+            self._refuse_half_done_turn()
+            return  # another writer finished that turn: there is no partial to keep
+        self._append([partial])
 
     # -- public API --------------------------------------------------------------------
     def send(self, text: str, **params: Any) -> Message:
@@ -197,10 +227,13 @@ class Chat:
 
     def _retry(self, params: dict[str, Any], *,
                streaming: bool) -> Generator[str, None, None]:
-        turn = self.interrupted
-        if turn is None:
+        if self.interrupted is None:
             raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
         self._settle_partial()
+        turn = self.interrupted
+        if turn is None:  # the settle reloaded: another writer completed the turn meanwhile
+            raise ConflictError(f"conversation {self.id!r}: another writer completed the "
+                                "interrupted turn meanwhile; there is nothing to retry")
         merged = {**self.params, **(turn.user_message.params or {} if turn.user_message
                                     else {}), **params}
         return self._reply(turn.turn_id, merged, streaming)
@@ -223,13 +256,16 @@ class Chat:
         history, model = self._history(), params.pop("model", None) or self.model
         if not streaming:
             done = self.adapter.complete(history, model=model, params=params or None)
-            yield from self._commit(turn_id, done, params)
+            yield self._commit(turn_id, done)
             return
         shown, pending, last_flush = "", "", time.monotonic()
         try:
             for event in self.adapter.stream(history, model=model, params=params or None):
                 if isinstance(event, Completion):
-                    yield from self._commit(turn_id, event, params, shown)
+                    rest = self._commit(turn_id, event, shown)
+                    pending = ""  # committed whole: nothing is left to keep as partial
+                    if rest:
+                        yield rest
                     return
                 pending += event
                 if time.monotonic() - last_flush >= self.flush_interval:
@@ -257,13 +293,12 @@ class Chat:
             return
         self.conversation.partial = partial
 
-    def _commit(self, turn_id: str, done: Any, params: dict[str, Any],
-                shown: str = "") -> Iterator[str]:
+    def _commit(self, turn_id: str, done: Any, shown: str = "") -> str:
+        """Append the complete reply; return the part of it not yet yielded."""
         reply = self._seal(role="assistant", content=done.text, turn_id=turn_id,
                            model=done.model, usage=done.usage)
         self._append([reply])
-        if done.text.startswith(shown) and len(done.text) > len(shown):
-            yield done.text[len(shown):]
+        return done.text[len(shown):] if done.text.startswith(shown) else ""
 
 
 def _user_of(conv: Conversation, turn_id: str) -> Message | None:
