@@ -1,0 +1,60 @@
+"""What the drill's writer, checker and runner share: ids, phases, the event line format.
+
+The writer reports on its stdout, one JSON array per line, written with one
+``os.write`` (atomic on a pipe below PIPE_BUF), so a line is either whole or
+absent when the writer dies:
+
+    ["pid", PID]                  the writer runs
+    ["w", OP]                     it enters a store operation (open, create, append, ...)
+    ["a", OP, CID, ACKS]          the operation returned; for append, ACKS lists every
+                                  message now acknowledged: [seq, hash, turn_id, role]
+    ["b", CID, KIND]              a turn begins ("stream" or "plain"); nothing of it written
+    ["call", CID]                 the model request starts
+    ["t", CID, TURN_ID]           the turn's id, once its user message is stored
+    ["d", CID, TURN_ID, TEXT]     text rendered, printed only after Chat yielded it
+    ["e", CID, TURN_ID]           the turn is complete
+    ["err", TEXT]                 the writer failed on its own
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+PHASES = ("before_call", "mid_stream", "in_store_write")
+PHASE_LABELS = {"before_call": "before call", "mid_stream": "mid-stream",
+                "in_store_write": "in store write"}
+ID_PREFIX = "drill-"
+
+
+def conversation_ids(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(count)]
+
+
+def stream_kind(index: int) -> str:
+    """Every third conversation is plain (send), the others streamed."""
+    return "plain" if index % 3 == 2 else "stream"
+
+
+def reopen(url: str) -> Any:
+    """A fresh store object, opened (which is recovery), without the guard or an open record.
+
+    The drill opens the store hundreds of times; recording each open would bury
+    the store's real history (``doctor``) under drill noise. The runner runs the
+    durability guard once, through ``open_store``.
+    """
+    from ..stores import store_class
+
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    store = store_class(scheme).from_url(url)
+    store.open()
+    return store
+
+
+def encode(event: list[Any]) -> bytes:
+    return (json.dumps(event, separators=(",", ":")) + "\n").encode()
+
+
+def emit(event: list[Any], fd: int = 1) -> None:
+    os.write(fd, encode(event))

@@ -1,0 +1,133 @@
+"""The drill loop: start the fake model and a writer fork server, then kill, check, repeat.
+
+Each trial forks a writer, waits for the event its kill plan aims at, SIGKILLs
+it (after a delay of microseconds to a few milliseconds), lets the fork server
+reap it, and checks the store from a fresh open in this process. The phase
+that is counted is the one the writer had reported last before it died.
+
+Bounded time: every trial has a timeout (a writer that does not reach its
+kill point in time is killed anyway, and that counts as a problem), and the
+whole run stops starting trials after ``max_seconds``. The drill's
+conversations are ``drill-<run id>-<n>``; they are deleted at the end, and
+no other conversation is read or written.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._common import ID_PREFIX, conversation_ids, reopen
+from .check import Checker, TrialLog
+from .leftovers import cleanup
+from .plan import KillPlan, PhaseTracker, plans, spin
+from .report import DrillResult
+from .server import WriterServer, kill
+from .writer import THINK_SECONDS, make_adapter
+
+
+@dataclass
+class DrillOptions:
+    trials: int = 50
+    seed: int | None = None
+    conversations: int = 3
+    trial_timeout: float = 20.0
+    max_seconds: float = 900.0
+    chunk_delay: float = 0.001
+    reply_words: int = 10
+
+
+def run_drill(url: str, options: DrillOptions | None = None, *,
+              progress: Callable[[DrillResult], None] | None = None) -> DrillResult:
+    """Run the drill against the store at ``url`` (which must already pass the guard)."""
+    from ..testing import FakeModel
+
+    opts = options or DrillOptions()
+    seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
+    rng = random.Random(seed)
+    run_id = secrets.token_hex(4)
+    prefix = f"{ID_PREFIX}{run_id}-"
+    ids = conversation_ids(prefix, opts.conversations)
+    result = DrillResult(store=url, seed=seed, requested=opts.trials, run_id=run_id)
+    started = time.monotonic()
+    with FakeModel(chunk_delay=opts.chunk_delay, reply_words=opts.reply_words) as fake:
+        adapter = make_adapter(fake.base_url)
+        server: WriterServer | None = None
+        try:
+            server = WriterServer(url, fake.base_url, prefix, opts.conversations,
+                                  opts.trial_timeout + 30)
+            checker = Checker(url, ids, adapter)
+            kill_plans = plans(rng, opts.chunk_delay, THINK_SECONDS)
+            for trial in range(opts.trials):
+                if time.monotonic() - started > opts.max_seconds:
+                    result.stopped_early = (f"the time cap of {opts.max_seconds:.0f}s was "
+                                            f"reached after {trial} trials")
+                    break
+                log = _trial(server, trial, rng.randrange(1 << 31), next(kill_plans), opts,
+                             result)
+                result.add(checker.check(log))
+                result.trials += 1
+                if progress is not None:
+                    progress(result)
+        finally:
+            if server is not None:
+                server.close()
+            adapter.close()
+            _cleanup(url, prefix, ids, result)
+            result.seconds = time.monotonic() - started
+    return result
+
+
+def _trial(server: WriterServer, trial: int, seed: int, plan: KillPlan, opts: DrillOptions,
+           result: DrillResult) -> TrialLog:
+    deadline = time.monotonic() + opts.trial_timeout
+    pid = server.go(trial, seed, deadline)
+    tracker, events, hits = PhaseTracker(), [], 0
+    while True:
+        event = server.next(deadline)
+        if event is None:
+            result.problem(f"trial {trial}: the writer did not reach its kill point "
+                           f"({plan.trigger} #{plan.nth}) within {opts.trial_timeout:.0f}s")
+            break
+        tracker.apply(event)
+        events.append(event)
+        if event[0] == "err":
+            break
+        if plan.matches(event):
+            hits += 1
+            if hits == plan.nth:
+                spin(plan.delay)
+                break
+    kill(pid)
+    rest, status = server.until_reaped(pid, time.monotonic() + 30)
+    for event in rest:
+        tracker.apply(event)
+    events += rest
+    log = TrialLog.parse(events)
+    if log.error is not None:
+        result.problem(f"trial {trial}: the writer failed on its own: {log.error}")
+    elif not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        result.problem(f"trial {trial}: the writer ended with wait status {status}, not SIGKILL")
+    result.kills[tracker.phase] += 1
+    if tracker.phase == "in_store_write":
+        result.write_ops[tracker.op] += 1
+    return log
+
+
+def _cleanup(url: str, prefix: str, ids: list[str], result: DrillResult) -> None:
+    try:
+        store: Any = reopen(url)
+    except Exception as exc:  # report it; the drill's result is still worth printing
+        result.problem(f"could not reopen the store to delete the drill's conversations: {exc}")
+        return
+    try:
+        for text in cleanup(store, prefix, ids):
+            result.problem(text)
+    finally:
+        store.close()

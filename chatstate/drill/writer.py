@@ -1,0 +1,177 @@
+"""The drill's writer: a warmed-up fork server whose children chat until they are SIGKILLed.
+
+    python -m chatstate.drill.writer URL BASE_URL PREFIX CONVERSATIONS TIMEOUT
+
+Importing chatstate and warming an HTTP client up takes most of a second, and
+the drill kills hundreds of writers; so this process imports once, prints
+``["ready"]``, then forks one writer per ``go TRIAL SEED`` line on stdin. A
+forked writer is a real process with its own store handle and HTTP
+connections, so SIGKILL hits it exactly as it would hit a chat client.
+
+The writer opens the store (recovery), holds conversations ``PREFIX0`` ...
+``PREFIX<N-1>`` (every third plain, the others streamed) and runs turns on
+them round-robin against the fake model until it is killed, reporting on
+stdout what it does (see ``_common`` for the line format): each store
+operation as it starts and returns, every acknowledged message with its seq
+and hash, and every piece of text only after ``Chat`` handed it over (i.e.
+once it is stored). The server reaps each writer and prints
+``["reaped", PID, STATUS]`` after everything the writer printed.
+
+A writer never lives longer than TIMEOUT seconds (SIGALRM), whatever happens
+to the drill that started it. Imports stay lean: the httpx2 wire backend, no
+openai SDK, no pydantic-settings (the drill ignores the user's model config).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ..adapter import Completion, RetryingAdapter, RetryPolicy
+from ..session import Chat
+from ..transcript import Message
+from ._common import conversation_ids, emit, reopen, stream_kind
+
+THINK_SECONDS = 0.002
+"""Longest pause before a turn, like a client between two messages (a window to kill in)."""
+
+REPORTED = ("create", "append", "save_partial", "clear_partial", "set_header", "delete")
+
+
+def make_adapter(base_url: str) -> RetryingAdapter:
+    """An adapter for the fake model: the wire backend, a short retry budget, no user config."""
+    from ..adapter.wire import WireBackend
+
+    backend = WireBackend(base_url, None, timeout=30.0, connect_timeout=5.0)
+    return RetryingAdapter(backend, model="fake-model",
+                           policy=RetryPolicy(max_retries=2, backoff_base=0.05,
+                                              backoff_max=0.5))
+
+
+class ReportingStore:
+    """A store that says on the pipe when each write starts and what its return acknowledged."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name not in REPORTED:
+            return attr
+
+        def reported(cid: Any, *args: Any, **kwargs: Any) -> Any:
+            emit(["w", name])
+            result = attr(cid, *args, **kwargs)
+            acks: list[list[Any]] = []
+            if name == "append":
+                acks = [[m.seq, m.hash, m.turn_id, m.role] for m in args[0]]
+            key = cid.id if name == "create" else cid
+            emit(["a", name, key, acks])
+            return result
+        return reported
+
+
+class ReportingAdapter:
+    """The model adapter, saying on the pipe when a request starts."""
+
+    def __init__(self, adapter: RetryingAdapter, cid: str) -> None:
+        self._adapter = adapter
+        self.model = adapter.model
+        self._cid = cid
+
+    def complete(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+                 params: Mapping[str, Any] | None = None) -> Completion:
+        emit(["call", self._cid])
+        return self._adapter.complete(messages, model=model, params=params)
+
+    def stream(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+               params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
+        emit(["call", self._cid])
+        yield from self._adapter.stream(messages, model=model, params=params)
+
+
+def hold(url: str, adapter: RetryingAdapter, prefix: str, count: int, trial: int,
+         seed: int) -> None:
+    """One writer: open the store, then run turns round-robin until killed."""
+    emit(["pid", os.getpid()])
+    rng = random.Random(seed)
+    emit(["w", "open"])
+    store = reopen(url)
+    emit(["a", "open", "", []])
+    reporting = ReportingStore(store)
+    ids = conversation_ids(prefix, count)
+    chats = [Chat(reporting, conversation_id=cid, adapter=ReportingAdapter(adapter, cid),
+                  title=f"chatstate drill {cid}", flush_interval=0.0) for cid in ids]
+    start = rng.randrange(count)
+    for n in range(1_000_000):
+        index = (start + n) % count
+        turn(chats[index], stream_kind(index), f"q{trial}.{n}", rng)
+
+
+def turn(chat: Chat, kind: str, text: str, rng: random.Random) -> None:
+    cid = chat.id
+    emit(["b", cid, kind])
+    time.sleep(rng.uniform(0, THINK_SECONDS))
+    if kind == "plain":
+        reply: Message = chat.send(text)
+        emit(["t", cid, reply.turn_id])
+        emit(["d", cid, reply.turn_id, reply.content])
+        emit(["e", cid, reply.turn_id])
+        return
+    deltas = chat.stream(text)
+    turn_id = chat.messages[-1].turn_id
+    emit(["t", cid, turn_id])
+    for delta in deltas:
+        emit(["d", cid, turn_id, delta])
+    emit(["e", cid, turn_id])
+
+
+def serve(url: str, base_url: str, prefix: str, count: int, timeout: int) -> None:
+    warm = make_adapter(base_url)
+    warm.complete([{"role": "user", "content": "warm up"}])  # load every lazy import
+    for _ in warm.stream([{"role": "user", "content": "warm up"}]):
+        pass
+    warm.close()
+    Message.seal(None, role="user", content="warm up", turn_id="t-warm")
+    # Made once, never used here: each forked writer gets a copy with an empty pool.
+    adapter = make_adapter(base_url)
+    emit(["ready"])
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) != 3 or parts[0] != "go":
+            break
+        pid = os.fork()
+        if pid == 0:
+            _writer(url, adapter, prefix, count, int(parts[1]), int(parts[2]), timeout)
+        _, status = os.waitpid(pid, 0)
+        emit(["reaped", pid, status])
+
+
+def _writer(url: str, adapter: RetryingAdapter, prefix: str, count: int, trial: int,
+            seed: int, timeout: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.alarm(timeout)  # a writer outlives no drill: SIGALRM ends it
+    try:
+        hold(url, adapter, prefix, count, trial, seed)
+    except BaseException as exc:  # nothing may escape a fork
+        emit(["err", f"{type(exc).__name__}: {exc}"[:2000]])
+        # Wait for the runner's SIGKILL (or the alarm): a writer that exited on its own
+        # could have its pid reused before the runner's kill arrives.
+        while True:
+            time.sleep(3600)
+    finally:
+        os._exit(1)
+
+
+def main(argv: Sequence[str]) -> None:
+    url, base_url, prefix, count, timeout = argv
+    serve(url, base_url, prefix, int(count), int(timeout))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
