@@ -76,6 +76,13 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
             f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
             "reordered); the file was left as it is. `chatstate repair` quarantines it.",
             where=where, position=bad)
+    count = doc.get("message_count")
+    if count != len(messages):  # the chain cannot see its own tail cut off; the count can
+        position = min(count, len(messages)) if isinstance(count, int) else len(messages)
+        raise CorruptTranscriptError(
+            f"{where}: header message_count is {count!r} but {len(messages)} messages are "
+            f"stored (cut off or added by hand from seq {position}); the file was left as "
+            "it is. `chatstate repair` quarantines it.", where=where, position=position)
     return header, messages
 
 

@@ -77,7 +77,6 @@ class SqliteStore:
         with translate(self.path, "create"):
             if not self.path.exists():  # create it 0600 before SQLite does, whatever the umask
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-            os.chmod(self.path, 0o600)
         network = inspect(self.path, probe=False).network_fs
         with translate(self.path, "open"):
             db = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000,
@@ -99,6 +98,12 @@ class SqliteStore:
                 f"{app_id:#x}, {tables} schema objects); it was not changed. Point the store "
                 "at another file.", where=str(self.path))
         with translate(self.path, "configure"):
+            # only now that the file is known to be ours (a foreign file keeps its mode);
+            # -wal and -shm copy the database file's mode when SQLite creates them
+            for path in (self.path, *(self.path.with_name(self.path.name + suffix)
+                                      for suffix in ("-wal", "-shm"))):
+                with suppress(FileNotFoundError):
+                    os.chmod(path, 0o600)
             db.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
             if network:
                 db.execute("PRAGMA journal_mode=DELETE")
@@ -176,6 +181,8 @@ class SqliteStore:
             db.execute("BEGIN")  # one snapshot for header, messages and partial
             try:
                 head = self._header(db, cid)
+                last_hash = db.execute("SELECT last_hash FROM conversations WHERE id=?",
+                                       (cid,)).fetchone()[0]
                 rows = db.execute("SELECT seq, body, hash FROM messages WHERE "
                                   "conversation_id=? ORDER BY seq", (cid,)).fetchall()
                 prow = db.execute("SELECT seq, body FROM partials WHERE conversation_id=?",
@@ -183,6 +190,13 @@ class SqliteStore:
             finally:
                 db.execute("COMMIT")
         messages = _decode_rows(rows, where)
+        if len(messages) != head[5] or (messages[-1].hash if messages else None) != last_hash:
+            # the chain cannot see its own tail cut off; the conversation row can
+            position = min(head[5], len(messages))
+            raise CorruptTranscriptError(
+                f"{where}: the conversation row records {head[5]} messages but {len(messages)} "
+                f"are stored (cut off or added by hand from seq {position}); the database "
+                "was left as it is", where=where, position=position)
         partial = None
         if prow is not None and prow[0] == len(messages):
             prev = messages[-1].hash if messages else None
