@@ -9,7 +9,7 @@ cancelled consumer closes the generator, which stores the partial reply.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncGenerator, Generator
 from contextlib import suppress
 from typing import Any
 
@@ -47,18 +47,18 @@ class AsyncChat:
     async def retry(self, **params: Any) -> Message:
         return await asyncio.to_thread(self.chat.retry, **params)
 
-    async def stream(self, text: str, **params: Any) -> AsyncIterator[str]:
+    async def stream(self, text: str, **params: Any) -> AsyncGenerator[str, None]:
         gen = await asyncio.to_thread(self.chat.stream, text, **params)
         async for delta in _drive(gen):
             yield delta
 
-    async def retry_stream(self, **params: Any) -> AsyncIterator[str]:
+    async def retry_stream(self, **params: Any) -> AsyncGenerator[str, None]:
         gen = await asyncio.to_thread(self.chat.retry_stream, **params)
         async for delta in _drive(gen):
             yield delta
 
 
-async def _drive(gen: Generator[str, None, None]) -> AsyncIterator[str]:
+async def _drive(gen: Generator[str, None, None]) -> AsyncGenerator[str, None]:
     step: asyncio.Future[object] | None = None
     try:
         while True:

@@ -132,7 +132,8 @@ class Killed:
 def fresh_load(url: str) -> Conversation:
     store = open_store(url)
     try:
-        return store.load(CID)
+        conv: Conversation = store.load(CID)
+        return conv
     except ConversationNotFound:  # the first writer died before creating it
         return Conversation(id=CID)
     finally:
