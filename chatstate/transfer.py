@@ -29,7 +29,7 @@ from .transcript import (
 )
 
 ROLES = {"system", "user", "assistant", "tool"}
-_C1 = re.compile("[\x7f-\x9f]")
+_UNSAFE = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def to_document(conv: Conversation, *, export: bool = False) -> dict[str, Any]:
@@ -46,13 +46,14 @@ def to_document(conv: Conversation, *, export: bool = False) -> dict[str, Any]:
 
 
 def dumps(data: Any, *, indent: int | None = None) -> str:
-    """JSON that keeps non-ASCII text readable but escapes DEL and the C1 controls.
+    """JSON that keeps non-ASCII text readable but escapes DEL, C1 and the bidi overrides.
 
     json.dumps already escapes C0 controls (ESC included); with ensure_ascii off it
     would pass U+007F-U+009F through raw, and some terminals act on C1 (U+009B is
-    CSI). Escaped, the document decodes to exactly the same strings.
+    CSI), or the bidi overrides that reorder what is shown. These can only occur
+    inside JSON strings, so escaped the document decodes to exactly the same data.
     """
-    return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}",
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}",
                    json.dumps(data, ensure_ascii=False, indent=indent))
 
 

@@ -31,8 +31,13 @@ from chatstate.cli.common import run
 CHATSTATE = str(Path(sys.executable).with_name("chatstate"))
 API_KEY = "sk-test-cli-0123456789abcdef"  # long enough that redaction never hits real words
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[=>()][0-9A-Za-z]?")
-HOSTILE = "A\x1b]0;pwned\x07B\x1b[2JC\rD\x00E\x9bF\x1b[31mred"
-"""OSC retitle, clear screen, carriage return, NUL, C1 CSI and an SGR colour, in one line."""
+HOSTILE = "A\x1b]0;pwned\x07B\x1b[2JC\rD\x00E\x9bF\x1b[31mred\u202eG"
+"""OSC retitle, clear screen, carriage return, NUL, C1 CSI, an SGR colour and a bidi override."""
+HOSTILE_SHOWN = "A^[]0;pwned\\x07B^[[2JC\\x0dD\\x00E\\x9bF^[[31mred\\u202eG"
+"""HOSTILE as a terminal shows it: every control character spelled out."""
+RAW_CONTROLS = ("\x1b]0;pwned", "\x1b[2J", "\x07", "\x00", "\x9b", "C\rD", "\x1b[31m",
+                "\u202e")
+"""Pieces of HOSTILE that must never reach a terminal raw."""
 CLEARED = ("CHATSTATE_STORE", "CHATSTATE_ALLOW_EPHEMERAL", "CHATSTATE_API_KEY",
            "CHATSTATE_BASE_URL", "CHATSTATE_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL",
            "CHATSTATE_FAKE_REPLY_WORDS", "DEPLOY_ID")

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from cli_helpers import HOSTILE, ReplSession, cli_env, invoke, replay_json
+from cli_helpers import (
+    HOSTILE,
+    HOSTILE_SHOWN,
+    RAW_CONTROLS,
+    ReplSession,
+    cli_env,
+    invoke,
+    replay_json,
+)
 
 from chatstate.testing import reply_text
 
@@ -161,13 +169,13 @@ def test_hostile_text_is_neutralised_in_the_repl(tmp_path: Path,
     cid = invoke(["import", str(path)], store=s).out.strip()  # an unanswered hostile turn
     repl = start(sessions, s, cli_env(tmp_path), "--id", cid)
     greeting = repl.prompt()
-    visible = "A^[]0;pwned\\x07B^[[2JC\\x0dD\\x00E\\x9bF^[[31mred"
+    visible = HOSTILE_SHOWN
     assert f"user> {visible}" in greeting and "Type /retry" in greeting
     streamed = repl.command("/retry", r"assistant> Echo: [^\r]*\r\n")
     assert f"assistant> Echo: {visible}" in streamed
     repl.command("/history", r"assistant> Echo: [^\r]*\r\n")
     assert repl.eof() == 0
-    for raw in ("\x1b]0;pwned", "\x1b[2J", "\x00", "\x9b", "C\rD", "\x1b[31mred"):
+    for raw in RAW_CONTROLS:
         assert raw not in repl.raw, repr(raw)
     stored = replay_json(s, cid)["messages"]
     assert stored[0]["content"] == HOSTILE and stored[1]["content"].startswith(
