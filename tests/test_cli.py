@@ -353,3 +353,18 @@ def test_help_lists_every_command_without_heavy_imports(tmp_path: Path) -> None:
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=cli_env(tmp_path), check=False)
     assert "HEAVY []" in probe.stderr, probe.stderr
+
+
+def test_ask_reading_from_a_terminal_says_so(tmp_path: Path) -> None:
+    """With no PROMPT on a terminal, ask says it is reading and Ctrl-D ends the prompt."""
+    child = pexpect.spawn(CHATSTATE, ["--store", f"json://{tmp_path}/s", "ask", "--model",
+                                      "fake", "--id", "typed"], env=cli_env(tmp_path),
+                          encoding="utf-8", timeout=20)
+    child.expect("reading the prompt from the terminal; end it with Ctrl-D")
+    child.send("typed in\n")
+    child.sendeof()
+    child.expect("Echo: typed in\r\n")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert replay_json(f"json://{tmp_path}/s", "typed")["messages"][0]["content"] == "typed in\n"

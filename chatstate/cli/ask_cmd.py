@@ -70,6 +70,8 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
             raise click.UsageError("--retry needs --id ID or -c to say which conversation")
         return ""
     if prompt is None or prompt == "-":
+        if sys.stdin.isatty():
+            click.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
         prompt = sys.stdin.read()
     text = valid_text(prompt, "the prompt")
     if not text.strip():
