@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 from batch_child import PROMPT, calls_by_record, ledger_rows, run_args, write_jsonl
 from cli_helpers import invoke
 
-from chatstate.batch import Batch
+from chatstate.batch import Batch, InputError
+from chatstate.batch.ledger import Ledger
 from chatstate.batch.outputs import output_name
 from chatstate.testing import FakeModel
 
@@ -240,3 +242,31 @@ def test_limit_and_the_library_call(tmp_path: Path, fake: FakeModel) -> None:
     assert any(n.startswith("ledger ") for n in notes)
     with pytest.raises(ValueError, match="must contain"):
         Batch(tmp_path / "x", prompt="no placeholder")
+
+
+def test_concurrent_claims_never_hand_out_a_record_twice(tmp_path: Path) -> None:
+    ledger = Ledger.open(tmp_path / "ledger.db", create=True)
+    ledger.register((f"r{i}", "t", "sha", f"r{i}.txt") for i in range(300))
+    claimed: list[str] = []
+
+    def claim_all(worker: str) -> None:
+        while (claim := ledger.claim(worker, max_attempts=3)) is not None:
+            assert ledger.count_attempt(claim.id, worker, 3)
+            claimed.append(claim.id)
+
+    threads = [threading.Thread(target=claim_all, args=(f"w{n}",)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ledger.close()
+    assert sorted(claimed) == sorted(f"r{i}" for i in range(300))
+
+
+def test_an_input_inside_the_output_directory_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "in.jsonl").write_text('{"text": "x"}\n')
+    with Batch(out, echo=lambda line: None) as batch, pytest.raises(InputError, match="inside"):
+        batch.add(out / "in.jsonl")
+    assert not (out / ".chatstate-batch.db").exists()

@@ -67,7 +67,7 @@ def test_kill_drill_every_record_done_once_and_never_called_after_done(tmp_path:
             big = round_ == 1 or (round_ > 1 and not mid_write_temps)
             fake.configure(reply_words=150_000 if big else 8)  # ~1 MB outputs: slow writes
             proc = spawn(args, env)
-            wait_until(lambda: len(fake.request_log) > seen, what="the runner's first request")
+            wait_until(lambda n=seen: len(fake.request_log) > n, what="the runner's first request")
             if big:
                 temp = kill_mid_write(proc, out)
                 if temp is not None and (out / temp).exists():
@@ -86,7 +86,7 @@ def test_kill_drill_every_record_done_once_and_never_called_after_done(tmp_path:
     assert final.returncode == 0, final_err
     assert kills >= 3 and mid_write_temps, f"no kill landed mid-write (seed {seed})"
     # the run after the mid-write kill removed the temp file it left
-    assert any("temp file(s) of killed writes" in e for e in stderr[2:] + [final_err])
+    assert any("temp file(s) of killed writes" in e for e in [*stderr[2:], final_err])
     verified = invoke(["batch", "verify", "--out", str(out)])
     assert verified.code == 0, verified.out
     rows = ledger_rows(out / ".chatstate-batch.db")
@@ -140,8 +140,11 @@ def test_attempts_count_when_sent_across_kills(tmp_path: Path) -> None:
             wait_until(lambda n=calls: len(fake.request_log) >= n, what=f"call {calls}")
             proc.kill()
             proc.communicate(timeout=30)
+            if calls == 1:  # what a kill leaves is a violation until the next run recovers it
+                stuck = invoke(["batch", "verify", "--out", str(out)])
+                assert stuck.code == 1 and "record 'bad' is 'running' but its worker " in stuck.out
         final = spawn(args, env)
-        final_out, final_err = final.communicate(timeout=60)
+        _, final_err = final.communicate(timeout=60)
         log = fake.request_log
     assert final.returncode == 1, final_err
     assert len(calls_by_record(log)["bad"]) == 3

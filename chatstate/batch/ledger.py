@@ -80,8 +80,11 @@ class Ledger:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         ledger = cls(path, network=network)
         try:
-            with translate(path, "migrate"), ledger._db.transaction() as db:
-                ledger._migrate(db)
+            current = ledger._read("PRAGMA user_version")[0][0] == len(MIGRATIONS) and \
+                ledger._read("PRAGMA application_id")[0][0] == APPLICATION_ID
+            if not current:  # an up-to-date ledger is opened without writing to it
+                with translate(path, "migrate"), ledger._db.transaction() as db:
+                    ledger._migrate(db)
         except BaseException:
             ledger.close()
             raise

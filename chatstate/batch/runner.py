@@ -23,7 +23,7 @@ from ..stores._files import ensure_dir
 from . import outputs
 from ._work import CountingAdapter, OutOfAttempts, SerialisedStore, ask, ask_with_transcript
 from ._work import conversation_id as make_cid
-from .inputs import Record, fill, read_records, records_from
+from .inputs import InputError, Record, fill, read_records, records_from
 from .ledger import Claim, Ledger
 from .recovery import Recovery, recover, verify
 from .report import Progress, Summary
@@ -161,6 +161,7 @@ class Batch:
     def add(self, source: Source) -> tuple[int, list[str]]:
         """Register records idempotently. Returns (added, ids whose text changed: not applied)."""
         if isinstance(source, (str, os.PathLike)):
+            self._outside_out(Path(source))
             records = read_records(source, skip=self.out)
         else:
             records = records_from(source)
@@ -175,6 +176,13 @@ class Batch:
                       + ", ".join(repr(c) for c in changed[:10])
                       + (f" and {len(changed) - 10} more" if len(changed) > 10 else ""))
         return added, changed
+
+    def _outside_out(self, source: Path) -> None:
+        real, out = Path(os.path.realpath(source)), Path(os.path.realpath(self.out))
+        inside = real == out or out in real.parents
+        if inside and not any(p.startswith(".") for p in real.relative_to(out).parts):
+            raise InputError(f"the input {source} is inside the output directory {self.out}, "
+                             "where every file is taken for an output: move it elsewhere")
 
     def recover(self, *, quarantine: bool = False) -> Recovery:
         """Reconcile the ledger with DIR after a crash (see ``recovery``); says what it did."""
