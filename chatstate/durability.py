@@ -161,7 +161,7 @@ def write_probe(directory: Path) -> str:
 def _path_rule(real: str) -> str | None:
     for prefix in EPHEMERAL_PREFIXES:
         if real == prefix or real.startswith(prefix + "/"):
-            return f"{real} is under {prefix}, which is cleared on reboot on most systems."
+            return f"The path {real} is under {prefix}, which is cleared on reboot on most systems."
     return None
 
 
@@ -193,12 +193,12 @@ def inspect(path: str | os.PathLike[str], *, probe: bool = True) -> Report:
         rep.mount_point, rep.fstype, rep.source = mount.mount_point, mount.fstype, mount.source
         rep.network_fs = mount.fstype in NETWORK_FSTYPES
         if mount.fstype in ("overlay", "aufs"):
-            ephemeral.append(f"{real} is on an {mount.fstype} filesystem at {mount.mount_point}: "
-                             "a container's writable layer, discarded when the container is "
-                             "replaced.")
+            ephemeral.append(f"The path {real} is on an {mount.fstype} filesystem at "
+                             f"{mount.mount_point}: a container's writable layer, discarded "
+                             "when the container is replaced.")
         elif mount.fstype in EPHEMERAL_FSTYPES:
-            ephemeral.append(f"{real} is on {mount.fstype} ({mount.mount_point}), which lives "
-                             "in memory and is lost on reboot.")
+            ephemeral.append(f"The path {real} is on {mount.fstype} ({mount.mount_point}), "
+                             "which lives in memory and is lost on reboot.")
     if rep.shares_tmp_device:
         rep.reasons.append("It shares a device with /tmp (common when /tmp is a directory on "
                            "the root disk; not ephemeral by itself).")
@@ -217,11 +217,11 @@ def inspect(path: str | os.PathLike[str], *, probe: bool = True) -> Report:
                               "applied; the filesystem could not be identified.")
     elif mount.fstype in DURABLE_FSTYPES:
         rep.verdict = "durable"
-        rep.reasons.insert(0, f"{real} is on {mount.fstype} ({mount.source} at "
+        rep.reasons.insert(0, f"The path {real} is on {mount.fstype} ({mount.source} at "
                               f"{mount.mount_point}), a disk-backed filesystem.")
     else:
-        rep.reasons.insert(0, f"{real} is on {mount.fstype} ({mount.source}), which chatstate "
-                              "does not know to be durable or not.")
+        rep.reasons.insert(0, f"The path {real} is on {mount.fstype} ({mount.source}), which "
+                              "chatstate does not know to be durable or not.")
     if rep.probe and rep.probe.startswith("failed"):
         rep.reasons.append(f"The write probe {rep.probe}.")
     return rep
