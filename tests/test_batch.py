@@ -270,3 +270,16 @@ def test_an_input_inside_the_output_directory_is_refused(tmp_path: Path) -> None
     with Batch(out, echo=lambda line: None) as batch, pytest.raises(InputError, match="inside"):
         batch.add(out / "in.jsonl")
     assert not (out / ".chatstate-batch.db").exists()
+
+
+def test_an_external_ledger_belongs_to_one_output_directory(tmp_path: Path,
+                                                           fake: FakeModel) -> None:
+    ledger = tmp_path / "state" / "ledger.db"
+    missing = invoke(["batch", "status", "--out", str(tmp_path / "a"), "--ledger", str(ledger)])
+    assert missing.code == 1 and f"no batch ledger at {ledger}" in missing.err
+    write_jsonl(tmp_path / "in.jsonl", 1)
+    assert _run(tmp_path / "in.jsonl", tmp_path / "a", fake, "--ledger", str(ledger)).code == 0
+    other = _run(tmp_path / "in.jsonl", tmp_path / "b", fake, "--ledger", f"sqlite://{ledger}")
+    assert other.code == 1
+    assert f"ledger {ledger} belongs to output directory {tmp_path / 'a'}" in other.err
+    assert not (tmp_path / "b").exists()

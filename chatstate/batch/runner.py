@@ -141,14 +141,18 @@ class Batch:
         return self._ledger
 
     def _bind(self, ledger: Ledger) -> None:
-        """A ledger outside DIR belongs to one DIR; inside, it moves with it."""
+        """A ledger outside DIR belongs to one DIR; inside, it moves with it.
+
+        Writes only to a new ledger, so that status and verify leave it untouched.
+        """
         here = str(self.out)
-        stored = ledger.set_meta("out_dir", here, only_if_absent=True)
+        stored = ledger.meta("out_dir") or ledger.set_meta("out_dir", here, only_if_absent=True)
         if stored != here and self.out not in self.ledger_path.parents:
             ledger.close()
             raise ChatstateError(f"ledger {self.ledger_path} belongs to output directory "
                                  f"{stored}, not {here}: pass --out {stored}, or another --ledger")
-        ledger.set_meta("batch_id", os.urandom(4).hex(), only_if_absent=True)
+        if ledger.meta("batch_id") is None:
+            ledger.set_meta("batch_id", os.urandom(4).hex(), only_if_absent=True)
 
     @property
     def max_attempts(self) -> int:

@@ -66,7 +66,10 @@ def batch() -> None:
 def run(env: Env, input_path: str, prompt: str, out: str, ledger: str | None,
         system: str | None, model: str | None, base_url: str | None, concurrency: int,
         max_attempts: int | None, limit: int | None, transcripts: bool) -> None:
-    """Run TEMPLATE over every record of INPUT (a .jsonl file or a directory)."""
+    """Run TEMPLATE over every record of INPUT (.jsonl or directory).
+
+    Rerun the same command after a crash: it recovers first, then carries on.
+    """
     from ..batch import Batch
 
     with contextlib.ExitStack() as stack:
@@ -125,7 +128,7 @@ def _progress() -> Iterator[Callable[[Any], None]]:
 @click.option("--json", "as_json", is_flag=True, help="Print counts and failures as JSON.")
 @click.pass_obj
 def status(env: Env, out: str, ledger: str | None, as_json: bool) -> None:
-    """Counts of pending, running, done and failed records, and why records failed."""
+    """Counts by status, and why records failed."""
     from ..batch import Batch
 
     with Batch(out, ledger=ledger, echo=_echo) as job:
@@ -171,7 +174,7 @@ def verify(env: Env, out: str, ledger: str | None) -> None:
               "record to DIR/.quarantine/ (never deleted).")
 @click.pass_obj
 def recover(env: Env, out: str, ledger: str | None, quarantine: bool) -> None:
-    """Reconcile the ledger with DIR now, as every run does at startup, and say what was done."""
+    """Recover now, as every run does first, and say what was done."""
     from ..batch import Batch
 
     with Batch(out, ledger=ledger, allow_ephemeral=env.allow_ephemeral, echo=_echo) as job:
