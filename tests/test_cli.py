@@ -245,6 +245,25 @@ def test_sigkill_mid_stream_leaves_a_partial_that_retry_completes(
     assert verify_chain([Message.model_validate(m) for m in messages]) is None
 
 
+def test_reader_going_away_keeps_the_partial_and_says_how_to_retry(tmp_path: Path) -> None:
+    """`chatstate ask ... | head -c 20`: the reply is cut where the reader left, exit 1, and
+    stderr says how to complete the turn."""
+    store = f"sqlite://{tmp_path}/s.db"
+    env = cli_env(tmp_path, CHATSTATE_FAKE_REPLY_WORDS="2000")
+    child = subprocess.Popen([CHATSTATE, "--store", store, "ask", "--model", "fake", "--id",
+                              "pipe", "hi"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=env)
+    assert child.stdout is not None and child.stderr is not None
+    head = child.stdout.read(20)
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=30) == 1
+    assert "complete the turn with `chatstate ask --id pipe --retry`" in err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    last = replay_json(store, "pipe")["messages"][-1]
+    assert last["status"] == "partial" and last["content"].startswith(head.decode())
+
+
 # -- the durability guard through the CLI ------------------------------------------------
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 import pexpect
 import pytest
 from cli_helpers import (
+    API_KEY,
     HOSTILE,
     HOSTILE_SHOWN,
     RAW_CONTROLS,
@@ -24,7 +25,7 @@ from cli_helpers import (
     replay_json,
 )
 
-from chatstate.testing import reply_text
+from chatstate.testing import FakeModel, reply_text
 
 WORDS = 200
 UP = "\x1b[A"
@@ -192,3 +193,21 @@ def test_repl_without_a_terminal_reads_lines_from_stdin(tmp_path: Path) -> None:
         assert "assistant> Echo: hello" in result.out
         assert "title: piped" in result.err and result.err.rstrip().endswith("bye")
     assert len(replay_json(s, "piped")["messages"]) == 4
+
+
+def test_a_model_error_keeps_the_repl_alive_and_retry_completes(tmp_path: Path) -> None:
+    """A failing model call is one error line; the message is stored; /retry finishes it."""
+    s = f"sqlite://{tmp_path}/s.db"
+    with FakeModel() as fake:
+        fake.fail_next(503)
+        result = invoke(["chat", "--base-url", fake.base_url, "--model", "fake-model", "--id",
+                         "e"], store=s, input="will fail\n/retry\n",
+                        env={"CHATSTATE_API_KEY": API_KEY, "CHATSTATE_MAX_RETRIES": "0"})
+    assert result.code == 0, result.err
+    assert "error: model request to " in result.err and "HTTP 503" in result.err
+    assert "[your message is stored; /retry completes the turn]" in result.err
+    assert result.out.rstrip().endswith(
+        "assistant> " + reply_text([{"role": "user", "content": "will fail"}]))
+    messages = replay_json(s, "e")["messages"]
+    assert [(m["role"], m["status"]) for m in messages] == [("user", "complete"),
+                                                            ("assistant", "complete")]

@@ -40,9 +40,11 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
         try:
             reply = one_turn(chat, text, stream=not (as_json or no_stream),
                              show=not as_json)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BrokenPipeError) as exc:
+            # Ctrl-C, or the reader of stdout went away (`| head`): the partial is kept
             if chat.interrupted is not None:
-                click.echo(f"\n{retry_hint(chat.id)}", err=True)
+                lead = "\n" if isinstance(exc, KeyboardInterrupt) else ""
+                click.echo(f"{lead}{retry_hint(chat.id)}", err=True)
             raise
         except ChatstateError as exc:
             if chat.interrupted is None:
