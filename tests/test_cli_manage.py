@@ -291,6 +291,7 @@ def test_search(local_store_url: str) -> None:
     assert hits.code == 0
     assert sorted(line.split(":")[0] for line in hits.out.splitlines()) == ["s1#0", "s1#1"]
     assert "s1#0: the quick brown fox" in hits.out.splitlines()
+    assert invoke(["search", "Brown FOX"], store=s).out == hits.out  # case is ignored
     limited = invoke(["search", "dog", "--limit", "1"], store=s)
     assert len(limited.out.splitlines()) == 1 and limited.out.startswith("s2#")
     none = invoke(["search", "zebra"], store=s)

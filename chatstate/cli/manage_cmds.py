@@ -155,7 +155,11 @@ def prune(env: Env, older_than: str, yes: bool) -> None:
 @click.option("--limit", type=int, default=50, show_default=True)
 @click.pass_obj
 def search(env: Env, text: str, limit: int) -> None:
-    """Full-text search (SQLite FTS5 for sqlite stores, a streaming scan elsewhere)."""
+    """Full-text search over every transcript; prints ID#SEQ: text per matching message.
+
+    sqlite stores use FTS5 and match TEXT as a phrase of whole words; other stores
+    scan every transcript for TEXT as a substring. Both ignore case.
+    """
     store = env.store()
     if hasattr(store, "search"):
         hits = store.search(text, limit=limit)
