@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import resource
 import signal
 import sys
+import time
 
 from chatstate.errors import ChatstateError, ConflictError
 from chatstate.stores import open_store
@@ -94,6 +96,7 @@ def contend(url: str, cid: str, count: int) -> None:
             last = store.load(cid).last
             msg = Message.seal(last, role="user", content=f"pid {os.getpid()} #{i}",
                                turn_id=f"t-{os.getpid()}-{i}")
+            time.sleep(random.uniform(0, 0.003))  # widen the window between read and write
             try:
                 store.append(cid, [msg])
             except ConflictError:

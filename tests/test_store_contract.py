@@ -342,7 +342,7 @@ def test_schema_from_the_future_is_refused_and_untouched(store_url: str) -> None
 def test_two_processes_appending_lose_nothing(store_url: str) -> None:
     store = open_store(store_url)
     new_conversation(store, "race", 1)
-    per_writer = 40
+    per_writer = 25
     writers = [spawn_writer("contend", store_url, "race", str(per_writer)) for _ in range(2)]
     try:
         for w in writers:
@@ -356,12 +356,14 @@ def test_two_processes_appending_lose_nothing(store_url: str) -> None:
         for w in writers:
             if w.poll() is None:
                 w.kill()
-    acks = []
+    acks, conflicts = [], 0
     for w, (out, err) in zip(writers, outs, strict=True):
         assert w.returncode == 0, err
         mine = parse_acks(out)
         assert len(mine) == per_writer
         acks += mine
+        conflicts += int(out.split("conflicts ")[1])
+    print(f"{conflicts} conflicts retried")
     conv = store.load("race")
     assert conv.verify() is None
     assert len(conv.messages) == 1 + len(acks) == 1 + 2 * per_writer
