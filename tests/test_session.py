@@ -10,6 +10,7 @@ was sent is in the fake's request log.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -347,6 +348,51 @@ def test_new_turn_after_an_interrupted_one_keeps_the_partial(url: str, store: An
                            ("user", "complete"), ("assistant", "complete")]
     assert conv.messages[1].content.startswith(shown)
     assert chat_requests(fake)[-1]["messages"] == wire(conv)[:-1]
+
+
+class CtrlC:
+    """Deliver a real SIGALRM after ``seconds`` whose handler raises KeyboardInterrupt,
+    as Ctrl-C would, wherever the main thread happens to be (here: waiting on the model)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __enter__(self) -> None:
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        self.previous = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous)
+
+
+def test_ctrl_c_while_waiting_for_a_plain_reply_keeps_the_question(
+        url: str, store: Any, fake: FakeModel) -> None:
+    chat = chat_for(store, fake)
+    fake.hang_next(5)
+    with CtrlC(0.3), pytest.raises(KeyboardInterrupt):
+        chat.send("are you there?")
+    conv = fresh(url, chat.id)
+    assert roles(conv) == [("user", "complete")] and conv.partial is None
+    reopened = chat_for(store, fake, conversation_id=chat.id)
+    assert reopened.interrupted is not None
+    assert reopened.retry().turn_id == conv.messages[0].turn_id
+
+
+def test_ctrl_c_mid_stream_stores_what_arrived_but_was_not_yet_flushed(
+        url: str, store: Any, fake: FakeModel) -> None:
+    fake.configure(chunk_delay=0.05, reply_words=40)
+    chat = chat_for(store, fake, flush_interval=60)  # nothing is flushed, nothing yielded
+    gen = chat.stream("a long one")
+    with CtrlC(0.4), pytest.raises(KeyboardInterrupt):
+        next(gen)
+    conv = fresh(url, chat.id)
+    assert conv.partial is not None and len(conv.partial.content.split()) >= 3
+    expected = fake.reply_for([{"role": "user", "content": "a long one"}])
+    assert expected.startswith(conv.partial.content)
 
 
 # -- the flush window ---------------------------------------------------------------------
