@@ -288,10 +288,12 @@ def test_ephemeral_store_is_refused_unless_allowed(shm_dir: Path, tmp_path: Path
     assert "Traceback" not in refused.err
     assert not shm_dir.exists(), "the guard must refuse before the first write"
 
-    allowed = run_cli(["--allow-ephemeral", "ask", "--model", "fake", "hi"], env, store=store)
+    # the demo, whose second writer is a process of its own, honours the flag too
+    allowed = run_cli(["--allow-ephemeral", "demo"], env, store=store)
     assert allowed.code == 0, allowed.err
     assert allowed.first_err_line.startswith(f"store {store} on tmpfs ")
     assert ": ephemeral" in allowed.first_err_line
+    assert "everything the writer rendered is a prefix of it: yes" in allowed.err
     by_env = run_cli(["list"], dict(env, CHATSTATE_ALLOW_EPHEMERAL="1"), store=store)
     assert by_env.code == 0 and by_env.out.count("msgs") == 1
 

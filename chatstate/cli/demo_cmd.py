@@ -8,6 +8,7 @@ retry, and replays the verified transcript.
 
 from __future__ import annotations
 
+import codecs
 import os
 import signal
 import subprocess
@@ -46,7 +47,7 @@ def demo(env: Env, kill_after: int) -> None:
         stream_turn(chat.stream("What does chatstate promise?"))
         step("2. a second writer process streams a long reply; it is SIGKILLed mid-reply")
         fake.configure(reply_words=40)
-        shown = kill_writer(store.url, cid, fake.base_url, kill_after)
+        shown = kill_writer(store.url, cid, fake.base_url, kill_after, env.allow_ephemeral)
         click.echo(f"   the killed writer had rendered {len(shown)} characters", err=True)
         step("3. reopening the conversation is recovery")
         chat = Chat(store, conversation_id=cid, base_url=fake.base_url, model="fake-model")
@@ -70,24 +71,31 @@ def stream_turn(deltas: Any) -> None:
     sys.stdout.write("\n")
 
 
-def kill_writer(store_url: str, cid: str, base_url: str, kill_after: int) -> str:
+def kill_writer(store_url: str, cid: str, base_url: str, kill_after: int,
+                allow_ephemeral: bool) -> str:
     cmd = [sys.executable, "-m", "chatstate", "--store", store_url, "ask", "--id", cid,
            "--base-url", base_url, "--model", "fake-model", "Tell me the long version."]
-    env = dict(os.environ, CHATSTATE_ALLOW_EPHEMERAL=os.environ.get(
-        "CHATSTATE_ALLOW_EPHEMERAL", ""))
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    assert child.stdout is not None
-    shown = b""
+    env = dict(os.environ)
+    if allow_ephemeral:  # the writer opens the same store, so it needs the same consent
+        env["CHATSTATE_ALLOW_EPHEMERAL"] = "1"
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert child.stdout is not None and child.stderr is not None
+    # a kill can land inside a multi-byte character: keep only whole characters
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    shown = ""
     deadline = time.monotonic() + 30
     while len(shown) < kill_after and time.monotonic() < deadline:
         chunk = os.read(child.stdout.fileno(), 64)
         if not chunk:
             break
-        shown += chunk
+        shown += decoder.decode(chunk)
     child.send_signal(signal.SIGKILL)
     child.wait()
-    sys.stdout.write("writer> " + neutralise(shown.decode(errors="replace")) + "  <SIGKILL>\n")
-    return shown.decode(errors="replace")
+    sys.stdout.write("writer> " + neutralise(shown) + "  <SIGKILL>\n")
+    if not shown:
+        said = child.stderr.read().decode(errors="replace").strip()
+        click.echo(f"   the writer printed nothing before the kill; it said: {said}", err=True)
+    return shown
 
 
 def report_recovery(chat: Any, shown: str) -> bool:
