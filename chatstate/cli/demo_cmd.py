@@ -102,7 +102,8 @@ def report_recovery(chat: Any, shown: str) -> bool:
     """Say what reopening found; True when the rendered text is a prefix of the stored one."""
     turn = chat.interrupted
     if turn is None:
-        click.echo("   no interrupted turn (the writer finished before the kill)", err=True)
+        click.echo("   no interrupted turn: the writer finished before the kill, or never "
+                   "stored its question", err=True)
         return False
     click.echo(f"   found: {turn.describe()}", err=True)
     stored = turn.partial.content if turn.partial is not None else ""
