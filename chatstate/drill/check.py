@@ -76,26 +76,33 @@ class Tally:
 
 
 class Checker:
-    """Remembers what was promised across trials and checks it after every kill."""
+    """Remembers what was promised across trials and checks it after every kill.
+
+    Each finding is counted once, in the trial that first sees it: a message
+    lost in trial 3 is one lost message, not one per later trial.
+    """
 
     def __init__(self, url: str, ids: Sequence[str], adapter: Any) -> None:
         self.url = url
         self.ids = list(ids)
         self.adapter = adapter
-        self.acked: dict[str, dict[int, str]] = {cid: {} for cid in ids}
+        # every promise, even two for one seq: at most one of those can be kept
+        self.acked: dict[str, set[tuple[int, str]]] = {cid: set() for cid in ids}
         self.seen: dict[str, list[str]] = {cid: [] for cid in ids}
         self.exists: set[str] = set()
+        self._flagged: set[tuple[Any, ...]] = set()
 
     def check(self, log: TrialLog) -> Tally:
         tally = Tally(acked=len(log.acks))
         for cid, seq, hash_ in log.acks:
-            self.acked[cid][seq] = hash_
+            self.acked[cid].add((seq, hash_))
         self.exists |= log.created
         store = reopen(self.url)
         try:
             convs = {cid: self._load(store, cid, tally) for cid in self.ids}
             counts = {cid: len(c.messages) for cid, c in convs.items() if c is not None}
-            tally.problems += leftovers(store, self.ids, counts)
+            for text in leftovers(store, self.ids, counts):
+                self._flag(tally, "", text)
             for conv in convs.values():
                 if conv is not None:
                     self._conversation(store, conv, log, tally)
@@ -103,17 +110,28 @@ class Checker:
             store.close()
         return tally
 
+    def _flag(self, tally: Tally, counter: str, text: str, *key: Any) -> None:
+        """Count ``counter`` (lost, corrupt, duplicated or "") and note ``text``, once per key."""
+        ident = (counter, *key) if key else (counter, text)
+        if ident in self._flagged:
+            return
+        self._flagged.add(ident)
+        if counter:
+            setattr(tally, counter, getattr(tally, counter) + 1)
+        tally.problems.append(text)
+
     def _load(self, store: Any, cid: str, tally: Tally) -> Conversation | None:
         try:
             conv: Conversation = store.load(cid)
         except ConversationNotFound:
             if cid in self.exists or self.acked[cid]:
-                tally.lost += len(self.acked[cid])
-                tally.problems.append(f"{cid}: the conversation is gone")
+                for seq, hash_ in sorted(self.acked[cid]):
+                    self._flag(tally, "lost", f"{cid}: the conversation is gone, with "
+                               f"acknowledged seq {seq}", cid, seq, hash_)
+                self._flag(tally, "", f"{cid}: the conversation is gone")
             return None
         except CorruptTranscriptError as exc:
-            tally.corrupt += 1
-            tally.problems.append(f"{cid}: does not load: {exc}")
+            self._flag(tally, "corrupt", f"{cid}: does not load: {exc}", cid, "load")
             return None
         self.exists.add(cid)
         return conv
@@ -125,53 +143,53 @@ class Checker:
         self._rendered(conv, log, tally)
         from ..session import Chat
 
-        chat = Chat(store, conversation_id=cid, adapter=self.adapter, flush_interval=0.0)
+        chat = Chat(_Preloaded(store, conv), conversation_id=cid, adapter=self.adapter,
+                    flush_interval=0.0)
         turn = chat.interrupted
         pending = log.open_turns.get(cid)
         if pending is not None and not _complete(conv, pending) and \
                 (turn is None or turn.turn_id != pending):
-            tally.problems.append(f"{cid}: turn {pending} was cut off but is not reported "
-                                  f"as interrupted (interrupted: {turn})")
+            self._flag(tally, "", f"{cid}: turn {pending} was cut off but is not reported as "
+                       f"interrupted (interrupted: {turn.turn_id if turn else None})")
         if turn is None:
-            self.seen[cid] = [m.hash for m in conv.messages]
             return
         try:
             chat.retry()
-            again = store.load(cid)
+            again = chat.reload()
         except ChatstateError as exc:
-            tally.problems.append(f"{cid}: retry() of turn {turn.turn_id} failed: {exc}")
+            self._flag(tally, "", f"{cid}: retry() of turn {turn.turn_id} failed: {exc}")
             return
         for msg in again.messages[len(conv.messages):]:
-            self.acked[cid][msg.seq] = msg.hash
-        if self._verify(again, tally) and again.messages and \
-                Chat(store, conversation_id=cid, adapter=self.adapter).interrupted is None \
-                and _complete(again, turn.turn_id):
+            self.acked[cid].add((msg.seq, msg.hash))
+        if self._verify(again, tally) and chat.interrupted is None and \
+                _complete(again, turn.turn_id):
             tally.recovered += 1
         else:
-            tally.problems.append(f"{cid}: retry() did not complete turn {turn.turn_id}")
+            self._flag(tally, "", f"{cid}: retry() did not complete turn {turn.turn_id}")
 
     def _verify(self, conv: Conversation, tally: Tally) -> bool:
         """Chain, acknowledged and previously seen messages, duplicates. False if corrupt."""
         cid, messages = conv.id, conv.messages
         bad = conv.verify()
         if bad is not None:
-            tally.corrupt += 1
-            tally.problems.append(f"{cid}: hash chain breaks at seq {bad}")
+            self._flag(tally, "corrupt", f"{cid}: hash chain breaks at seq {bad}", cid, "chain")
             return False
         hashes = [m.hash for m in messages]
         count = Counter(hashes)
-        for seq, hash_ in sorted(self.acked[cid].items()):
+        for seq, hash_ in sorted(self.acked[cid]):
             if seq >= len(messages) or hashes[seq] != hash_:
-                tally.lost += 1
-                tally.problems.append(f"{cid}: acknowledged seq {seq} ({hash_[:12]}) is missing")
+                self._flag(tally, "lost", f"{cid}: acknowledged seq {seq} ({hash_[:12]}) is "
+                           "missing", cid, seq, hash_)
             elif count[hash_] > 1:
-                tally.duplicated += 1
-                tally.problems.append(f"{cid}: acknowledged seq {seq} is stored twice")
+                self._flag(tally, "duplicated", f"{cid}: acknowledged seq {seq} is stored "
+                           "twice", cid, seq, hash_)
         seen = self.seen[cid]
-        if hashes[:len(seen)] != seen:
-            gone = sum(1 for i, h in enumerate(seen) if i >= len(hashes) or hashes[i] != h)
-            tally.lost += gone
-            tally.problems.append(f"{cid}: {gone} message(s) a fresh open showed before are gone")
+        for i, hash_ in enumerate(seen):
+            if i >= len(hashes) or hashes[i] != hash_:
+                self._flag(tally, "lost", f"{cid}: seq {i} ({hash_[:12]}), stored at an earlier "
+                           "check, is gone", cid, i, hash_)
+        if hashes[:len(seen)] == seen:
+            self.seen[cid] = hashes
         users = Counter(m.turn_id for m in messages if m.role == "user")
         texts = Counter(m.content for m in messages if m.role == "user")
         replies = Counter(m.turn_id for m in messages
@@ -180,8 +198,8 @@ class Checker:
                               ("complete reply", replies)):
             for key, n in counter.items():
                 if n > 1:
-                    tally.duplicated += n - 1
-                    tally.problems.append(f"{cid}: {what} {key[:40]!r} stored {n} times")
+                    self._flag(tally, "duplicated", f"{cid}: {what} {key[:40]!r} stored {n} "
+                               "times", cid, what, key)
         return True
 
     def _rendered(self, conv: Conversation, log: TrialLog, tally: Tally) -> None:
@@ -195,10 +213,31 @@ class Checker:
             content = stored.content if stored is not None else ""
             ended = (cid, turn_id) in log.ended
             if not content.startswith(text) or (ended and not _complete(conv, turn_id)):
-                tally.lost += 1
-                tally.problems.append(
-                    f"{cid}: turn {turn_id}: the writer rendered {len(text)} chars that the "
-                    f"store does not hold (stored {len(content)} chars)")
+                self._flag(tally, "lost", f"{cid}: turn {turn_id}: the writer rendered "
+                           f"{len(text)} chars that the store does not hold (stored "
+                           f"{len(content)} chars)", cid, "rendered", turn_id)
+
+
+class _Preloaded:
+    """The fresh store, whose first ``load`` of ``conv`` returns what the checker just loaded.
+
+    So ``Chat`` judges exactly what the fresh open showed, without a second read
+    (a load is a dozen requests on S3); every later call goes to the store.
+    """
+
+    def __init__(self, store: Any, conv: Conversation) -> None:
+        self._store = store
+        self._conv: Conversation | None = conv
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def load(self, conversation_id: str) -> Conversation:
+        conv, self._conv = self._conv, None
+        if conv is not None and conv.id == conversation_id:
+            return conv.model_copy()
+        loaded: Conversation = self._store.load(conversation_id)
+        return loaded
 
 
 def _complete(conv: Conversation, turn_id: str) -> bool:

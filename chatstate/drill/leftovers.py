@@ -91,17 +91,16 @@ def _s3(store: Any, ids: Sequence[str], counts: dict[str, int]) -> list[str]:
     return problems
 
 
-def cleanup(store: Any, prefix: str, ids: Sequence[str]) -> list[str]:
-    """Delete every conversation with the drill's prefix. Returns problems."""
+def cleanup(store: Any, ids: Sequence[str]) -> list[str]:
+    """Delete the drill's conversations (and json lock files). Returns problems.
+
+    The drill only ever uses ``ids``; it does not list the store, which would
+    read the headers of the user's conversations.
+    """
     from ..stores.jsonfile import JsonStore
 
     problems = []
-    try:
-        found = {s.id for s in store.list_conversations() if s.id.startswith(prefix)}
-    except ChatstateError as exc:
-        found = set()
-        problems.append(f"could not list the drill's conversations for cleanup: {exc}")
-    for cid in sorted(found | set(ids)):
+    for cid in ids:
         try:
             store.delete(cid)
         except ConversationNotFound:
@@ -109,6 +108,6 @@ def cleanup(store: Any, prefix: str, ids: Sequence[str]) -> list[str]:
         except ChatstateError as exc:
             problems.append(f"could not delete drill conversation {cid}: {exc}")
     if isinstance(store, JsonStore):
-        for cid in sorted(found | set(ids)):
+        for cid in ids:
             (store.root / ".locks" / f"{cid}.lock").unlink(missing_ok=True)
     return problems

@@ -2,7 +2,8 @@
 
 Each trial aims at one phase, in a seeded, balanced order: *before the call*
 (between turns, or just after the user message is acknowledged and before the
-request), *mid-stream* (the request is in flight, between two chunks) or
+request), *mid-stream* (the request is in flight: waiting for the first byte, or
+between two chunks) or
 *inside a store write* (right after the writer said it is entering one, after
 a random 0-800 µs: inside the temp-file write, the fsync, the rename, the
 COMMIT, the conditional PUT). Which turn and which write is drawn at random.
@@ -22,6 +23,8 @@ from ._common import PHASES
 
 WRITE_DELAY = 0.0008
 """Longest wait after "entering a store write" before SIGKILL."""
+MID_STREAM_DELAY = 0.0003
+"""Longest wait after a rendered delta: between two chunks, before the next partial save."""
 
 
 @dataclass(frozen=True)
@@ -44,24 +47,28 @@ class KillPlan:
         return bool(kind == self.trigger)
 
 
-def plans(rng: random.Random, chunk_delay: float, think: float) -> Any:
-    """An endless, seeded sequence of plans cycling through the three phases."""
+def plans(rng: random.Random, latency: float, think: float) -> Any:
+    """An endless, seeded sequence of plans cycling through the three phases.
+
+    ``latency`` is the fake model's time to first byte, ``think`` the least time a
+    writer pauses before a turn: the windows aimed into.
+    """
     order = list(PHASES)
     rng.shuffle(order)
     while True:
         for aim in order:
-            yield _plan(rng, aim, chunk_delay, think)
+            yield _plan(rng, aim, latency, think)
 
 
-def _plan(rng: random.Random, aim: str, chunk_delay: float, think: float) -> KillPlan:
+def _plan(rng: random.Random, aim: str, latency: float, think: float) -> KillPlan:
     if aim == "before_call":
-        if rng.random() < 0.5:
+        if rng.random() < 0.6:
             return KillPlan(aim, "b", rng.randint(1, 3), rng.uniform(0, think))
-        return KillPlan(aim, "user-ack", rng.randint(1, 3), 0.0)
+        return KillPlan(aim, "user-ack", rng.randint(1, 3), 0.0)  # user stored, no request
     if aim == "mid_stream":
-        if rng.random() < 0.7:
-            return KillPlan(aim, "d", rng.randint(1, 14), rng.uniform(0, chunk_delay))
-        return KillPlan(aim, "call", rng.randint(1, 3), rng.uniform(0, 2 * chunk_delay))
+        if rng.random() < 0.6:  # waiting for the model's first byte
+            return KillPlan(aim, "call", rng.randint(1, 3), rng.uniform(0, latency))
+        return KillPlan(aim, "d", rng.randint(1, 14), rng.uniform(0, MID_STREAM_DELAY))
     if rng.random() < 0.1:
         return KillPlan(aim, "open", 1, rng.uniform(0, WRITE_DELAY))
     return KillPlan(aim, "w", rng.randint(1, 16), rng.uniform(0, WRITE_DELAY))

@@ -69,8 +69,8 @@ COLUMNS = ("store", "trials", *(PHASE_LABELS[p] for p in PHASES), "acked", "lost
 
 
 def rows(results: list[DrillResult]) -> list[list[str]]:
-    return [[r.store, str(r.trials), *(str(r.kills[p]) for p in PHASES), str(r.acked),
-             str(r.lost), str(r.corrupt), str(r.duplicated), str(r.recovered),
+    return [[r.store.split("?", 1)[0], str(r.trials), *(str(r.kills[p]) for p in PHASES),
+             str(r.acked), str(r.lost), str(r.corrupt), str(r.duplicated), str(r.recovered),
              f"{r.seconds:.1f}s"] for r in results]
 
 

@@ -39,7 +39,9 @@ class DrillOptions:
     conversations: int = 3
     trial_timeout: float = 20.0
     max_seconds: float = 900.0
-    chunk_delay: float = 0.001
+    chunk_delay: float | None = None
+    """Seconds between the fake's stream chunks; default 1 ms, 10 ms for a remote store
+    (so that waiting for a chunk outlasts a PUT). The first byte comes after max(4 ms, 2 chunks)."""
     reply_words: int = 10
 
 
@@ -56,14 +58,17 @@ def run_drill(url: str, options: DrillOptions | None = None, *,
     ids = conversation_ids(prefix, opts.conversations)
     result = DrillResult(store=url, seed=seed, requested=opts.trials, run_id=run_id)
     started = time.monotonic()
-    with FakeModel(chunk_delay=opts.chunk_delay, reply_words=opts.reply_words) as fake:
+    chunk_delay = opts.chunk_delay if opts.chunk_delay is not None else _chunk_delay(url)
+    latency = max(0.004, 2 * chunk_delay)  # a window to kill in while the request is out
+    with FakeModel(latency=latency, chunk_delay=chunk_delay,
+                   reply_words=opts.reply_words) as fake:
         adapter = make_adapter(fake.base_url)
         server: WriterServer | None = None
         try:
             server = WriterServer(url, fake.base_url, prefix, opts.conversations,
                                   opts.trial_timeout + 30)
             checker = Checker(url, ids, adapter)
-            kill_plans = plans(rng, opts.chunk_delay, THINK_SECONDS)
+            kill_plans = plans(rng, latency, THINK_SECONDS)
             for trial in range(opts.trials):
                 if time.monotonic() - started > opts.max_seconds:
                     result.stopped_early = (f"the time cap of {opts.max_seconds:.0f}s was "
@@ -79,7 +84,7 @@ def run_drill(url: str, options: DrillOptions | None = None, *,
             if server is not None:
                 server.close()
             adapter.close()
-            _cleanup(url, prefix, ids, result)
+            _cleanup(url, ids, result)
             result.seconds = time.monotonic() - started
     return result
 
@@ -120,14 +125,22 @@ def _trial(server: WriterServer, trial: int, seed: int, plan: KillPlan, opts: Dr
     return log
 
 
-def _cleanup(url: str, prefix: str, ids: list[str], result: DrillResult) -> None:
+def _chunk_delay(url: str) -> float:
+    from ..stores import store_class
+
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    remote = store_class(scheme).from_url(url).location().path is None
+    return 0.01 if remote else 0.001
+
+
+def _cleanup(url: str, ids: list[str], result: DrillResult) -> None:
     try:
         store: Any = reopen(url)
     except Exception as exc:  # report it; the drill's result is still worth printing
         result.problem(f"could not reopen the store to delete the drill's conversations: {exc}")
         return
     try:
-        for text in cleanup(store, prefix, ids):
+        for text in cleanup(store, ids):
             result.problem(text)
     finally:
         store.close()

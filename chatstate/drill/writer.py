@@ -37,8 +37,9 @@ from ..session import Chat
 from ..transcript import Message
 from ._common import conversation_ids, emit, reopen, stream_kind
 
-THINK_SECONDS = 0.002
-"""Longest pause before a turn, like a client between two messages (a window to kill in)."""
+THINK_SECONDS = 0.004
+"""A writer pauses 4-8 ms before each turn, like a client between two messages: a window
+in which nothing of the turn is written yet, to kill in."""
 
 REPORTED = ("create", "append", "save_partial", "clear_partial", "set_header", "delete")
 
@@ -116,7 +117,7 @@ def hold(url: str, adapter: RetryingAdapter, prefix: str, count: int, trial: int
 def turn(chat: Chat, kind: str, text: str, rng: random.Random) -> None:
     cid = chat.id
     emit(["b", cid, kind])
-    time.sleep(rng.uniform(0, THINK_SECONDS))
+    time.sleep(rng.uniform(THINK_SECONDS, 2 * THINK_SECONDS))
     if kind == "plain":
         reply: Message = chat.send(text)
         emit(["t", cid, reply.turn_id])
