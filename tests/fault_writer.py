@@ -7,11 +7,14 @@
                                            after a "go" line on stdin {"sealed"}, {"ack"}...,
                                            {"ok"} or {"error"}; print "done <status>" once
                                            it is reaped
-    fault_writer.py append URL CID [--fill PATH]
-                                           one turn; with --fill, fill the disk at PATH after
-                                           opening, try the turn, free the space and retry the
+    fault_writer.py populate URL CID N     create CID holding N messages; print their hashes
+    fault_writer.py append URL CID [--fill PATH] [--wait]
+                                           one turn; --wait: after opening, say "opened" and
+                                           wait for a line on stdin; --fill: then fill the disk
+                                           at PATH, try the turn, free the space and retry the
                                            same sealed messages; print one JSON outcome
     fault_writer.py check  URL CID         what a fresh open finds, as JSON
+    fault_writer.py fill   PATH            write zeros to PATH until the disk is full
     fault_writer.py hold   URL CID N [--no-dir-fsync] [--sync-off]
                                            N turns (0: until killed), printing "ack SEQ HASH"
                                            after each append, then "holding" with the store open
@@ -147,7 +150,9 @@ def fill(path: str) -> int:
     return written
 
 
-def append_once(url: str, cid: str, fill_path: str | None) -> dict[str, Any]:
+def append_once(url: str, cid: str, *, fill_path: str | None = None,
+                wait: bool = False) -> dict[str, Any]:
+    """One turn. ``wait``: say "opened" and read a line first (the test changes the mount)."""
     outcome: dict[str, Any] = {"acked": [], "errors": []}
 
     def report(obj: dict[str, Any]) -> None:
@@ -161,6 +166,9 @@ def append_once(url: str, cid: str, fill_path: str | None) -> dict[str, Any]:
     except ChatstateError as exc:
         outcome["errors"].append({"at": "open", "type": type(exc).__name__, "message": str(exc)})
         return outcome
+    if wait:
+        say("opened")
+        sys.stdin.readline()
     if fill_path:
         outcome["filled"] = fill(fill_path)
     try:
@@ -168,6 +176,7 @@ def append_once(url: str, cid: str, fill_path: str | None) -> dict[str, Any]:
     except ChatstateError as exc:
         outcome["errors"].append({"at": "append", "type": type(exc).__name__,
                                   "message": str(exc)})
+        outcome["loaded"] = len(store.load(cid).messages)  # reads still work
         if fill_path:
             os.unlink(fill_path)
             sealed = [Message.model_validate(m) for m in outcome["sealed"]]
@@ -175,6 +184,19 @@ def append_once(url: str, cid: str, fill_path: str | None) -> dict[str, Any]:
             outcome["retried"] = True
     store.close()
     return outcome
+
+
+def populate(url: str, cid: str, count: int) -> list[str]:
+    store = open_store(url)
+    store.create(Conversation(id=cid, title="fault test"))
+    last = None
+    for n in range(count // 2):
+        user, _partial, reply = seal_turn(last, f"pre-{n}")
+        store.append(cid, [user, reply])
+        last = reply
+    hashes = [m.hash for m in store.load(cid).messages]
+    store.close()
+    return hashes
 
 
 def check(url: str, cid: str) -> dict[str, Any]:
@@ -247,7 +269,12 @@ def main(argv: list[str]) -> None:
         serve(int(rest[0]), rest[1])
     elif mode == "append":
         fill_path = rest[rest.index("--fill") + 1] if "--fill" in rest else None
-        say(json.dumps(append_once(rest[0], rest[1], fill_path)))
+        say(json.dumps(append_once(rest[0], rest[1], fill_path=fill_path,
+                                   wait="--wait" in rest)))
+    elif mode == "fill":
+        say(json.dumps(fill(rest[0])))
+    elif mode == "populate":
+        say(json.dumps(populate(rest[0], rest[1], int(rest[2]))))
     elif mode == "check":
         say(json.dumps(check(rest[0], rest[1])))
     elif mode == "hold":
