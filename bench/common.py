@@ -60,12 +60,12 @@ class Target:
     scenario: str
     target: str
     measured: str
-    met: bool
+    met: bool | None  # None: not measured in this run
     why: str = ""
 
     def row(self) -> list[str]:
-        return [self.scenario, self.target, self.measured,
-                "**met**" if self.met else "**missed**", self.why]
+        verdict = "not run" if self.met is None else "**met**" if self.met else "**missed**"
+        return [self.scenario, self.target, self.measured, verdict, self.why]
 
 
 @dataclass

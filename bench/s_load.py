@@ -1,0 +1,150 @@
+"""Scenario 2: load + verify long transcripts, `chatstate replay` to text, peak memory.
+
+One chain of ~500-byte messages is stored at each size in a json and a sqlite
+store (untimed). Every measurement is a fresh process: ``drv_load.py load``
+times ``store.load`` (parse + full hash-chain verify) and reports getrusage
+maxrss; ``chatstate replay ID`` runs as the CLI would, its wall time and peak
+RSS taken by the parent (wait4). Stores and sizes are interleaved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .common import (
+    BENCH,
+    PROJECT_PY,
+    WORK,
+    Section,
+    Target,
+    log,
+    median,
+    ms,
+    p99,
+    table,
+)
+
+
+def plan(quick: bool) -> dict[int, int]:
+    """size -> repetitions"""
+    return {1000: 3, 10_000: 3} if quick else {1000: 5, 10_000: 5, 100_000: 3}
+
+
+def _urls(work: Path) -> dict[str, str]:
+    return {"sqlite": f"sqlite://{work / 'load.db'}", "json": f"json://{work / 'json'}"}
+
+
+def _run_load(url: str, cid: str) -> dict[str, float]:
+    out = subprocess.run([str(PROJECT_PY), str(BENCH / "drv_load.py"), "load", url, cid],
+                         capture_output=True, text=True, check=True, cwd=WORK)
+    result: dict[str, float] = json.loads(out.stdout)
+    return result
+
+
+def _run_replay(url: str, cid: str, out_path: Path) -> tuple[float, int]:
+    """(wall seconds, peak RSS in KiB) of `chatstate replay cid`."""
+    exe = PROJECT_PY.with_name("chatstate")
+    env = {**os.environ, "CHATSTATE_STORE": url}
+    with open(out_path, "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([str(exe), "replay", cid], stdout=out,
+                                stderr=subprocess.DEVNULL, env=env, cwd=WORK)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"chatstate replay {cid} on {url} exited {proc.returncode}")
+    return elapsed, usage.ru_maxrss
+
+
+def run(quick: bool) -> Section:
+    reps = plan(quick)
+    work = WORK / "load"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    urls = _urls(work)
+    log(f"load: storing transcripts of {', '.join(f'{n:,}' for n in reps)} messages")
+    t0 = time.perf_counter()
+    prep = subprocess.run([str(PROJECT_PY), str(BENCH / "drv_load.py"), "prepare",
+                           *urls.values(), "--sizes", ",".join(map(str, reps))],
+                          capture_output=True, text=True, check=True, cwd=WORK)
+    prep_times = json.loads(prep.stdout)
+    log(f"load: stored in {time.perf_counter() - t0:.1f} s; measuring")
+    loads: dict[tuple[str, int], list[dict[str, float]]] = {}
+    replays: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    for rep in range(max(reps.values())):
+        kinds = list(urls) if rep % 2 == 0 else list(reversed(urls))
+        for n, count in reps.items():
+            if rep >= count:
+                continue
+            for kind in kinds:
+                loads.setdefault((kind, n), []).append(_run_load(urls[kind], f"load-{n}"))
+                replays.setdefault((kind, n), []).append(
+                    _run_replay(urls[kind], f"load-{n}", work / "replay.txt"))
+    return _report(reps, urls, loads, replays, prep_times)
+
+
+def _report(reps: dict[int, int], urls: dict[str, str],
+            loads: dict[tuple[str, int], list[dict[str, float]]],
+            replays: dict[tuple[str, int], list[tuple[float, int]]],
+            prep_times: dict[str, float]) -> Section:
+    rows = []
+    per_msg: dict[tuple[str, int], float] = {}
+    for kind in urls:
+        for n in reps:
+            runs = loads[(kind, n)]
+            secs = [r["seconds"] for r in runs]
+            peak = max(r["maxrss_after_kb"] for r in runs)
+            delta = median([r["maxrss_after_kb"] - r["maxrss_before_kb"] for r in runs])
+            per_msg[(kind, n)] = delta * 1024 / n
+            rtimes = [t for t, _ in replays[(kind, n)]]
+            rpeak = max(m for _, m in replays[(kind, n)])
+            rows.append([f"chatstate-{kind}", f"{n:,}", f"{ms(median(secs))} / {ms(p99(secs))}",
+                         f"{n / median(secs):,.0f}", f"{peak / 1024:.0f}",
+                         f"{delta / 1024:.0f} ({per_msg[(kind, n)]:,.0f} B/msg)",
+                         f"{ms(median(rtimes))} / {ms(p99(rtimes))}", f"{rpeak / 1024:.0f}",
+                         f"{prep_times[f'{urls[kind]} {n}']:.2f}", len(runs)])
+    body = "\n\n".join([
+        "`store.load(id)` in a fresh process per run (parses every message and verifies the "
+        "whole hash chain); median / p99 in ms. Peak RSS from getrusage maxrss; Δ is the "
+        "growth during the load over the process's baseline (interpreter + chatstate "
+        "imported + store open). `chatstate replay ID` (text to a file) is the whole CLI "
+        "process, start-up included; its peak RSS is taken by the parent with wait4. "
+        "\"store s\" is the one-off untimed preparation: create + one append of all n "
+        "messages.",
+        table(["store", "messages", "load + verify ms", "msgs/s", "peak RSS MiB",
+               "Δ RSS MiB", "replay ms", "replay peak MiB", "store s", "runs"], rows),
+    ])
+    return Section("2. Load + verify, replay", body, _targets(reps, loads, replays, per_msg))
+
+
+def _targets(reps: dict[int, int], loads: dict[tuple[str, int], list[dict[str, float]]],
+             replays: dict[tuple[str, int], list[tuple[float, int]]],
+             per_msg: dict[tuple[str, int], float]) -> list[Target]:
+    out = []
+    big = max(reps)
+    secs = median([r["seconds"] for r in loads[("sqlite", big)]])
+    if big >= 100_000:
+        out.append(Target("load", "sqlite load + verify 100,000 < 1.5 s", f"{secs:.2f} s",
+                          secs < 1.5, "" if secs < 1.5 else
+                          "per-row Python work: json.loads of each body, pydantic "
+                          "validation of each Message, sha256 per row (profile in "
+                          "bench/README.md)"))
+    else:
+        out.append(Target("load", "sqlite load + verify 100,000 < 1.5 s",
+                          f"--quick stops at {big:,}: {secs:.2f} s", None))
+    small = min(reps)
+    grow = per_msg[("sqlite", big)] / per_msg[("sqlite", small)]
+    rpeaks = {n: max(m for _, m in replays[("sqlite", n)]) for n in reps}
+    ok = grow <= 1.5
+    out.append(Target("load", "replay memory linear in the transcript",
+                      f"{per_msg[('sqlite', small)]:,.0f} → {per_msg[('sqlite', big)]:,.0f} "
+                      f"B/msg ({small:,} → {big:,}); replay peak "
+                      f"{rpeaks[small] / 1024:.0f} → {rpeaks[big] / 1024:.0f} MiB", ok,
+                      "" if ok else "memory per message grows with the transcript"))
+    return out
