@@ -243,6 +243,8 @@ def test_sigkill_mid_stream_leaves_a_partial_that_retry_completes(
     assert messages[2]["content"].startswith(partial) and messages[2]["content"] == done.out[:-1]
     assert len({m["turn_id"] for m in messages}) == 1
     assert verify_chain([Message.model_validate(m) for m in messages]) is None
+    nothing = invoke(["ask", "--id", "k", "--retry", "--model", "fake"], store=local_store_url)
+    assert nothing.code == 1 and "has no interrupted turn to retry" in nothing.err
 
 
 def test_reader_going_away_keeps_the_partial_and_says_how_to_retry(tmp_path: Path) -> None:

@@ -49,8 +49,12 @@ def valid_text(text: str, what: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raw = text[exc.start].encode("utf-8", "surrogateescape")
-        raise click.UsageError(f"{what} is not valid UTF-8 (byte 0x{raw.hex()} at character "
+        bad = text[exc.start]
+        try:  # an undecodable input byte, as Python smuggles it in (surrogateescape)
+            shown = f"byte 0x{bad.encode('utf-8', 'surrogateescape').hex()}"
+        except UnicodeEncodeError:
+            shown = f"lone surrogate U+{ord(bad):04X}"
+        raise click.UsageError(f"{what} is not valid UTF-8 ({shown} at character "
                                f"{exc.start}); nothing was stored") from exc
     return text
 
