@@ -1,10 +1,12 @@
-"""The threads of one run: each claims a record, runs it to the end, and claims the next.
+"""The threads of one run: request slots that call the model, writers that land replies.
 
-``concurrency`` threads each hold at most one record, so at most that many
-model requests are in flight. The first unexpected error (a full disk, a bad
-API key) stops every thread from claiming more; the run re-raises it after
-the records in flight have finished. Ctrl-C does the same, and a second
-Ctrl-C abandons the requests in flight (the next run recovers their rows).
+``concurrency`` request threads each claim a record, get its reply and hand it
+to a writer, then claim the next, so at most that many model requests are in
+flight and none waits for a disk's fsyncs. At most ``2 * concurrency`` replies
+wait for a writer (back-pressure on a slow disk). The first unexpected error
+(a full disk, a bad API key) stops every thread from claiming more; the run
+re-raises it once the records in flight have landed. Ctrl-C does the same, and
+a second Ctrl-C abandons them (the next run recovers their rows).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from ._record import Reply, call, counts_in_claim, land
 from .ledger import Ledger
 from .report import Progress
 from .workers import Worker
@@ -34,6 +38,8 @@ class Pool:
         self._errors: list[BaseException] = []
         self._owned = batch._adapter is None
         self._base = batch._adapter if batch._adapter is not None else self._make_adapter()
+        self._writers = ThreadPoolExecutor(batch.concurrency, thread_name_prefix="batch-write")
+        self._room = threading.BoundedSemaphore(2 * batch.concurrency)
 
     def _make_adapter(self) -> Any:
         from ..adapter import make_adapter
@@ -53,13 +59,18 @@ class Pool:
         for thread in threads:
             thread.start()
         try:
-            self._wait(threads, progress, interval, started)
-        except KeyboardInterrupt:
-            self.interrupted = True
-            self._stop.set()
-            self.batch.echo("interrupted: finishing the requests in flight (Ctrl-C again to "
-                            "abandon them)")
-            self._wait(threads, None, interval, started)
+            try:
+                self._wait(threads, progress, interval, started)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                self._stop.set()
+                self.batch.echo("interrupted: finishing the requests in flight (Ctrl-C again "
+                                "to abandon them)")
+                self._wait(threads, None, interval, started)
+        finally:
+            self._writers.shutdown(wait=True)  # every reply lands before rows are released
+        if progress is not None:
+            progress(self.snapshot(started))
         if self._errors:
             raise self._errors[0]
 
@@ -71,8 +82,6 @@ class Pool:
                 thread.join(timeout=max(deadline - time.monotonic(), 0.0))
             if progress is not None:
                 progress(self.snapshot(started))
-        if progress is not None:
-            progress(self.snapshot(started))
 
     def snapshot(self, started: float) -> Progress:
         return Progress(counts=self.ledger.counts(), done_now=self.tally["done"],
@@ -96,18 +105,36 @@ class Pool:
         with self._lock:
             self.tally["attempts"] += 1
 
+    def _failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._errors.append(exc)
+        self._stop.set()
+
     def _loop(self) -> None:
+        count = counts_in_claim(self.batch)
         try:
             while not self._stop.is_set() and self._take():
-                claim = self.ledger.claim(self.worker.id, self.batch.max_attempts)
+                claim = self.ledger.claim(self.worker.id, self.batch.max_attempts, count=count)
                 if claim is None:
                     self._give_back()
                     return
-                outcome = self.batch._process(self.ledger, self.worker, claim, self._base,
-                                              self._counted)
-                with self._lock:
-                    self.tally[outcome] += 1
+                result = call(self.batch, self.ledger, self.worker, claim, self._base,
+                              self._counted)
+                if isinstance(result, str):
+                    with self._lock:
+                        self.tally[result] += 1
+                    continue
+                self._room.acquire()
+                self._writers.submit(self._land, result)
         except BaseException as exc:
+            self._failed(exc)
+
+    def _land(self, reply: Reply) -> None:
+        try:
+            outcome = land(self.batch, self.ledger, self.worker, reply)
             with self._lock:
-                self._errors.append(exc)
-            self._stop.set()
+                self.tally[outcome] += 1
+        except BaseException as exc:
+            self._failed(exc)
+        finally:
+            self._room.release()

@@ -28,9 +28,11 @@ class OutOfAttempts(ChatstateError):
 class CountingAdapter:
     """A ModelAdapter for one record: ``count()`` runs right before every request."""
 
-    def __init__(self, base: ModelAdapter, remaining: int, count: Callable[[], None]) -> None:
+    def __init__(self, base: ModelAdapter, remaining: int, count: Callable[[], None], *,
+                 first_counted: bool = False) -> None:
         self.model = base.model
         self._count = count
+        self._first_counted = first_counted  # the claim already counted the first request
         self._inner: ModelAdapter = base
         if isinstance(base, RetryingAdapter):
             def sleep(seconds: float) -> None:
@@ -43,13 +45,19 @@ class CountingAdapter:
 
     def complete(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> Completion:
-        self._count()
+        self._before_request()
         return self._inner.complete(messages, model=model, params=params)
 
     def stream(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
                params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
-        self._count()
+        self._before_request()
         return self._inner.stream(messages, model=model, params=params)
+
+    def _before_request(self) -> None:
+        if self._first_counted:
+            self._first_counted = False
+        else:
+            self._count()
 
 
 class SerialisedStore:

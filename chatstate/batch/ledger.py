@@ -173,14 +173,21 @@ class Ledger:
                 added += 1
         return added, changed
 
-    def claim(self, worker_id: str, max_attempts: int) -> Claim | None:
-        """Take the oldest pending record with attempts left, or None. One atomic statement."""
+    def claim(self, worker_id: str, max_attempts: int, *, count: bool = False) -> Claim | None:
+        """Take the oldest pending record with attempts left, or None. One atomic statement.
+
+        With ``count``, the claim also counts the first attempt: for a caller that
+        sends its request right away (nothing to persist in between).
+        ``Claim.attempts`` is the number used *before* this claim either way.
+        """
+        n = 1 if count else 0
         row = self._exec(
-            "UPDATE records SET status='running', worker=?, writing_sha256=NULL, updated_at=? "
+            "UPDATE records SET status='running', worker=?, attempts=attempts+?, "
+            "writing_sha256=NULL, updated_at=? "
             "WHERE rowid=(SELECT rowid FROM records WHERE status='pending' AND attempts<? "
             "ORDER BY rowid LIMIT 1) AND status='pending' "
-            "RETURNING id, text, attempts, output_path",
-            (worker_id, now_iso(), max_attempts)).fetchone()
+            "RETURNING id, text, attempts-?, output_path",
+            (worker_id, n, now_iso(), max_attempts, n)).fetchone()
         return None if row is None else Claim(row[0], row[1], row[2], row[3])
 
     def count_attempt(self, rid: str, worker_id: str, max_attempts: int) -> bool:

@@ -18,13 +18,12 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ChatstateError, ModelError
+from ..errors import ChatstateError
 from ..stores._files import ensure_dir
 from . import outputs
-from ._work import CountingAdapter, OutOfAttempts, SerialisedStore, ask, ask_with_transcript
-from ._work import conversation_id as make_cid
-from .inputs import InputError, Record, fill, read_records, records_from
-from .ledger import Claim, Ledger
+from ._work import SerialisedStore
+from .inputs import InputError, Record, read_records, records_from
+from .ledger import Ledger
 from .recovery import Recovery, recover, verify
 from .report import Progress, Summary
 from .workers import Worker
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 
 LEDGER_NAME = ".chatstate-batch.db"
 DEFAULT_MAX_ATTEMPTS = 3
-FATAL_STATUS = frozenset({401, 403, 404})  # would fail every record the same way: stop the run
 Source = str | os.PathLike[str] | Iterable[Record | Mapping[str, Any] | str]
 
 
@@ -241,42 +239,3 @@ class Batch:
                        failed_now=pool.tally["failed"], attempts=pool.tally["attempts"],
                        adopted=len(found.adopted), elapsed=time.monotonic() - started,
                        interrupted=pool.interrupted, failures=self.failures())
-
-    # -- one record (called by the pool's threads) ---------------------------------
-    def _process(self, ledger: Ledger, worker: Worker, claim: Claim, base: Any,
-                 count_request: Callable[[], None]) -> str:
-        """Run one claimed record to ``done``/``failed``/``pending``; returns the outcome."""
-        max_attempts = self.max_attempts
-
-        def count() -> None:
-            if not ledger.count_attempt(claim.id, worker.id, max_attempts):
-                raise OutOfAttempts(f"record {claim.id!r} has no attempts left")
-            count_request()
-
-        adapter = CountingAdapter(base, max_attempts - claim.attempts, count)
-        prompt = fill(self.prompt, claim.id, claim.text)
-        cid = None
-        try:
-            if self._store is None:
-                text = ask(adapter, prompt, system=self.system, params=self.params)
-            else:
-                cid = make_cid(str(ledger.meta("batch_id")), claim.id)
-                text = ask_with_transcript(self._store, cid, adapter, prompt,
-                                           system=self.system, title=f"batch {claim.id}"[:120],
-                                           params=self.params)
-        except (ModelError, OutOfAttempts) as exc:
-            fatal = isinstance(exc, ModelError) and exc.status in FATAL_STATUS
-            final = isinstance(exc, ModelError) and not exc.retryable and not fatal
-            status = ledger.fail(claim.id, worker.id, str(exc), final=final,
-                                 max_attempts=max_attempts)
-            if fatal:
-                raise
-            return status or "lost"
-        data = text.encode("utf-8", "surrogatepass")
-        sha = outputs.sha256_hex(data)
-        if not ledger.set_writing(claim.id, worker.id, sha):
-            return "lost"
-        moved = outputs.write_output(self.out, claim.output_path, data)
-        if moved:
-            self.echo(f"moved {claim.output_path} (not written by this batch) to {moved}")
-        return "done" if ledger.finish(claim.id, worker.id, sha, cid) else "lost"
