@@ -1,12 +1,13 @@
 """``Batch``: one prompt over many records, one output file each, resumable after kill -9.
 
-The order of every record's life is fixed: claim (one conditional UPDATE) ->
-count the attempt (committed right before the request) -> call the model ->
-record the output's hash as "being written" -> atomic write (temp, fsync,
-rename, fsync dir) -> ``done`` with the hash (one statement). A kill at any
-point leaves a state that ``recover`` (which every run starts with) can finish:
-see ``recovery``. ``concurrency`` threads each hold at most one record, so at
-most that many requests are in flight.
+The order of every record's life is fixed: claim (one conditional UPDATE,
+which also counts the first attempt when the request follows at once) ->
+[with transcripts: persist the user turn, then count the attempt] -> call the
+model (each retry counted before it is sent) -> record the output's hash as
+"being written" -> atomic write (temp, fsync, rename, fsync dir) -> ``done``
+with the hash (one statement). A kill at any point leaves a state that
+``recover`` (which every run starts with) can finish: see ``recovery``. The
+threads are in ``_pool``; one record's steps in ``_record``.
 """
 
 from __future__ import annotations
