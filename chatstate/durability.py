@@ -118,7 +118,7 @@ def mount_for(path: str, mounts: list[Mount]) -> Mount | None:
 
 def existing_ancestor(path: Path) -> Path:
     p = path
-    while not p.exists() and p != p.parent:
+    while not os.path.exists(p) and p != p.parent:  # False, not an error, on EACCES
         p = p.parent
     return p
 
@@ -206,8 +206,8 @@ def inspect(path: str | os.PathLike[str], *, probe: bool = True) -> Report:
         rep.reasons.append("Running in a container (" + "; ".join(rep.container_hints) + "); "
                            "this path is on a mounted volume, not the image layer.")
     if probe:
-        probe_dir = target if target.is_dir() else target.parent
-        rep.probe = (write_probe(probe_dir) if probe_dir.is_dir()
+        probe_dir = target if os.path.isdir(target) else target.parent
+        rep.probe = (write_probe(probe_dir) if os.path.isdir(probe_dir)
                      else "skipped: the directory does not exist yet")
     if ephemeral:
         rep.verdict = "ephemeral"

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import ChatstateError, EphemeralStoreError
+from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
 from .base import CheckReport, Location, Store
 
 __all__ = ["CheckReport", "Location", "Store", "default_store_url", "guard", "open_store",
@@ -106,5 +106,11 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Any:
     store.guard_report = report
     record = dict(host_identity(), opened_at=datetime.now(timezone.utc).isoformat(),
                   pid=os.getpid(), verdict=report.verdict)
-    store.record_open(record)
+    if getattr(store, "read_only_reason", None):
+        return store  # opened read-only (full or read-only disk): recovery says why
+    try:
+        store.record_open(record)
+    except StoreUnavailable as exc:  # a read-only or full disk must not hide what is stored
+        store.recovery.append(f"could not record this open ({exc}); reads work, writes will "
+                              "fail until that is fixed")
     return store

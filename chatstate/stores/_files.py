@@ -43,10 +43,10 @@ def ensure_dir(path: Path) -> None:
     """Create ``path`` and any missing parents, each 0700 whatever the umask."""
     missing = []
     probe = path
-    while not probe.is_dir() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
     try:
+        while not probe.is_dir() and probe != probe.parent:  # EACCES raises: a clear error
+            missing.append(probe)
+            probe = probe.parent
         for directory in reversed(missing):  # mkdir(parents=True) would make parents 0777 & ~umask
             directory.mkdir(mode=0o700, exist_ok=True)
             os.chmod(directory, 0o700)

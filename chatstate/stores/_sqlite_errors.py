@@ -12,6 +12,8 @@ from ..errors import CorruptTranscriptError, StoreUnavailable
 from ._files import os_error
 
 _ADVICE = {
+    "SQLITE_IOERR_SHMSIZE": "no room for SQLite's shared-memory file (-shm): the disk is "
+                            "probably full; free space and retry",
     "SQLITE_FULL": "the disk (or the database's size limit) is full: free space and retry",
     "SQLITE_IOERR": "an I/O error from the device: check the disk (dmesg) before retrying",
     "SQLITE_READONLY": "the database is read-only: check the file's permissions and mount",

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import ChatstateError, ConflictError, ConversationNotFound, CorruptTranscriptError
+from ..errors import (
+    ChatstateError,
+    ConflictError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+    StoreUnavailable,
+)
 from ..transcript import Conversation, ConversationSummary, Message, now_iso, validate_id
 from . import _jsondoc as doc
 from ._files import (
@@ -76,14 +82,18 @@ class JsonStore:
         for sub in (self.root, self.root / ".partials", self.root / ".locks",
                     self.root / ".chatstate"):
             ensure_dir(sub)
-        for directory in (self.root, self.root / ".partials"):
-            for tmp in sorted(directory.glob(f".*{TMP_MARK}*")):
-                self._remove_stray(tmp)
-        for partial in sorted((self.root / ".partials").glob("*.json")):
-            try:
-                self._reconcile_partial(partial.name[:-5])
-            except CorruptTranscriptError as exc:  # reported, left alone, not fatal to the store
-                self.recovery.append(f"could not reconcile: {exc}")
+        try:
+            for directory in (self.root, self.root / ".partials"):
+                for tmp in sorted(directory.glob(f".*{TMP_MARK}*")):
+                    self._remove_stray(tmp)
+            for partial in sorted((self.root / ".partials").glob("*.json")):
+                try:
+                    self._reconcile_partial(partial.name[:-5])
+                except CorruptTranscriptError as exc:  # reported, left alone, not fatal
+                    self.recovery.append(f"could not reconcile: {exc}")
+        except StoreUnavailable as exc:
+            # A read-only or full disk: what is stored must still be readable.
+            self.recovery.append(f"recovery skipped, the store cannot be written: {exc}")
 
     def _remove_stray(self, tmp: Path) -> None:
         target = temp_target(tmp.name)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from ..errors import (
     ChatstateError,
@@ -28,6 +29,7 @@ from ..errors import (
     ConversationNotFound,
     CorruptTranscriptError,
     SchemaVersionError,
+    StoreUnavailable,
 )
 from ..transcript import (
     Conversation,
@@ -55,6 +57,8 @@ class SqliteStore:
         self.recovery: list[str] = []
         self.journal_mode = "wal"
         self._db: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+        self.read_only_reason: str | None = None
         self._fts = False
 
     @classmethod
@@ -78,17 +82,39 @@ class SqliteStore:
             if not self.path.exists():  # create it 0600 before SQLite does, whatever the umask
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         network = inspect(self.path, probe=False).network_fs
+        try:
+            self._db = self._connect(network, read_only=False)
+        except StoreUnavailable as exc:
+            # A full disk or a read-only mount: what is stored must still be readable.
+            self._db = self._open_read_only(exc)
+
+    def _connect(self, network: bool, *, read_only: bool) -> sqlite3.Connection:
+        target = (f"file:{quote(str(self.path))}?mode=ro&immutable=1" if read_only
+                  else str(self.path))
         with translate(self.path, "open"):
-            db = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000,
+            db = sqlite3.connect(target, timeout=self.busy_timeout_ms / 1000, uri=read_only,
                                  isolation_level=None, check_same_thread=False)
         try:
-            self._configure(db, network)
+            self._configure(db, network, read_only=read_only)
         except BaseException:
             db.close()
             raise
-        self._db = db
+        return db
 
-    def _configure(self, db: sqlite3.Connection, network: bool) -> None:
+    def _open_read_only(self, cause: StoreUnavailable) -> sqlite3.Connection:
+        """Open without writing anything (no -shm, no migration) when writing is impossible.
+
+        Only safe when no write-ahead log holds committed data that the main file lacks.
+        """
+        wal = self.path.with_name(self.path.name + "-wal")
+        if (wal.exists() and wal.stat().st_size > 0) or self.path.stat().st_size == 0:
+            raise cause
+        db = self._connect(False, read_only=True)
+        self.read_only_reason = str(cause)
+        self.recovery.append(f"opened read-only, writes will fail: {cause}")
+        return db
+
+    def _configure(self, db: sqlite3.Connection, network: bool, *, read_only: bool) -> None:
         with translate(self.path, "read"):
             app_id = db.execute("PRAGMA application_id").fetchone()[0]
             tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
@@ -97,13 +123,20 @@ class SqliteStore:
                 f"{self.path}: a SQLite database that is not a chatstate store (application_id "
                 f"{app_id:#x}, {tables} schema objects); it was not changed. Point the store "
                 "at another file.", where=str(self.path))
+        if read_only:
+            with translate(self.path, "read"):
+                self._check_version(db.execute("PRAGMA user_version").fetchone()[0])
+                self._fts = bool(db.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
+            return
         with translate(self.path, "configure"):
             # only now that the file is known to be ours (a foreign file keeps its mode);
             # -wal and -shm copy the database file's mode when SQLite creates them
             for path in (self.path, *(self.path.with_name(self.path.name + suffix)
                                       for suffix in ("-wal", "-shm"))):
                 with suppress(FileNotFoundError):
-                    os.chmod(path, 0o600)
+                    if os.stat(path).st_mode & 0o777 != 0o600:
+                        os.chmod(path, 0o600)
             db.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
             if network:
                 db.execute("PRAGMA journal_mode=DELETE")
@@ -115,19 +148,23 @@ class SqliteStore:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
-            self._migrate(db)
+            if db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
+                self._migrate(db)  # an up-to-date store opens without a write
             self._fts = bool(db.execute(
                 "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
+
+    def _check_version(self, version: int) -> None:
+        if version > len(MIGRATIONS):
+            raise SchemaVersionError(
+                f"{self.path}: schema version {version} is newer than this chatstate knows "
+                f"({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
+                where=str(self.path))
 
     def _migrate(self, db: sqlite3.Connection) -> None:
         db.execute("BEGIN IMMEDIATE")
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > len(MIGRATIONS):
-                raise SchemaVersionError(
-                    f"{self.path}: schema version {version} is newer than this chatstate knows "
-                    f"({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
-                    where=str(self.path))
+            self._check_version(version)
             for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
                 migration(db)
                 db.execute(f"PRAGMA user_version={number}")
@@ -152,8 +189,11 @@ class SqliteStore:
     @contextmanager
     def _tx(self, action: str) -> Iterator[sqlite3.Connection]:
         """One write transaction; COMMIT returns only when durable (synchronous=FULL)."""
-        db = self.db
-        with translate(self.path, action):
+        if self.read_only_reason:
+            raise StoreUnavailable(f"could not {action} {self.path}: the store was opened "
+                                   f"read-only because {self.read_only_reason}")
+        with self._lock, translate(self.path, action):
+            db = self.db
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -164,6 +204,12 @@ class SqliteStore:
                     with suppress(sqlite3.Error):
                         db.execute("ROLLBACK")
                 raise
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The one connection, for a read (it is shared by threads, so one at a time)."""
+        with self._lock, translate(self.path, "read"):
+            yield self.db
 
     # -- reads -----------------------------------------------------------------------
     def _header(self, db: sqlite3.Connection, cid: str) -> tuple[Any, ...]:
@@ -176,8 +222,7 @@ class SqliteStore:
     def load(self, conversation_id: str) -> Conversation:
         cid = conversation_id
         where = f"{self.path} conversation {cid!r}"
-        with translate(self.path, "read"):
-            db = self.db
+        with self._reading() as db:
             db.execute("BEGIN")  # one snapshot for header, messages and partial
             try:
                 head = self._header(db, cid)
@@ -206,8 +251,8 @@ class SqliteStore:
             metadata=json.loads(head[4]), messages=messages, partial=partial)
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
-        with translate(self.path, "read"):
-            rows = self.db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT id, title, created_at, updated_at, message_count FROM conversations "
                 "ORDER BY updated_at DESC LIMIT ?", (-1 if limit is None else limit,)).fetchall()
         return [ConversationSummary(id=r[0], title=r[1], created_at=r[2], updated_at=r[3],
@@ -215,14 +260,14 @@ class SqliteStore:
 
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
         """(conversation id, seq, content) of messages containing ``text``."""
-        with translate(self.path, "search"):
+        with self._reading() as db:
             if self._fts:
                 phrase = '"' + text.replace('"', '""') + '"'
-                rows = self.db.execute("SELECT conversation_id, seq, content FROM message_text "
+                rows = db.execute("SELECT conversation_id, seq, content FROM message_text "
                                        "WHERE message_text MATCH ? LIMIT ?",
                                        (phrase, limit)).fetchall()
             else:
-                rows = self.db.execute(
+                rows = db.execute(
                     "SELECT conversation_id, seq, json_extract(body, '$.content') FROM messages "
                     "WHERE instr(json_extract(body, '$.content'), ?) > 0 LIMIT ?",
                     (text, limit)).fetchall()
@@ -315,8 +360,8 @@ class SqliteStore:
                        (json.dumps(record, sort_keys=True),))
 
     def opens(self) -> list[dict[str, Any]]:
-        with translate(self.path, "read"):
-            rows = self.db.execute("SELECT record FROM opens ORDER BY id").fetchall()
+        with self._reading() as db:
+            rows = db.execute("SELECT record FROM opens ORDER BY id").fetchall()
         return [json.loads(r[0]) for r in rows]
 
     def check(self) -> CheckReport:
@@ -326,7 +371,8 @@ class SqliteStore:
             with self._tx("write a probe to") as db:
                 db.execute("INSERT INTO probes (id, value) VALUES (?, ?)", (key, "ok"))
             report.steps.append(f"wrote and committed a probe row to {self.path}")
-            row = self.db.execute("SELECT value FROM probes WHERE id=?", (key,)).fetchone()
+            with self._reading() as db:
+                row = db.execute("SELECT value FROM probes WHERE id=?", (key,)).fetchone()
             if row is None or row[0] != "ok":
                 raise ChatstateError(f"{self.path}: the probe row did not read back")
             report.steps.append("read it back")
