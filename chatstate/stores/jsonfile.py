@@ -33,6 +33,7 @@ from ._files import (
     TMP_MARK,
     atomic_write,
     ensure_dir,
+    fsync_dir,
     locked,
     os_error,
     read_bytes,
@@ -248,6 +249,29 @@ class JsonStore:
                 raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
             remove_durably(self._partial(conversation_id))
             self._cache.pop(conversation_id, None)
+
+    def quarantine(self, conversation_id: str) -> str:
+        """Move a (damaged) conversation aside into DIR/.quarantine/; never deletes."""
+        cid = conversation_id
+        qdir = self.root / ".quarantine"
+        ensure_dir(qdir)
+        stamp = now_iso().replace(":", "")
+        with locked(self._lock(cid)):
+            moved = []
+            for src in (self._file(cid), self._partial(cid)):
+                if src.exists():
+                    dst = qdir / f"{src.parent.name}-{src.name}.{stamp}"
+                    try:
+                        os.rename(src, dst)
+                        fsync_dir(qdir)
+                        fsync_dir(src.parent)
+                    except OSError as exc:
+                        raise os_error(exc, "move to quarantine", src) from exc
+                    moved.append(dst)
+            if not moved:
+                raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+            self._cache.pop(cid, None)
+        return str(moved[0])
 
     # -- bookkeeping -----------------------------------------------------------------
     def record_open(self, record: dict[str, Any]) -> None:

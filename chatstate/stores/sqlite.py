@@ -353,6 +353,34 @@ class SqliteStore:
                            (conversation_id,))
             db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
 
+    def quarantine(self, conversation_id: str) -> str:
+        """Dump a (damaged) conversation's raw rows beside the database, then remove them.
+
+        The dump is written and fsynced before the rows are deleted; nothing is lost.
+        """
+        from ._files import atomic_write
+
+        cid = validate_id(conversation_id)
+        qdir = self.path.parent / ".quarantine"
+        ensure_dir(qdir)
+        target = qdir / f"{self.path.name}-{cid}.{now_iso().replace(':', '')}.json"
+        with self._tx("quarantine a conversation in") as db:
+            head = db.execute("SELECT * FROM conversations WHERE id=?", (cid,)).fetchone()
+            if head is None:
+                raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+            rows = db.execute("SELECT seq, body, hash FROM messages WHERE conversation_id=? "
+                              "ORDER BY seq", (cid,)).fetchall()
+            partial = db.execute("SELECT seq, body FROM partials WHERE conversation_id=?",
+                                 (cid,)).fetchone()
+            dump = {"database": str(self.path), "conversation": list(head),
+                    "messages": [list(r) for r in rows],
+                    "partial": list(partial) if partial else None}
+            atomic_write(target, json.dumps(dump, ensure_ascii=False, indent=1).encode())
+            if self._fts:
+                db.execute("DELETE FROM message_text WHERE conversation_id=?", (cid,))
+            db.execute("DELETE FROM conversations WHERE id=?", (cid,))
+        return str(target)
+
     # -- bookkeeping -----------------------------------------------------------------
     def record_open(self, record: dict[str, Any]) -> None:
         with self._tx("record this open in") as db:
