@@ -147,13 +147,7 @@ def test_model_failure_then_retry(url: str, fake: FakeModel) -> None:
     assert roles(conv) == [("user", "complete"), ("assistant", "complete")]
 
 
-SQLITE_NOT_THREAD_SAFE = pytest.mark.xfail(
-    reason="SqliteStore shares one sqlite3 connection across AsyncChat's worker threads: "
-           "concurrent turns fail with 'cannot start a transaction within a transaction' "
-           "(reported; fix belongs in chatstate/stores/sqlite.py)", strict=False)
-
-
-@pytest.mark.parametrize("kind", ["json", pytest.param("sqlite", marks=SQLITE_NOT_THREAD_SAFE)])
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_concurrent_conversations_on_one_store(tmp_path: Any, fake: FakeModel,
                                                kind: str) -> None:
     """asyncio's point: several conversations at once, over one opened store."""

@@ -16,20 +16,16 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
 
 from ..errors import (
     ChatstateError,
     ConflictError,
     ConversationNotFound,
     CorruptTranscriptError,
-    SchemaVersionError,
-    StoreUnavailable,
 )
 from ..transcript import (
     Conversation,
@@ -40,26 +36,17 @@ from ..transcript import (
     validate_id,
 )
 from ._files import ensure_dir
-from ._sqlite_errors import translate
-from ._sqlite_schema import APPLICATION_ID, MIGRATIONS
+from ._sqlite_conn import SqliteConnection
 from .base import CheckReport, Location, check_append
 
 
-class SqliteStore:
+class SqliteStore(SqliteConnection):
     """Conversations in one SQLite database file. See the module docstring."""
 
     partial_flush_interval = 0.0
-    busy_timeout_ms = 10_000
 
     def __init__(self, path: Path, url: str | None = None) -> None:
-        self.path = path
-        self.url = url or f"sqlite://{path}"
-        self.recovery: list[str] = []
-        self.journal_mode = "wal"
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.RLock()
-        self.read_only_reason: str | None = None
-        self._fts = False
+        super().__init__(path, url or f"sqlite://{path}")
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
@@ -72,144 +59,6 @@ class SqliteStore:
 
     def location(self) -> Location:
         return Location(url=self.url, path=str(self.path))
-
-    # -- lifecycle -------------------------------------------------------------------
-    def open(self) -> None:
-        from ..durability import inspect
-
-        ensure_dir(self.path.parent)
-        with translate(self.path, "create"):
-            if not self.path.exists():  # create it 0600 before SQLite does, whatever the umask
-                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        network = inspect(self.path, probe=False).network_fs
-        try:
-            self._db = self._connect(network, read_only=False)
-        except StoreUnavailable as exc:
-            # A full disk or a read-only mount: what is stored must still be readable.
-            self._db = self._open_read_only(exc)
-
-    def _connect(self, network: bool, *, read_only: bool) -> sqlite3.Connection:
-        target = (f"file:{quote(str(self.path))}?mode=ro&immutable=1" if read_only
-                  else str(self.path))
-        with translate(self.path, "open"):
-            db = sqlite3.connect(target, timeout=self.busy_timeout_ms / 1000, uri=read_only,
-                                 isolation_level=None, check_same_thread=False)
-        try:
-            self._configure(db, network, read_only=read_only)
-        except BaseException:
-            db.close()
-            raise
-        return db
-
-    def _open_read_only(self, cause: StoreUnavailable) -> sqlite3.Connection:
-        """Open without writing anything (no -shm, no migration) when writing is impossible.
-
-        Only safe when no write-ahead log holds committed data that the main file lacks.
-        """
-        wal = self.path.with_name(self.path.name + "-wal")
-        if (wal.exists() and wal.stat().st_size > 0) or self.path.stat().st_size == 0:
-            raise cause
-        db = self._connect(False, read_only=True)
-        self.read_only_reason = str(cause)
-        self.recovery.append(f"opened read-only, writes will fail: {cause}")
-        return db
-
-    def _configure(self, db: sqlite3.Connection, network: bool, *, read_only: bool) -> None:
-        with translate(self.path, "read"):
-            app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        if app_id != APPLICATION_ID and tables:
-            raise CorruptTranscriptError(
-                f"{self.path}: a SQLite database that is not a chatstate store (application_id "
-                f"{app_id:#x}, {tables} schema objects); it was not changed. Point the store "
-                "at another file.", where=str(self.path))
-        if read_only:
-            with translate(self.path, "read"):
-                self._check_version(db.execute("PRAGMA user_version").fetchone()[0])
-                self._fts = bool(db.execute(
-                    "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
-            return
-        with translate(self.path, "configure"):
-            # only now that the file is known to be ours (a foreign file keeps its mode);
-            # -wal and -shm copy the database file's mode when SQLite creates them
-            for path in (self.path, *(self.path.with_name(self.path.name + suffix)
-                                      for suffix in ("-wal", "-shm"))):
-                with suppress(FileNotFoundError):
-                    if os.stat(path).st_mode & 0o777 != 0o600:
-                        os.chmod(path, 0o600)
-            db.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
-            if network:
-                db.execute("PRAGMA journal_mode=DELETE")
-                db.execute("PRAGMA synchronous=EXTRA")
-                self.journal_mode = "delete"
-                self.recovery.append(f"{self.path} is on a network filesystem: WAL is unsafe "
-                                     "there, using a rollback journal with synchronous=EXTRA")
-            else:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA foreign_keys=ON")
-            if db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
-                self._migrate(db)  # an up-to-date store opens without a write
-            self._fts = bool(db.execute(
-                "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
-
-    def _check_version(self, version: int) -> None:
-        if version > len(MIGRATIONS):
-            raise SchemaVersionError(
-                f"{self.path}: schema version {version} is newer than this chatstate knows "
-                f"({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
-                where=str(self.path))
-
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            self._check_version(version)
-            for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
-                migration(db)
-                db.execute(f"PRAGMA user_version={number}")
-                if number == len(MIGRATIONS):
-                    db.execute(f"PRAGMA application_id={APPLICATION_ID}")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-
-    def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise ChatstateError(f"store {self.url} is not open: use chatstate.open_store()")
-        return self._db
-
-    @contextmanager
-    def _tx(self, action: str) -> Iterator[sqlite3.Connection]:
-        """One write transaction; COMMIT returns only when durable (synchronous=FULL)."""
-        if self.read_only_reason:
-            raise StoreUnavailable(f"could not {action} {self.path}: the store was opened "
-                                   f"read-only because {self.read_only_reason}")
-        with self._lock, translate(self.path, action):
-            db = self.db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    # the original error says more; SQLite rolls back on its own
-                    with suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
-                raise
-
-    @contextmanager
-    def _reading(self) -> Iterator[sqlite3.Connection]:
-        """The one connection, for a read (it is shared by threads, so one at a time)."""
-        with self._lock, translate(self.path, "read"):
-            yield self.db
 
     # -- reads -----------------------------------------------------------------------
     def _header(self, db: sqlite3.Connection, cid: str) -> tuple[Any, ...]:
