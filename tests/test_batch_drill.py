@@ -23,7 +23,7 @@ from chatstate.batch.outputs import TEMP_RE, output_name
 from chatstate.testing import FakeModel
 
 
-def wait_until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+def wait_until(cond: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -31,9 +31,25 @@ def wait_until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "") 
         time.sleep(0.002)
 
 
-def stopped(pid: int) -> bool:
+def holders(out: Path) -> set[str]:
+    """The workers holding running records right now."""
+    path = out / ".chatstate-batch.db"
+    if not path.exists():
+        return set()
+    return {r["worker"] for r in ledger_rows(path).values() if r["status"] == "running"}
+
+
+def state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def stopped(pid: int) -> bool:
+    return state(pid) in ("T", "t")
+
+
+def zombie(pid: int) -> bool:
+    return state(pid) == "Z"
 
 
 def kill_mid_write(proc: subprocess.Popen[str], out: Path) -> str | None:
@@ -106,15 +122,18 @@ def test_two_runners_on_one_ledger_never_call_a_record_twice(tmp_path: Path) -> 
     source, out = tmp_path / "in.jsonl", tmp_path / "out"
     ids = write_jsonl(source, 60)
     env = cli_env(tmp_path)
-    with FakeModel(latency=0.1) as fake:
+    # Slow until both runners hold records, however slowly the second one starts up.
+    with FakeModel(latency=1.0) as fake:
         args = run_args(source, out, fake.base_url, "-j", "4")
         first = spawn(args, env)
-        wait_until(lambda: len(fake.request_log) > 0, what="the first runner's requests")
+        wait_until(lambda: len(fake.request_log) > 0, 60, "the first runner's requests")
         # recovery while a runner is alive must leave its rows alone
         report = invoke(["batch", "recover", "--out", str(out)])
         assert report.code == 0 and re.search(r"left \d+ record\(s\) alone: held by worker",
                                               report.err), report.err
         second = spawn(args, env)
+        wait_until(lambda: len(holders(out)) == 2, 60, "both runners to hold records")
+        fake.configure(latency=0.05)
         results = [p.communicate(timeout=60) for p in (first, second)]
         log = fake.request_log
     assert first.returncode == 0 and second.returncode == 0, results
@@ -128,24 +147,32 @@ def test_two_runners_on_one_ledger_never_call_a_record_twice(tmp_path: Path) -> 
 
 
 def test_attempts_count_when_sent_across_kills(tmp_path: Path) -> None:
-    """Killed between attempts twice, a record that always fails still gets exactly 3 calls."""
+    """Killed between attempts twice, a record that always fails still gets exactly 3 calls.
+
+    The killed runners are left unreaped: a zombie still has its pid in /proc, and
+    must count as dead all the same.
+    """
     source, out = tmp_path / "in.jsonl", tmp_path / "out"
     write_jsonl(source, 0, extra={"bad": "FAIL-ME always"})
     env = cli_env(tmp_path, CHATSTATE_BACKOFF_BASE="0.6")  # kills land in the backoff sleep
     with FakeModel() as fake:
         fake.add_rule(contains="FAIL-ME", status=503)
         args = run_args(source, out, fake.base_url, "--max-attempts", "3")
+        killed = []
         for calls in (1, 2):
             proc = spawn(args, env)
             wait_until(lambda n=calls: len(fake.request_log) >= n, what=f"call {calls}")
-            proc.kill()
-            proc.communicate(timeout=30)
+            proc.kill()  # not reaped until the end: a zombie's pid is still in /proc
+            wait_until(lambda p=proc: zombie(p.pid), 10, "the killed runner to die")
+            killed.append(proc)
             if calls == 1:  # what a kill leaves is a violation until the next run recovers it
                 stuck = invoke(["batch", "verify", "--out", str(out)])
                 assert stuck.code == 1 and "record 'bad' is 'running' but its worker " in stuck.out
         final = spawn(args, env)
         _, final_err = final.communicate(timeout=60)
         log = fake.request_log
+        for proc in killed:
+            proc.communicate(timeout=10)
     assert final.returncode == 1, final_err
     assert len(calls_by_record(log)["bad"]) == 3
     row = ledger_rows(out / ".chatstate-batch.db")["bad"]

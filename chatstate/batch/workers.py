@@ -21,7 +21,7 @@ Liveness = Literal["alive", "dead", "elsewhere"]
 
 
 def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc), or None if unknown/gone."""
+    """The process's start time in clock ticks since boot (/proc), or None if gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read().decode("ascii", "replace")
@@ -29,6 +29,8 @@ def start_ticks(pid: int) -> int | None:
         return None
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
     fields = stat[stat.rfind(")") + 2:].split()
+    if not fields or fields[0] in ("Z", "X"):  # killed, not yet reaped by its parent: dead
+        return None
     try:
         return int(fields[19])  # field 22 of proc(5)
     except (IndexError, ValueError):
