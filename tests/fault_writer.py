@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -235,32 +236,55 @@ def hold(url: str, cid: str, turns: int, flags: list[str]) -> None:
 # -- chat: the concurrency worker --------------------------------------------------------
 
 def chat_worker(url: str, cid: str, base_url: str, turns: int, stream: bool) -> None:
+    """TURNS turns through Chat, as a careful caller does it on a shared conversation.
+
+    Chat cannot tell a live writer's unfinished turn from a dead one's, so before
+    each turn this caller reloads and waits while another writer's turn is open
+    (an unfinished turn of its own it retries). A ConflictError means it lost the
+    race to append: it backs off, reloads and tries again.
+    """
     adapter = make_adapter(base_url=base_url, api_key="worker-key", model="fake-model",
                            max_retries=0)
     say("ready")
     if sys.stdin.readline().strip() != "go":
         return
     chat = Chat(url, conversation_id=cid, adapter=adapter)
-    done = 0
-    while done < turns:
+    me = f"pid {os.getpid()} "
+    done = waits = 0
+    deadline = time.monotonic() + 90
+    while done < turns and time.monotonic() < deadline:
         text = f"pid {os.getpid()} turn {done}"
         try:
-            if stream:
-                for _ in chat.stream(text):
-                    pass
+            turn = chat.interrupted
+            own = turn is not None and turn.user_message is not None and \
+                turn.user_message.content.startswith(me)
+            if turn is not None and not own:
+                waits += 1
+                time.sleep(random.uniform(0.005, 0.03))
+                chat.reload()
+                continue
+            if turn is not None:
+                chat.retry()
+            elif stream:
+                consume(chat.stream(text))
             else:
                 chat.send(text)
         except ConflictError as exc:
             say(json.dumps({"conflict": str(exc)}))
+            time.sleep(random.uniform(0.005, 0.03))  # back off, or the losers just spin
             chat.reload()
-            time.sleep(0.005)
             continue
         reply = chat.messages[-1]
         user = next(m for m in chat.messages if m.turn_id == reply.turn_id and m.role == "user")
         say(json.dumps({"turn": reply.turn_id, "user": [user.seq, user.hash],
-                        "reply": [reply.seq, reply.hash], "text": text}))
+                        "reply": [reply.seq, reply.hash], "text": user.content}))
         done += 1
-    say(json.dumps({"done": turns}))
+    say(json.dumps({"done": done, "waits": waits}))
+
+
+def consume(deltas: Any) -> None:
+    for _ in deltas:
+        pass
 
 
 def main(argv: list[str]) -> None:
