@@ -144,6 +144,7 @@ def test_an_extra_file_fails_verify_until_recover_quarantines_it(tmp_path: Path,
     assert (out / "stray.txt").exists()  # reporting moves nothing
     moved = invoke(["batch", "recover", "--out", str(out), "--quarantine"])
     assert "quarantined stray.txt -> .quarantine/stray.txt" in moved.err
+    assert "belong to no done record" not in moved.err
     assert (out / ".quarantine" / "sub" / "also.txt").read_text() == "nor this"
     assert invoke(["batch", "verify", "--out", str(out)]).code == 0
 

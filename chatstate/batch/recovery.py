@@ -60,7 +60,7 @@ class Recovery:
                        f"{_few(self.temps)}")
         for src, dest in self.quarantined:
             out.append(f"quarantined {src} -> {dest}")
-        if self.extras:
+        if self.extras and not self.quarantined:
             out.append(f"{len(self.extras)} file(s) in the output directory belong to no done "
                        f"record: {_few(self.extras)}; `chatstate batch recover --quarantine` "
                        "moves them to .quarantine/")
