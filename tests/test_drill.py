@@ -154,14 +154,18 @@ def test_drill_detects_a_store_that_loses_acknowledged_messages(
     assert any("acknowledged seq" in p and "missing" in p for p in doc["problems"]), doc
 
 
-def test_drill_all_runs_json_and_sqlite_in_a_scratch_dir_it_removes(tmp_path: Path) -> None:
+def test_drill_all_runs_every_store_in_a_scratch_dir_it_removes(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """json and sqlite next to the configured store; s3 too when CHATSTATE_DRILL_S3 names one."""
     base = tmp_path / "base"
+    s3 = "" if S3_SKIP else new_bucket_url(request.getfixturevalue("moto_endpoint"))
     result = invoke(["--store", f"json://{base}/store", "drill", "--all", "--trials", "3",
-                     "--seed", "4", "--json"], env={"CHATSTATE_DRILL_S3": ""})
+                     "--seed", "4", "--json"], env={"CHATSTATE_DRILL_S3": s3})
     assert result.code == 0, (result.out, result.err)
     doc = result.json()
     assert doc["ok"] is True
-    assert [d["store"].split("://")[0] for d in doc["stores"]] == ["json", "sqlite"]
+    kinds = [d["store"].split("://")[0] for d in doc["stores"]]
+    assert kinds == ["json", "sqlite"] + (["s3"] if s3 else [])
     assert all(d["trials"] == 3 and d["problems"] == [] for d in doc["stores"])
     assert list(base.iterdir()) == []  # the drill dir is gone
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -65,6 +67,7 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     else:
         urls = [configured]
     results: list[Any] = []
+    previous = _term_interrupts()
     try:
         for url in urls:
             _guard(env, url)
@@ -73,11 +76,25 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
                                 max_seconds=max(left, 1.0))
             results.append(run_drill(url, opts, progress=_progress(trials)))
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     _print(results, as_json, all_stores)
     if not all(r.ok for r in results):
         raise click.exceptions.Exit(1)
+
+
+def _term_interrupts() -> Any:
+    """Let SIGTERM (a CI timeout, a service stop) clean up like Ctrl-C: kill the writer,
+    delete the drill's conversations. Returns the previous handler (None if not main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _scratch_dir(directory: str | None, configured: str) -> Path:

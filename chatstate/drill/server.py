@@ -39,6 +39,7 @@ class WriterServer:
         self._buffer = b""
         self._lines: collections.deque[list[Any]] = collections.deque()
         self._stderr: collections.deque[str] = collections.deque(maxlen=40)
+        self.current: int | None = None  # the writer not yet reaped
         threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
         first = self.next(time.monotonic() + start_timeout)
         if first != ["ready"]:
@@ -79,7 +80,8 @@ class WriterServer:
         if event is None or event[0] != "pid":
             raise ChatstateError(f"the drill's writer did not start: {event!r}; "
                                  f"{self.stderr_tail()}")
-        return int(event[1])
+        self.current = int(event[1])
+        return self.current
 
     def until_reaped(self, pid: int, deadline: float) -> tuple[list[list[Any]], int]:
         """Every remaining event of writer ``pid`` and its wait status."""
@@ -91,10 +93,16 @@ class WriterServer:
                 deadline = time.monotonic() + 30
                 continue
             if event[0] == "reaped" and event[1] == pid:
+                self.current = None
                 return events, int(event[2])
             events.append(event)
 
     def close(self) -> None:
+        """Kill a writer still running (an interrupted drill), then stop the server."""
+        if self.current is not None and self.proc.poll() is None:
+            kill(self.current)  # the server is waiting for it: reap before closing stdin
+            with contextlib.suppress(ChatstateError):
+                self.until_reaped(self.current, time.monotonic() + 10)
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
             try:
