@@ -10,7 +10,6 @@ absent when the writer dies:
                                   message now acknowledged: [seq, hash, turn_id, role]
     ["b", CID, KIND]              a turn begins ("stream" or "plain"); nothing of it written
     ["call", CID]                 the model request starts
-    ["t", CID, TURN_ID]           the turn's id, once its user message is stored
     ["d", CID, TURN_ID, TEXT]     text rendered, printed only after Chat yielded it
     ["e", CID, TURN_ID]           the turn is complete
     ["err", TEXT]                 the writer failed on its own

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ChatstateError, ConversationNotFound
 from ._common import ID_PREFIX, conversation_ids, reopen
 from .check import Checker, TrialLog
 from .leftovers import cleanup
@@ -52,10 +53,7 @@ def run_drill(url: str, options: DrillOptions | None = None, *,
 
     opts = options or DrillOptions()
     seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
-    rng = random.Random(seed)
-    run_id = secrets.token_hex(4)
-    prefix = f"{ID_PREFIX}{run_id}-"
-    ids = conversation_ids(prefix, opts.conversations)
+    run_id, ids = _fresh_ids(url, opts.conversations)
     result = DrillResult(store=url, seed=seed, requested=opts.trials, run_id=run_id)
     started = time.monotonic()
     chunk_delay = opts.chunk_delay if opts.chunk_delay is not None else _chunk_delay(url)
@@ -65,21 +63,10 @@ def run_drill(url: str, options: DrillOptions | None = None, *,
         adapter = make_adapter(fake.base_url)
         server: WriterServer | None = None
         try:
-            server = WriterServer(url, fake.base_url, prefix, opts.conversations,
+            server = WriterServer(url, fake.base_url, f"{ID_PREFIX}{run_id}-", len(ids),
                                   opts.trial_timeout + 30)
-            checker = Checker(url, ids, adapter)
-            kill_plans = plans(rng, latency, THINK_SECONDS)
-            for trial in range(opts.trials):
-                if time.monotonic() - started > opts.max_seconds:
-                    result.stopped_early = (f"the time cap of {opts.max_seconds:.0f}s was "
-                                            f"reached after {trial} trials")
-                    break
-                log = _trial(server, trial, rng.randrange(1 << 31), next(kill_plans), opts,
-                             result)
-                result.add(checker.check(log))
-                result.trials += 1
-                if progress is not None:
-                    progress(result)
+            _loop(server, Checker(url, ids, adapter), random.Random(seed), latency, opts,
+                  result, progress)
         finally:
             if server is not None:
                 server.close()
@@ -89,32 +76,39 @@ def run_drill(url: str, options: DrillOptions | None = None, *,
     return result
 
 
+def _loop(server: WriterServer, checker: Checker, rng: random.Random, latency: float,
+          opts: DrillOptions, result: DrillResult,
+          progress: Callable[[DrillResult], None] | None) -> None:
+    started = time.monotonic()
+    kill_plans = plans(rng, latency, THINK_SECONDS)
+    for trial in range(opts.trials):
+        if time.monotonic() - started > opts.max_seconds:
+            result.stopped_early = (f"the time cap of {opts.max_seconds:.0f}s was reached "
+                                    f"after {trial} trials")
+            return
+        log = _trial(server, trial, rng.randrange(1 << 31), next(kill_plans), opts, result)
+        result.add(checker.check(log))
+        result.trials += 1
+        if progress is not None:
+            progress(result)
+
+
 def _trial(server: WriterServer, trial: int, seed: int, plan: KillPlan, opts: DrillOptions,
            result: DrillResult) -> TrialLog:
+    """Fork a writer, kill it as planned, let it be reaped; count the phase it died in."""
     deadline = time.monotonic() + opts.trial_timeout
     pid = server.go(trial, seed, deadline)
-    tracker, events, hits = PhaseTracker(), [], 0
-    while True:
-        event = server.next(deadline)
-        if event is None:
-            result.problem(f"trial {trial}: the writer did not reach its kill point "
-                           f"({plan.trigger} #{plan.nth}) within {opts.trial_timeout:.0f}s")
-            break
-        tracker.apply(event)
-        events.append(event)
-        if event[0] == "err":
-            break
-        if plan.matches(event):
-            hits += 1
-            if hits == plan.nth:
-                spin(plan.delay)
-                break
+    tracker = PhaseTracker()
+    events = _until_kill_point(server, plan, tracker, deadline)
+    if events is None:
+        result.problem(f"trial {trial}: the writer did not reach its kill point "
+                       f"({plan.trigger} #{plan.nth}) within {opts.trial_timeout:.0f}s")
+        events = []
     kill(pid)
     rest, status = server.until_reaped(pid, time.monotonic() + 30)
     for event in rest:
         tracker.apply(event)
-    events += rest
-    log = TrialLog.parse(events)
+    log = TrialLog.parse(events + rest)
     if log.error is not None:
         result.problem(f"trial {trial}: the writer failed on its own: {log.error}")
     elif not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
@@ -123,6 +117,52 @@ def _trial(server: WriterServer, trial: int, seed: int, plan: KillPlan, opts: Dr
     if tracker.phase == "in_store_write":
         result.write_ops[tracker.op] += 1
     return log
+
+
+def _until_kill_point(server: WriterServer, plan: KillPlan, tracker: PhaseTracker,
+                      deadline: float) -> list[list[Any]] | None:
+    """Read events up to the plan's trigger (or an error), then wait its delay.
+
+    None when the deadline passed first.
+    """
+    events: list[list[Any]] = []
+    hits = 0
+    while True:
+        event = server.next(deadline)
+        if event is None:
+            return None
+        tracker.apply(event)
+        events.append(event)
+        if event[0] == "err":
+            return events
+        if plan.matches(event):
+            hits += 1
+            if hits == plan.nth:
+                spin(plan.delay)
+                return events
+
+
+def _fresh_ids(url: str, count: int) -> tuple[str, list[str]]:
+    """A run id whose conversation ids are all free in the store (never someone else's)."""
+    store = reopen(url)
+    try:
+        while True:
+            run_id = secrets.token_hex(4)
+            ids = conversation_ids(f"{ID_PREFIX}{run_id}-", count)
+            if not any(_exists(store, cid) for cid in ids):
+                return run_id, ids
+    finally:
+        store.close()
+
+
+def _exists(store: Any, cid: str) -> bool:
+    try:
+        store.load(cid)
+    except ConversationNotFound:
+        return False
+    except ChatstateError:
+        return True
+    return True
 
 
 def _chunk_delay(url: str) -> float:

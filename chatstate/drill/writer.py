@@ -120,13 +120,11 @@ def turn(chat: Chat, kind: str, text: str, rng: random.Random) -> None:
     time.sleep(rng.uniform(THINK_SECONDS, 2 * THINK_SECONDS))
     if kind == "plain":
         reply: Message = chat.send(text)
-        emit(["t", cid, reply.turn_id])
         emit(["d", cid, reply.turn_id, reply.content])
         emit(["e", cid, reply.turn_id])
         return
     deltas = chat.stream(text)
-    turn_id = chat.messages[-1].turn_id
-    emit(["t", cid, turn_id])
+    turn_id = chat.messages[-1].turn_id  # the user message is stored: stream() appended it
     for delta in deltas:
         emit(["d", cid, turn_id, delta])
     emit(["e", cid, turn_id])
