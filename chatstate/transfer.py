@@ -120,7 +120,7 @@ def _from_export(data: dict[str, Any], where: str) -> tuple[Conversation, list[M
         messages = [Message.model_validate(m) for m in data.get("messages", [])]
         if data.get("partial"):
             conv.partial = Message.model_validate(data["partial"])
-    except (KeyError, TypeError, ValidationError) as exc:
+    except (KeyError, TypeError, ValueError, ValidationError) as exc:  # a bad id: ValueError
         raise CorruptTranscriptError(f"{where}: not a valid chatstate export ({exc})",
                                      where=where) from exc
     bad = verify_chain(messages)
