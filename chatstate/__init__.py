@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "AsyncChat": "chatstate.asyncchat",
+    "Batch": "chatstate.batch",
     "ChatstateError": "chatstate.errors",
     "Chat": "chatstate.session",
     "Completion": "chatstate.adapter",
@@ -41,6 +42,7 @@ _EXPORTS = {
 
 __all__ = [
     "AsyncChat",
+    "Batch",
     "Chat",
     "ChatstateError",
     "Completion",
@@ -64,6 +66,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .adapter import Completion, ModelAdapter, make_adapter
     from .asyncchat import AsyncChat
+    from .batch import Batch
     from .errors import (
         ChatstateError,
         ConflictError,

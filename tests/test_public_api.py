@@ -12,6 +12,7 @@ import chatstate
 
 PUBLIC = [
     "AsyncChat",
+    "Batch",
     "Chat",
     "ChatstateError",
     "Completion",

@@ -66,6 +66,9 @@ class FakeHTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle on, each response waits
+    # ~40 ms for a delayed ACK, which would make the fake slower than any real server.
+    disable_nagle_algorithm = True
     server: FakeHTTPServer
 
     def setup(self) -> None:
