@@ -25,11 +25,13 @@ from .common import Env, describe_store, fail
 @click.option("--dir", "directory", metavar="DIR", type=click.Path(file_okay=False),
               help="With --all: where the drill's json/sqlite stores go (default: the "
                    "directory of the configured store). Removed afterwards.")
-@click.option("--s3", "s3_url", metavar="URL", envvar="CHATSTATE_DRILL_S3",
+@click.option("--s3", "s3_url", metavar="URL", envvar="CHATSTATE_DRILL_S3", show_envvar=True,
               help="With --all: an s3:// store URL to drill too.")
 @click.option("--trials", type=click.IntRange(1), default=50, show_default=True,
               help="Writers to kill, per store.")
-@click.option("--seed", type=int, default=None, help="Replay a run (printed in the report).")
+@click.option("--seed", type=int, default=None,
+              help="Seed the kill plans and the writers' choices (printed in the report); "
+                   "where each kill lands still depends on timing.")
 @click.option("--trial-timeout", type=click.FloatRange(1), default=20.0, show_default=True,
               help="Seconds a writer may take to reach its kill point.")
 @click.option("--max-seconds", type=click.FloatRange(1), default=900.0, show_default=True,

@@ -36,6 +36,10 @@ def stream_kind(index: int) -> str:
     return "plain" if index % 3 == 2 else "stream"
 
 
+def scheme_of(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else ""
+
+
 def reopen(url: str) -> Any:
     """A fresh store object, opened (which is recovery), without the guard or an open record.
 
@@ -45,8 +49,7 @@ def reopen(url: str) -> Any:
     """
     from ..stores import store_class
 
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    store = store_class(scheme).from_url(url)
+    store = store_class(scheme_of(url)).from_url(url)
     store.open()
     return store
 

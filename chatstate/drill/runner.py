@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ChatstateError, ConversationNotFound
-from ._common import ID_PREFIX, conversation_ids, reopen
+from ._common import ID_PREFIX, conversation_ids, reopen, scheme_of
 from .check import Checker, TrialLog
 from .leftovers import cleanup
 from .plan import KillPlan, PhaseTracker, plans, spin
@@ -168,8 +168,7 @@ def _exists(store: Any, cid: str) -> bool:
 def _chunk_delay(url: str) -> float:
     from ..stores import store_class
 
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    remote = store_class(scheme).from_url(url).location().path is None
+    remote = store_class(scheme_of(url)).from_url(url).location().path is None
     return 0.01 if remote else 0.001
 
 

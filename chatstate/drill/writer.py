@@ -35,7 +35,7 @@ from typing import Any
 from ..adapter import Completion, RetryingAdapter, RetryPolicy
 from ..session import Chat
 from ..transcript import Message
-from ._common import conversation_ids, emit, reopen, stream_kind
+from ._common import conversation_ids, emit, reopen, scheme_of, stream_kind
 
 THINK_SECONDS = 0.004
 """A writer pauses 4-8 ms before each turn, like a client between two messages: a window
@@ -131,6 +131,10 @@ def turn(chat: Chat, kind: str, text: str, rng: random.Random) -> None:
 
 
 def serve(url: str, base_url: str, prefix: str, count: int, timeout: int) -> None:
+    from .. import durability  # noqa: F401  (sqlite's open() inspects the filesystem)
+    from ..stores import store_class
+
+    store_class(scheme_of(url))  # import the store's module here, not in every writer
     warm = make_adapter(base_url)
     warm.complete([{"role": "user", "content": "warm up"}])  # load every lazy import
     for _ in warm.stream([{"role": "user", "content": "warm up"}]):
