@@ -42,15 +42,33 @@ COMMANDS = {
 }
 
 
-def assert_one_error(result: Result, *names: str, code: int = 1) -> str:
-    """Exit ``code`` with exactly one ``error:`` paragraph that contains every name."""
+def error_paragraph(result: Result, code: int = 1) -> str:
+    """Exit ``code``, no traceback, exactly one ``error:`` line; the text from it to the end."""
     assert result.code == code, (result.code, result.err)
     assert "Traceback" not in result.err and "unexpected" not in result.err, result.err
-    errors = [line for line in result.err.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.err
+    lines = result.err.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    assert len(starts) == 1, result.err
+    return "\n".join(lines[starts[0]:])
+
+
+BUG_PYDANTIC = ("bug: a message of the wrong type in a SQLite row or in an import file is "
+                "reported with pydantic's multi-line ValidationError (and its URL) inside the "
+                "error; the json store says the same in one line")
+
+
+def assert_one_error(result: Result, *names: str, code: int = 1) -> str:
+    """One ``error:`` paragraph, on one line, that contains every name.
+
+    Call it last: it xfails on a known bug, and nothing after it would run.
+    """
+    error = error_paragraph(result, code)
+    if "\n" in error and "errors.pydantic.dev" in error:
+        pytest.xfail(BUG_PYDANTIC)
+    assert "\n" not in error, f"the error runs over several lines:\n{error}"
     for name in names:
-        assert name in errors[0], f"{name!r} not in: {errors[0]}"
-    return errors[0]
+        assert name in error, f"{name!r} not in: {error}"
+    return error
 
 
 def assert_usage_or_error(result: Result, *names: str) -> None:
@@ -102,11 +120,11 @@ def test_damaged_json_transcript(damaged_json: tuple[str, Path, str], command: s
     url, path, word = damaged_json
     before = path.read_bytes()
     result = invoke(COMMANDS[command], store=url)
-    assert_one_error(result, str(path), word)
     assert path.read_bytes() == before, "the damaged file was written over"
     listed = invoke(["list", "--json"], store=url)
     assert listed.code == 0 and CID in [row["id"] for row in listed.json()], listed.err
     assert path.read_bytes() == before
+    assert_one_error(result, str(path), word)
 
 
 # -- damaged SQLite stores ------------------------------------------------------------------
@@ -150,6 +168,10 @@ def _truncate(path: Path) -> None:
     path.write_bytes(raw[:len(raw) // 2])
 
 
+BUG_SQLITE_UNDECODABLE = ("bug: a SQLite row that is not UTF-8 is reported as StoreUnavailable "
+                          "('check the disk and retry'), quoting the row, instead of "
+                          "CorruptTranscriptError naming the seq")
+
 SQLITE_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "not-a-database": (_overwrite(b"these are my notes, not a database\n" * 40), "not a"),
     "foreign-database": (_foreign, "not a chatstate store"),
@@ -161,7 +183,7 @@ SQLITE_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
                             "'\"seq\":\"one\"') WHERE seq=1"), "seq 1"),
     "undecodable-row": (_sql("UPDATE messages SET body=CAST(replace(CAST(body AS BLOB), "
                              "CAST('msg 1' AS BLOB), x'6d7367ff31') AS TEXT) WHERE seq=1"),
-                        ""),
+                        "seq 1"),
 }
 
 
@@ -191,11 +213,14 @@ def test_damaged_sqlite_store(damaged_sqlite: tuple[str, Path, str], command: st
     url, path, word = damaged_sqlite
     before = _state(path)
     result = invoke(COMMANDS.get(command, ["list"]), store=url)
+    assert _state(path) == before, "the damaged store was written over"
     if command == "list" and result.code == 0:  # the rows are damaged, not the index
         assert CID in result.out
-    else:
-        assert_one_error(result, str(path), word)
-    assert _state(path) == before, "the damaged store was written over"
+        return
+    error = error_paragraph(result)
+    if "check the disk" in error and "decode" in error:
+        pytest.xfail(BUG_SQLITE_UNDECODABLE)
+    assert_one_error(result, str(path), word)
 
 
 # -- hostile ids ----------------------------------------------------------------------------
@@ -312,11 +337,11 @@ def test_import_of_what_is_not_a_transcript(local_store_url: str, tmp_path: Path
     path.write_bytes(IMPORTS[case](tmp_path))
     before = path.read_bytes()
     result = invoke(["import", str(path)], store=local_store_url)
-    assert_one_error(result, str(path))
     assert path.read_bytes() == before
     listed = invoke(["list", "--json"], store=local_store_url)
     assert listed.code == 0 and listed.json() == [], "something was imported"
     assert not (tmp_path.parent / "outside.json").exists()
+    assert_one_error(result, str(path))
 
 
 def test_import_usage_errors(local_store_url: str, tmp_path: Path) -> None:
