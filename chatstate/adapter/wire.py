@@ -55,9 +55,13 @@ class WireBackend:
         with _translate(), self._client.stream("POST", self.endpoint, json=dict(body),
                                                headers=headers) as response:
             _raise_for_status(response)
+            done = False
             for data in _event_data(response):
+                if done:
+                    continue  # drain to the end of the body so the connection is reused
                 if data.strip() == "[DONE]":
-                    return
+                    done = True
+                    continue
                 yield _decode(data, "SSE event")
 
 
