@@ -81,7 +81,7 @@ def load(path: Path) -> Node:
     return node
 
 
-class LazyFS(fuse.Operations):
+class LazyFS(fuse.Operations):  # type: ignore[misc]  # mfusepy is untyped
     use_ns = True
 
     def __init__(self, backing: Path) -> None:

@@ -259,9 +259,10 @@ def test_hostile_ids_through_the_library(local_store_url: str, bad: str) -> None
         validate_id(bad)
     store = open_store(local_store_url)
     try:
-        for call in (lambda: store.create(Conversation.model_construct(id=bad)),
-                     lambda: store.load(bad),
-                     lambda: store.append(bad, seal_chain(1))):
+        calls: list[Callable[[], object]] = [
+            lambda: store.create(Conversation.model_construct(id=bad)),
+            lambda: store.load(bad), lambda: store.append(bad, seal_chain(1))]
+        for call in calls:
             with pytest.raises(InvalidConversationId):
                 call()
         assert store.list_conversations() == []

@@ -26,7 +26,7 @@ from stores import local_path
 
 from chatstate import open_store
 from chatstate.testing import FakeModel
-from chatstate.transcript import Message
+from chatstate.transcript import Conversation, Message
 
 WORKERS = 4
 TURNS = 3
@@ -60,7 +60,7 @@ def run_workers(url: str, cids: list[str], base_url: str) -> list[list[dict[str,
 def load(url: str, cid: str) -> list[Message]:
     store = open_store(url)
     try:
-        conv = store.load(cid)
+        conv: Conversation = store.load(cid)
         assert conv.verify() is None, f"{cid}: chain broken at {conv.verify()}"
         return conv.messages
     finally:

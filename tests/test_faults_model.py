@@ -23,7 +23,7 @@ from cli_helpers import invoke
 from chatstate import Chat, make_adapter, open_store
 from chatstate.errors import ModelError
 from chatstate.testing import FakeModel
-from chatstate.transcript import Message
+from chatstate.transcript import Conversation, Message
 
 CID = "model-faults"
 KEY = "sk-model-faults-0123456789"
@@ -53,7 +53,7 @@ def run_turn(chat: Chat, text: str, stream: bool) -> tuple[Message, str]:
 def stored(url: str) -> list[Message]:
     store = open_store(url)
     try:
-        conv = store.load(CID)
+        conv: Conversation = store.load(CID)
         assert conv.verify() is None
         return conv.messages
     finally:

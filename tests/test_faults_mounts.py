@@ -36,17 +36,6 @@ from faultlib import CID, PYTHON, WRITER, assert_clear_error, require_tool, run
 pytestmark = pytest.mark.slow
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-# Known bugs, reported; each test xfails at the exact check that hits one, and passes
-# in full once it is fixed.
-BUG_OPEN_WRITES = ("bug: opening a store writes (json: record_open; sqlite: the WAL -shm and "
-                   "record_open), so a store on a read-only mount or a full disk cannot even "
-                   "be read")
-BUG_SQLITE_FULL = ("bug: on a full disk SQLite cannot create the WAL -shm, so open fails with "
-                   "SQLITE_IOERR_SHMSIZE, reported as an I/O error ('check dmesg') instead of "
-                   "a full disk, and nothing loads")
-BUG_UNSEARCHABLE = ("bug: the durability guard stats the store path unguarded (Path.exists/"
-                    "is_dir raise on EACCES), so a store below a directory the user may not "
-                    "enter crashes open_store with a raw PermissionError")
 
 
 class Namespace:
@@ -156,9 +145,8 @@ def test_disk_fills_under_a_running_writer(ns: Namespace, tmp_path: Path, kind: 
 
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_fresh_process_on_a_full_disk(ns: Namespace, tmp_path: Path, kind: str) -> None:
-    """``ask`` fails with one clear paragraph saying the disk is full; earlier turns stay
-    intact; once space is freed ``ask`` works. ``replay`` on the full disk should work too
-    (known bugs are xfailed at the end, after every other check has run)."""
+    """``ask`` fails with one clear paragraph saying the disk is full, ``replay`` still shows
+    the transcript, earlier turns stay intact, and once space is freed ``ask`` works."""
     mnt = loop_ext4(ns, tmp_path)
     url = url_under(kind, mnt)
     before = ns.writer("populate", url, CID, "6")
@@ -167,22 +155,16 @@ def test_fresh_process_on_a_full_disk(ns: Namespace, tmp_path: Path, kind: str) 
     asked = cli(ns, url, "ask", "--model", "fake", "--id", CID, "one more", env=env)
     assert asked.returncode == 1, asked
     assert_clear_error(asked.stderr, store_dir(kind, mnt))
-    bugs = []
-    if kind == "sqlite" and "SQLITE_IOERR_SHMSIZE" in asked.stderr:
-        bugs.append(f"{BUG_SQLITE_FULL}: {asked.stderr.strip()}")
-    else:
-        assert "full" in asked.stderr, asked.stderr
+    assert "full" in asked.stderr, asked.stderr
     shown = cli(ns, url, "replay", CID, env=env)
-    if shown.returncode != 0:
-        bugs.append(f"{BUG_OPEN_WRITES}: {shown.stderr.strip()}")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("question pre-") == len(before) // 2
     ns.run("rm", mnt / "filler")
     # the user's message may have landed in the slack of a block: the turn is interrupted
     found = ns.writer("check", url, CID)
     assert found["hashes"][:len(before)] == before and found["verify"] is None, found
     again = cli(ns, url, "ask", "--model", "fake", "--id", CID, "one more", env=env)
     assert again.returncode == 0, again.stderr
-    if bugs:
-        pytest.xfail("\n".join(bugs))
 
 
 # -- EROFS -------------------------------------------------------------------------------
@@ -225,8 +207,7 @@ def test_mount_turns_read_only_under_a_running_writer(ns: Namespace, tmp_path: P
 
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_fresh_process_on_a_read_only_mount(ns: Namespace, tmp_path: Path, kind: str) -> None:
-    """``ask`` fails with one clear paragraph and no byte changes; ``replay`` should still
-    work (it does not: see BUG_OPEN_WRITES)."""
+    """``ask`` fails with one clear paragraph and no byte changes; ``replay`` still works."""
     data, view = read_only_view(ns, tmp_path)
     url = url_under(kind, view)
     before = ns.writer("populate", url, CID, "6")
@@ -240,8 +221,7 @@ def test_fresh_process_on_a_read_only_mount(ns: Namespace, tmp_path: Path, kind:
     assert "read-only" in asked.stderr or "cannot be opened" in asked.stderr, asked.stderr
     assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == snapshot
     shown = cli(ns, url, "replay", CID, env=env)
-    if shown.returncode != 0:
-        pytest.xfail(f"{BUG_OPEN_WRITES}: {shown.stderr.strip()}")
+    assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("question pre-") == len(before) // 2
 
 
@@ -302,6 +282,4 @@ def test_store_path_not_searchable_is_a_clear_error(ns: Namespace, tmp_path: Pat
     listed = cli(ns, url, "list", env=cli_env(tmp_path, HOME="/nonexistent"), user=NOBODY)
     assert listed.returncode == 1, listed
     assert_clear_error(listed.stderr, secret)
-    if "unexpected PermissionError" in listed.stderr:
-        pytest.xfail(f"{BUG_UNSEARCHABLE}: {listed.stderr.strip()}")
     assert "ermission" in listed.stderr, listed.stderr

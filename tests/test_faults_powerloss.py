@@ -30,6 +30,7 @@ from faultlib import CID, PYTHON, TESTS_DIR, WRITER, after_fault, populate, requ
 from stores import parse_acks
 
 from chatstate.stores import open_store
+from chatstate.transcript import Conversation, Message
 
 pytestmark = pytest.mark.slow
 
@@ -125,10 +126,11 @@ def kill_writer(proc: subprocess.Popen[str], *, after: str,
     return parse_acks("".join(seen) + line + rest)
 
 
-def stored(url: str) -> list:  # type: ignore[type-arg]
+def stored(url: str) -> list[Message]:
     store = open_store(url)
     try:
-        return store.load(CID).messages
+        conv: Conversation = store.load(CID)
+        return conv.messages
     finally:
         store.close()
 
