@@ -52,15 +52,18 @@ NOTES = {
 @dataclass
 class Plan:
     lengths: tuple[int, ...]
-    reps: int
-    k: int
-    count_k: dict[int, int]
+    reps: dict[int, int]  # length -> repetitions
+    k: dict[int, int]  # length -> timed turns per repetition
+    count_k: dict[int, int]  # length -> turns under strace
 
 
 def plan(quick: bool) -> Plan:
     if quick:
-        return Plan((10, 100, 1000), 3, 4, {10: 10, 100: 10, 1000: 10})
-    return Plan((10, 100, 1000, 10_000), 8, 5, {10: 25, 100: 25, 1000: 25, 10_000: 5})
+        return Plan((10, 100, 1000), {10: 3, 100: 3, 1000: 3}, {10: 4, 100: 4, 1000: 4},
+                    {10: 10, 100: 10, 1000: 10})
+    # at 10,000 the slowest libraries take over a second per turn: fewer, shorter reps
+    return Plan((10, 100, 1000, 10_000), {10: 6, 100: 6, 1000: 6, 10_000: 5},
+                {10: 5, 100: 5, 1000: 5, 10_000: 3}, {10: 10, 100: 10, 1000: 25, 10_000: 3})
 
 
 def _drivers(work: Path, moto: Moto, strace_dir: Path | None = None) -> dict[str, Driver]:
@@ -72,8 +75,9 @@ def _drivers(work: Path, moto: Moto, strace_dir: Path | None = None) -> dict[str
                "chatstate-s3": moto.new_store_url() if name == "chatstate-s3" else ""}.get(name)
         wrap: list[str] = []
         if strace_dir is not None:
-            wrap = ["strace", "-f", "-qq", "--seccomp-bpf", "-e",
-                    "trace=fsync,fdatasync,getppid", "-o", str(strace_dir / f"{name}.txt")]
+            wrap = ["strace", "-f", "-qq", "-y", "-s", "0", "--seccomp-bpf", "-e",
+                    "trace=fsync,fdatasync,getppid,write,pwrite64,writev,pwritev",
+                    "-o", str(strace_dir / f"{name}.txt")]
         drivers[name] = Driver(py, "drv_append.py", [name, str(work), *([url] if url else [])],
                                env=AWS_ENV, wrap=wrap)
     return drivers
@@ -95,20 +99,25 @@ def measure(p: Plan, moto: Moto) -> dict[tuple[str, int], list[float]]:
     try:
         for n in p.lengths:
             log(f"append: length {n}")
-            for name in SYSTEMS:  # warm-up: imports, caches, llm's template
-                _one(drivers[name], n, 1)
-            for rep in range(p.reps):
+            if n == p.lengths[0]:
+                for name in SYSTEMS:  # warm-up: imports, caches, first writes
+                    _one(drivers[name], n, 1)
+            for rep in range(p.reps[n]):
                 order = SYSTEMS[rep % len(SYSTEMS):] + SYSTEMS[:rep % len(SYSTEMS)]
                 for name in order:
-                    samples.setdefault((name, n), []).extend(_one(drivers[name], n, p.k))
+                    samples.setdefault((name, n), []).extend(_one(drivers[name], n, p.k[n]))
     finally:
         for d in drivers.values():
             d.close()
     return samples
 
 
-def count_fsyncs(p: Plan, moto: Moto) -> dict[tuple[str, int], float]:
-    """fsync + fdatasync per turn, from an strace of each driver (all threads)."""
+Counts = dict[tuple[str, int], tuple[float, float]]  # (system, n) -> (fsyncs, bytes) per turn
+
+
+def count_fsyncs(p: Plan, moto: Moto) -> Counts:
+    """fsync + fdatasync calls and bytes written to files, per turn, from an strace of
+    each driver (all threads)."""
     if shutil.which("strace") is None:
         return {}
     work = WORK / "append-strace"
@@ -123,30 +132,45 @@ def count_fsyncs(p: Plan, moto: Moto) -> dict[tuple[str, int], float]:
     finally:
         for d in drivers.values():
             d.close()
-    counts: dict[tuple[str, int], float] = {}
+    counts: Counts = {}
     for name in SYSTEMS:
         segments = _segments((work / f"{name}.txt").read_text())
-        for n, seg in zip(p.lengths, segments, strict=True):
-            counts[(name, n)] = seg / p.count_k[n]
+        for n, (syncs, written) in zip(p.lengths, segments, strict=True):
+            counts[(name, n)] = (syncs / p.count_k[n], written / p.count_k[n])
     return counts
 
 
-_CALL = re.compile(r"^\d+\s+(fsync|fdatasync|getppid)\(")
+# "PID call(" or "PID <... call resumed>"; with -y a file descriptor reads "5</path>"
+_LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. )?(\w+)(\(|\s+resumed>)(.*)$")
+_FILE_FD = re.compile(r"^\d+</")
+_RESULT = re.compile(r"= (\d+)$")
+_WRITES = {"write", "pwrite64", "writev", "pwritev"}
 
 
-def _segments(trace: str) -> list[int]:
-    """fsync counts between each pair of getppid markers."""
-    out, inside, count = [], False, 0
+def _segments(trace: str) -> list[tuple[int, int]]:
+    """(fsync calls, bytes written to files) between each pair of getppid markers."""
+    out: list[tuple[int, int]] = []
+    inside, syncs, written = False, 0, 0
+    pending: dict[str, bool] = {}  # pid -> an unfinished write to a file
     for line in trace.splitlines():
-        m = _CALL.match(line)
+        m = _LINE.match(line)
         if not m:
             continue
-        if m.group(1) == "getppid":
+        pid, call, kind, rest = m.groups()
+        if call == "getppid" and kind == "(":
             if inside:
-                out.append(count)
-            inside, count = not inside, 0
-        elif inside:
-            count += 1
+                out.append((syncs, written))
+            inside, syncs, written = not inside, 0, 0
+        elif call in ("fsync", "fdatasync") and kind == "(" and inside:
+            syncs += 1
+        elif call in _WRITES:
+            to_file = bool(_FILE_FD.match(rest)) if kind == "(" else pending.pop(pid, False)
+            if kind == "(" and rest.endswith("<unfinished ...>"):
+                pending[pid] = to_file
+                continue
+            result = _RESULT.search(rest)
+            if inside and to_file and result:
+                written += int(result.group(1))
     return out
 
 
@@ -154,12 +178,12 @@ def _cell(xs: list[float]) -> str:
     return f"{ms(median(xs))} / {ms(p99(xs))}"
 
 
-def _durable(name: str, counts: dict[tuple[str, int], float], lengths: tuple[int, ...]) -> str:
+def _durable(name: str, counts: Counts, lengths: tuple[int, ...]) -> str:
     if name == "chatstate-s3":
         return "remote ack (moto keeps objects in memory; a real S3 acks after storing)"
     if not counts:
         return "not counted (no strace)"
-    if all(counts[(name, n)] == 0 for n in lengths):
+    if all(counts[(name, n)][0] == 0 for n in lengths):
         return "**not durable**: 0 fsyncs, an acked turn can vanish on power loss"
     return "fsync'd before returning"
 
@@ -168,12 +192,15 @@ def _slope(a: float, b: float, na: int, nb: int) -> float:
     return math.log(b / a) / math.log(nb / na)
 
 
-def report(p: Plan, samples: dict[tuple[str, int], list[float]],
-           counts: dict[tuple[str, int], float]) -> Section:
+def _kib(b: float) -> str:
+    return f"{b / 1024:.1f}" if b < 10 * 1024 else f"{b / 1024:,.0f}"
+
+
+def report(p: Plan, samples: dict[tuple[str, int], list[float]], counts: Counts) -> Section:
     lengths = p.lengths
     heads = [f"{n:,}" for n in lengths]
     floor = {n: median(samples[("floor", n)]) for n in lengths}
-    rows_ms, rows_ratio, rows_fs = [], [], []
+    rows_ms, rows_ratio, rows_fs, rows_bytes = [], [], [], []
     for name in SYSTEMS:
         rows_ms.append([name, *(_cell(samples[(name, n)]) for n in lengths)])
         meds = [median(samples[(name, n)]) for n in lengths]
@@ -181,14 +208,18 @@ def report(p: Plan, samples: dict[tuple[str, int], list[float]],
         rows_ratio.append([name, *(ratio(m / floor[n]) for m, n in zip(meds, lengths,
                                                                        strict=True)),
                            f"{slope:.2f}"])
-        fs = [f"{counts[(name, n)]:.2f}" if counts else "-" for n in lengths]
+        fs = [f"{counts[(name, n)][0]:.2f}" if counts else "-" for n in lengths]
         rows_fs.append([name, *fs, _durable(name, counts, lengths), NOTES[name]])
-    samples_n = len(samples[("floor", lengths[0])])
+        rows_bytes.append([name, *(_kib(counts[(name, n)][1]) if counts else "-"
+                                   for n in lengths)])
+    samples_n = ", ".join(f"{len(samples[('floor', n)])}" for n in lengths)
     body = "\n\n".join([
         f"Milliseconds per turn (user message + reply, ~500 bytes each), median / p99 of "
-        f"{samples_n} turns ({p.reps} repetitions × {p.k} turns, systems interleaved; "
-        f"with fewer than 100 samples p99 is the maximum). Transcript length n at the start "
-        f"of a repetition; each repetition starts from a fresh transcript of n messages.",
+        f"{samples_n} turns at the lengths below (repetitions × turns: "
+        f"{', '.join(f'{p.reps[n]}×{p.k[n]}' for n in lengths)}; systems interleaved; with "
+        f"fewer than 100 samples p99 is the maximum). n is the transcript length at the "
+        f"start of a repetition; each repetition starts from a fresh transcript of n "
+        f"messages.",
         table(["system", *heads], rows_ms),
         "Ratio of the median to the floor's median at the same length, and the growth "
         "exponent between the two longest lengths (cost ∝ n^x: 0 = flat, 1 = linear "
@@ -200,38 +231,44 @@ def report(p: Plan, samples: dict[tuple[str, int], list[float]],
         "fsyncs that short runs may not catch.",
         table(["system", *heads, "durable?", "how it persists"], rows_fs,
               "l" + "r" * len(lengths) + "ll"),
+        "KiB written to files per turn (write/pwrite64/writev to file descriptors, from "
+        "the same strace; sockets and pipes excluded): what each fsync has to flush.",
+        table(["system", *heads], rows_bytes),
     ])
     return Section("1. Durable append cost per turn", body,
                    _targets(p, samples, counts, floor))
 
 
-def _targets(p: Plan, samples: dict[tuple[str, int], list[float]],
-             counts: dict[tuple[str, int], float], floor: dict[int, float]) -> list[Target]:
+def _targets(p: Plan, samples: dict[tuple[str, int], list[float]], counts: Counts,
+             floor: dict[int, float]) -> list[Target]:
     lengths = p.lengths
     med = {key: median(v) for key, v in samples.items()}
     out = []
     if counts:
-        per_msg = max(counts[("chatstate-sqlite", n)] / 2 for n in lengths)
+        per_msg = max(counts[("chatstate-sqlite", n)][0] / 2 for n in lengths)
         out.append(Target("append", "sqlite ≤ 2 fsyncs per message", f"{per_msg:.2f} max",
                           per_msg <= 2, "" if per_msg <= 2 else "see the fsync table"))
     ratios = [med[("chatstate-sqlite", n)] / floor[n] for n in lengths]
     worst = max(ratios)
-    fs_floor = counts.get(("floor", lengths[0]), 2.0) if counts else 2.0
-    fs_sqlite = max(counts[("chatstate-sqlite", n)] for n in lengths) if counts else float("nan")
+    fs_sqlite = max(counts[("chatstate-sqlite", n)][0] for n in lengths) if counts else 0.0
+    kib = counts[("chatstate-sqlite", lengths[-1])][1] / 1024 if counts else 0.0
+    kib_floor = counts[("floor", lengths[-1])][1] / 1024 if counts else 0.0
     why = ("" if worst <= 1.5 else
-           f"same fsyncs per turn as the floor ({fs_sqlite:.1f} vs {fs_floor:.1f}), but "
-           "cProfile puts ~93% of a turn in SQLite's COMMIT: each commit appends 4 KiB WAL "
-           "frames (message row, FTS5 index, header row) and its fdatasync must also commit "
-           "the grown file's metadata, where the floor's ~0.6 KB lines mostly land in an "
-           "already allocated block. Python work is ~0.1 ms per turn")
+           f"{fs_sqlite:.1f} fsyncs per turn like the floor's 2, but each flushes more: "
+           f"~{kib:.0f} KiB of WAL frames per turn vs the floor's {kib_floor:.1f} KiB "
+           "(most of it the FTS5 search index; see README). cProfile puts ~93% of a turn in "
+           "SQLite's COMMIT; Python work is ~0.1 ms per turn. Ratios swing with the "
+           "machine's load (see the per-length values)")
     out.append(Target("append", "sqlite ≤ 1.5× floor at every length",
                       ", ".join(ratio(r) for r in ratios), worst <= 1.5, why))
     if 1000 in lengths:
         r = med[("chatstate-json", 1000)] / floor[1000]
+        kib_json = counts[("chatstate-json", 1000)][1] / 1024 if counts else float("nan")
+        kib_floor1k = counts[("floor", 1000)][1] / 1024 if counts else float("nan")
         out.append(Target("append", "json ≤ 3× floor at 1,000", ratio(r), r <= 3,
-                          "" if r <= 3 else "each append rewrites the whole file (~0.7 MB "
-                          "at 1,000 messages) and fsyncs it and its directory: 4 fsyncs per "
-                          "turn vs the floor's 2"))
+                          "" if r <= 3 else "each append rewrites the whole file: "
+                          f"{kib_json:,.0f} KiB written and 4 fsyncs (file + directory, "
+                          f"twice) per turn vs the floor's {kib_floor1k:.1f} KiB and 2"))
     for name in ("chatstate-sqlite", "chatstate-json"):
         x = _slope(med[(name, lengths[-2])], med[(name, lengths[-1])], lengths[-2],
                    lengths[-1])
@@ -245,12 +282,14 @@ def _targets(p: Plan, samples: dict[tuple[str, int], list[float]],
         theirs = med[(lib, n)]
         ok = mine < theirs
         why = ""
-        if not ok:
-            zero = counts and all(counts[(lib, m)] == 0 for m in lengths)
-            why = ("it never fsyncs: faster because it is not durable" if zero else
-                   f"{lib} does {counts.get((lib, n), float('nan')):.1f} fsyncs per turn vs "
-                   f"chatstate's {counts.get(('chatstate-sqlite', n), float('nan')):.1f}; "
-                   "chatstate also seals a hash chain and checks compare-and-append")
+        if not ok and counts:
+            theirs_fs, theirs_b = counts[(lib, n)]
+            mine_fs, mine_b = counts[("chatstate-sqlite", n)]
+            why = ("it never fsyncs: faster because it is not durable" if theirs_fs == 0 else
+                   f"same durability ({theirs_fs:.1f} vs {mine_fs:.1f} fsyncs per turn) but "
+                   f"{lib} writes {theirs_b / 1024:.0f} KiB per turn to chatstate's "
+                   f"{mine_b / 1024:.0f} KiB: no full-text index, no hash chain, no "
+                   "compare-and-append check")
         out.append(Target("append", f"chatstate-sqlite beats {lib} at {n:,}",
                           f"{ms(mine)} vs {ms(theirs)} ms ({ratio(mine / theirs)})", ok, why))
     return out

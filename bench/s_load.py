@@ -29,6 +29,8 @@ from .common import (
     table,
 )
 
+REPLAY_MAX = 10_000  # the issue asks for replay of the 10,000-message transcript
+
 
 def plan(quick: bool) -> dict[int, int]:
     """size -> repetitions"""
@@ -84,8 +86,9 @@ def run(quick: bool) -> Section:
                 continue
             for kind in kinds:
                 loads.setdefault((kind, n), []).append(_run_load(urls[kind], f"load-{n}"))
-                replays.setdefault((kind, n), []).append(
-                    _run_replay(urls[kind], f"load-{n}", work / "replay.txt"))
+                if n <= REPLAY_MAX:
+                    replays.setdefault((kind, n), []).append(
+                        _run_replay(urls[kind], f"load-{n}", work / "replay.txt"))
     return _report(reps, urls, loads, replays, prep_times)
 
 
@@ -102,19 +105,22 @@ def _report(reps: dict[int, int], urls: dict[str, str],
             peak = max(r["maxrss_after_kb"] for r in runs)
             delta = median([r["maxrss_after_kb"] - r["maxrss_before_kb"] for r in runs])
             per_msg[(kind, n)] = delta * 1024 / n
-            rtimes = [t for t, _ in replays[(kind, n)]]
-            rpeak = max(m for _, m in replays[(kind, n)])
+            rruns = replays.get((kind, n), [])
+            rtimes = [t for t, _ in rruns]
+            replay = f"{ms(median(rtimes))} / {ms(p99(rtimes))}" if rruns else "-"
+            rpeak = f"{max(m for _, m in rruns) / 1024:.0f}" if rruns else "-"
             rows.append([f"chatstate-{kind}", f"{n:,}", f"{ms(median(secs))} / {ms(p99(secs))}",
                          f"{n / median(secs):,.0f}", f"{peak / 1024:.0f}",
                          f"{delta / 1024:.0f} ({per_msg[(kind, n)]:,.0f} B/msg)",
-                         f"{ms(median(rtimes))} / {ms(p99(rtimes))}", f"{rpeak / 1024:.0f}",
+                         replay, rpeak,
                          f"{prep_times[f'{urls[kind]} {n}']:.2f}", len(runs)])
     body = "\n\n".join([
         "`store.load(id)` in a fresh process per run (parses every message and verifies the "
         "whole hash chain); median / p99 in ms. Peak RSS from getrusage maxrss; Δ is the "
         "growth during the load over the process's baseline (interpreter + chatstate "
         "imported + store open). `chatstate replay ID` (text to a file) is the whole CLI "
-        "process, start-up included; its peak RSS is taken by the parent with wait4. "
+        "process, start-up included, run at up to 10,000 messages; its peak RSS is taken by "
+        "the parent with wait4. "
         "\"store s\" is the one-off untimed preparation: create + one append of all n "
         "messages.",
         table(["store", "messages", "load + verify ms", "msgs/s", "peak RSS MiB",
@@ -140,11 +146,13 @@ def _targets(reps: dict[int, int], loads: dict[tuple[str, int], list[dict[str, f
                           f"--quick stops at {big:,}: {secs:.2f} s", None))
     small = min(reps)
     grow = per_msg[("sqlite", big)] / per_msg[("sqlite", small)]
-    rpeaks = {n: max(m for _, m in replays[("sqlite", n)]) for n in reps}
+    rpeaks = {n: max(m for _, m in replays[("sqlite", n)]) for n in reps if n <= REPLAY_MAX}
+    rsmall, rbig = min(rpeaks), max(rpeaks)
     ok = grow <= 1.5
     out.append(Target("load", "replay memory linear in the transcript",
                       f"{per_msg[('sqlite', small)]:,.0f} → {per_msg[('sqlite', big)]:,.0f} "
-                      f"B/msg ({small:,} → {big:,}); replay peak "
-                      f"{rpeaks[small] / 1024:.0f} → {rpeaks[big] / 1024:.0f} MiB", ok,
+                      f"B/msg loaded ({small:,} → {big:,}); replay peak RSS "
+                      f"{rpeaks[rsmall] / 1024:.0f} → {rpeaks[rbig] / 1024:.0f} MiB "
+                      f"({rsmall:,} → {rbig:,})", ok,
                       "" if ok else "memory per message grows with the transcript"))
     return out

@@ -36,7 +36,7 @@ ADAPTER = "chatstate adapter, no store"
 
 
 def run(quick: bool, moto: Moto) -> Section:
-    reps = 5 if quick else 15
+    reps = 5 if quick else 10
     work = WORK / "stream"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
