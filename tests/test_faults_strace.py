@@ -37,6 +37,7 @@ import pytest
 from faultlib import CID, PYTHON, WRITER, after_fault, populate, require_tool, run
 from stores import local_path
 
+from chatstate.stores import open_store
 from chatstate.transcript import Message
 
 pytestmark = pytest.mark.slow
@@ -45,6 +46,8 @@ CAP = 64  # SQLite makes 46 pwrite64 calls in one turn plus the checkpoint at cl
 ERRORS = {"fsync": "EIO", "fdatasync": "EIO", "write": "ENOSPC", "pwrite64": "ENOSPC",
           "rename": "EIO", "openat": "EMFILE"}
 KILL_AT = ["write", "fsync", "fdatasync", "pwrite64", "rename", "openat", "close"]
+# Files whose failed fsync may be survived: they hold no transcript data.
+BOOKKEEPING = ("/.chatstate/opens.jsonl>", "/.chatstate-probe-")
 # The syscalls each store's append really makes here; a sweep over one of them that
 # never fires means the injection missed, not that the store is robust.
 USES = {"json": {"fsync", "write", "rename", "openat", "close"},
@@ -126,10 +129,11 @@ class ForkServer:
         result: dict[str, Any] = json.loads(self.sock.recv(1 << 20))
         return result
 
-    def round(self, url: str, tag: str, strace: list[str]) -> Round:
-        """One writer, with strace attached (and injecting) once it has opened the store."""
+    def round(self, url: str, tag: str, strace: list[str], scope: str = "turn") -> Round:
+        """One writer, with strace attached (and injecting) once it is ready: for scope
+        "turn" after it opened the store, for "open" before (open() is recovery)."""
         err, log = self.tmp / "stderr", self.tmp / "trace"
-        self._send(json.dumps({"url": url, "cid": CID, "scope": "turn", "tag": tag,
+        self._send(json.dumps({"url": url, "cid": CID, "scope": scope, "tag": tag,
                                "stderr": str(err)}))
         pid = self._recv()["pid"]
         ready = self._recv()
@@ -167,13 +171,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
 
 
 class Sweep:
-    """A pristine populated store, copied back before every round of a sweep."""
+    """A pristine populated store, copied back before every round of a sweep.
+
+    It holds six messages, an interrupted reply (a partial for seq 6, which the
+    turn's own messages replace) and, for json, a dead writer's temp file, so
+    open() has something to recover.
+    """
 
     def __init__(self, kind: str, tmp: Path) -> None:
         self.kind = kind
         template = tmp / "template"
         url = f"json://{template}/store" if kind == "json" else f"sqlite://{template}/s.db"
         self.prev = populate(url)
+        store = open_store(url)
+        store.save_partial(CID, Message.seal(self.prev[-1], role="assistant", turn_id="t-old",
+                                             content="cut off", status="partial"))
+        store.close()
+        if kind == "json":
+            (template / "store" / f".{CID}.json.tmp-{'0' * 16}").write_bytes(b"half")
         self.template, self.work = template, tmp / "work"
         self.url = url.replace(str(template), str(self.work))
         self.path = local_path(self.url)
@@ -181,6 +196,20 @@ class Sweep:
     def reset(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
         shutil.copytree(self.template, self.work)
+
+
+BUG_OPEN_SCAN = ("bug: JsonStore.open() lists its directories (the glob for temp files and "
+                 "partials) outside the OSError translation, so EMFILE/EIO/EACCES there "
+                 "escapes as a raw OSError: a traceback, 'unexpected OSError' in the CLI")
+
+
+def known_bug(rnd: Round) -> str | None:
+    """A reported bug this round ran into, so the sweep can go on past it."""
+    if rnd.status != 512 or "Traceback" not in rnd.stderr:
+        return None
+    if "in open" in rnd.stderr and ".glob(" in rnd.stderr and "OSError" in rnd.stderr:
+        return BUG_OPEN_SCAN
+    return None
 
 
 def check_error_round(rnd: Round, syscall: str, sweep: Sweep) -> None:
@@ -195,22 +224,33 @@ def check_error_round(rnd: Round, syscall: str, sweep: Sweep) -> None:
         assert rnd.stderr.count("error: ") == 1 and str(sweep.path) in rnd.stderr
     if syscall in ("fsync", "fdatasync") and rnd.injected:
         first = rnd.injected[0]
+        if any(book in rnd.trace[first] for book in BOOKKEEPING):
+            return  # not transcript data: the open record and the guard's probe
         acks_after = [line for line in rnd.trace[first:] if 'sendto(' in line and '"ack"' in line]
         assert not acks_after, f"an ack after a failed {syscall}:\n{rnd.describe()}"
 
 
+@pytest.mark.parametrize("scope", ["turn", "open"])
 @pytest.mark.parametrize("syscall", list(ERRORS))
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
-def test_injected_errors(server: ForkServer, tmp_path: Path, kind: str, syscall: str) -> None:
-    """The K-th ``syscall`` of the turn fails with a real errno, for every K."""
+def test_injected_errors(server: ForkServer, tmp_path: Path, kind: str, syscall: str,
+                         scope: str) -> None:
+    """The K-th ``syscall`` of the turn (scope "open": of open() and then the turn) fails
+    with a real errno, for every K."""
     sweep = Sweep(kind, tmp_path)
     errno_name, call = ERRORS[syscall], real(syscall)
     hits = landed = 0
+    bugs: set[str] = set()
     for k in range(1, CAP + 1):
         sweep.reset()
         rnd = server.round(sweep.url, f"{kind}-{syscall}-{k}", [
-            "-e", f"trace={call},sendto", "-e", f"inject={call}:error={errno_name}:when={k}"])
-        check_error_round(rnd, syscall, sweep)
+            "-e", f"trace={call},sendto", "-e", f"inject={call}:error={errno_name}:when={k}"],
+            scope)
+        bug = known_bug(rnd)
+        if bug:
+            bugs.add(f"K={k}: {bug}")
+        else:
+            check_error_round(rnd, syscall, sweep)
         verdict = after_fault(sweep.url, CID, sweep.prev, rnd.acked, rnd.sealed)
         assert not verdict.problems, f"K={k}: {verdict.problems}\n{rnd.describe()}"
         landed += verdict.landed_unacked
@@ -219,12 +259,14 @@ def test_injected_errors(server: ForkServer, tmp_path: Path, kind: str, syscall:
         hits += 1
     else:
         pytest.fail(f"{syscall} still fired at K={CAP}: raise CAP")
-    print(f"{kind} {syscall}={errno_name}: {hits} fault points, {landed} messages landed "
+    print(f"{kind} {scope} {syscall}={errno_name}: {hits} fault points, {landed} messages landed "
           "despite the error (retry did not duplicate them)")
     if syscall in USES[kind]:
         assert hits > 0, f"the injection never fired: does {kind} still call {syscall}?"
-    if (kind, syscall) == ("json", "fsync"):
+    if (kind, syscall, scope) == ("json", "fsync", "turn"):
         assert landed > 0, "a failed directory fsync after the rename should leave it landed"
+    if bugs:
+        pytest.xfail("\n".join(sorted(bugs)))
 
 
 @pytest.mark.parametrize("syscall", KILL_AT)
