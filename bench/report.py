@@ -15,8 +15,9 @@ METHOD = """\
   nearest-rank p99 (with fewer than 100 samples the p99 is the maximum).
 - All stores live under `bench/work/` on the checkout's disk (never /tmp); the s3 store
   talks to a moto server the bench starts on 127.0.0.1.
-- fsyncs are counted, not assumed: `strace -f -e trace=fsync,fdatasync` over a separate
-  run of each driver, the timed turns bracketed by marker syscalls (getppid).
+- fsyncs and bytes written are counted, not assumed: `strace -f -y -e
+  trace=fsync,fdatasync,write,pwrite64,writev,pwritev` over a separate run of each driver,
+  the timed turns bracketed by marker syscalls (getppid); only writes to files count.
 - A missed target stays in the table as missed, with what dominates the cost.
 """
 
