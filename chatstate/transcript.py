@@ -18,9 +18,9 @@ import secrets
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import InvalidConversationId, SchemaVersionError
+from .errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
 
 SCHEMA_VERSION = 1
 
@@ -174,3 +174,23 @@ def check_schema(version: object, where: str) -> None:
             f"{where}: written by a newer chatstate (schema {version}, this one reads up to "
             f"{SCHEMA_VERSION}); upgrade chatstate to read it. The file was not changed.",
             where=where)
+
+
+def brief(exc: Exception) -> str:
+    """One line saying what is wrong: pydantic's first error, not its multi-line report."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "value"
+        more = len(exc.errors()) - 1
+        return f"{field}: {first['msg']}" + (f" (and {more} more)" if more else "")
+    return " ".join(str(exc).split())[:200]
+
+
+def parse_message(item: Any, where: str, position: int) -> Message:
+    """Validate one stored message; a bad one is a CorruptTranscriptError naming its position."""
+    try:
+        return Message.model_validate(item)
+    except ValidationError as exc:
+        raise CorruptTranscriptError(
+            f"{where}: message at position {position} (seq {position}) is invalid "
+            f"({brief(exc)}); it was left as it is.", where=where, position=position) from exc

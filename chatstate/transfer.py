@@ -21,6 +21,7 @@ from .transcript import (
     SCHEMA_VERSION,
     Conversation,
     Message,
+    brief,
     check_schema,
     new_id,
     new_turn_id,
@@ -121,7 +122,7 @@ def _from_export(data: dict[str, Any], where: str) -> tuple[Conversation, list[M
         if data.get("partial"):
             conv.partial = Message.model_validate(data["partial"])
     except (KeyError, TypeError, ValueError, ValidationError) as exc:  # a bad id: ValueError
-        raise CorruptTranscriptError(f"{where}: not a valid chatstate export ({exc})",
+        raise CorruptTranscriptError(f"{where}: not a valid chatstate export ({brief(exc)})",
                                      where=where) from exc
     bad = verify_chain(messages)
     if bad is not None:

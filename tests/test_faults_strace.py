@@ -198,20 +198,6 @@ class Sweep:
         shutil.copytree(self.template, self.work)
 
 
-BUG_OPEN_SCAN = ("bug: JsonStore.open() lists its directories (the glob for temp files and "
-                 "partials) outside the OSError translation, so EMFILE/EIO/EACCES there "
-                 "escapes as a raw OSError: a traceback, 'unexpected OSError' in the CLI")
-
-
-def known_bug(rnd: Round) -> str | None:
-    """A reported bug this round ran into, so the sweep can go on past it."""
-    if rnd.status != 512 or "Traceback" not in rnd.stderr:
-        return None
-    if "in open" in rnd.stderr and ".glob(" in rnd.stderr and "OSError" in rnd.stderr:
-        return BUG_OPEN_SCAN
-    return None
-
-
 def check_error_round(rnd: Round, syscall: str, sweep: Sweep) -> None:
     """Success, or exit 1 with one clear error naming the path; and a failed fsync is no ack."""
     if rnd.status == 0:
@@ -240,17 +226,12 @@ def test_injected_errors(server: ForkServer, tmp_path: Path, kind: str, syscall:
     sweep = Sweep(kind, tmp_path)
     errno_name, call = ERRORS[syscall], real(syscall)
     hits = landed = 0
-    bugs: set[str] = set()
     for k in range(1, CAP + 1):
         sweep.reset()
         rnd = server.round(sweep.url, f"{kind}-{syscall}-{k}", [
             "-e", f"trace={call},sendto", "-e", f"inject={call}:error={errno_name}:when={k}"],
             scope)
-        bug = known_bug(rnd)
-        if bug:
-            bugs.add(f"K={k}: {bug}")
-        else:
-            check_error_round(rnd, syscall, sweep)
+        check_error_round(rnd, syscall, sweep)
         verdict = after_fault(sweep.url, CID, sweep.prev, rnd.acked, rnd.sealed)
         assert not verdict.problems, f"K={k}: {verdict.problems}\n{rnd.describe()}"
         landed += verdict.landed_unacked
@@ -265,8 +246,6 @@ def test_injected_errors(server: ForkServer, tmp_path: Path, kind: str, syscall:
         assert hits > 0, f"the injection never fired: does {kind} still call {syscall}?"
     if (kind, syscall, scope) == ("json", "fsync", "turn"):
         assert landed > 0, "a failed directory fsync after the rename should leave it landed"
-    if bugs:
-        pytest.xfail("\n".join(sorted(bugs)))
 
 
 @pytest.mark.parametrize("scope", ["turn", "open"])

@@ -28,6 +28,8 @@ ADVICE = {
     errno.EACCES: "permission denied: check the ownership and mode of the store directory",
     errno.EPERM: "operation not permitted: check the ownership of the store directory",
     errno.EIO: "an I/O error from the device: check the disk (dmesg) before retrying",
+    errno.EMFILE: "this process has too many open files: raise `ulimit -n` or close some",
+    errno.ENFILE: "the system has too many open files: close some and retry",
     errno.EFBIG: "the file size limit was reached (ulimit -f)",
 }
 

@@ -14,10 +14,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import ValidationError
-
 from ..errors import CorruptTranscriptError
-from ..transcript import SCHEMA_VERSION, Conversation, Message, check_schema, verify_chain
+from ..transcript import (
+    SCHEMA_VERSION,
+    Conversation,
+    Message,
+    check_schema,
+    parse_message,
+    verify_chain,
+)
 
 HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
 
@@ -60,16 +65,7 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
         raise CorruptTranscriptError(
             f"{where}: header field(s) {', '.join(wrong) or 'messages'} missing or of the "
             "wrong type; the file was left as it is.", where=where)
-    messages = []
-    for index, item in enumerate(doc["messages"]):
-        try:
-            messages.append(Message.model_validate(item))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            raise CorruptTranscriptError(
-                f"{where}: message at position {index} is invalid ({field}: {first['msg']}); "
-                "the file was left as it is.", where=where, position=index) from exc
+    messages = [parse_message(item, where, index) for index, item in enumerate(doc["messages"])]
     bad = verify_chain(messages)
     if bad is not None:
         raise CorruptTranscriptError(

@@ -11,10 +11,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import ValidationError
-
 from ..errors import CorruptTranscriptError
-from ..transcript import SCHEMA_VERSION, Message, check_schema
+from ..transcript import SCHEMA_VERSION, Message, check_schema, parse_message
 
 SEQ_WIDTH = 10
 MARKER = "chatstate.json"
@@ -126,14 +124,7 @@ def decode_index(raw: bytes, where: str) -> dict[str, Any]:
 
 
 def _message(item: Any, where: str, position: int) -> Message:
-    try:
-        return Message.model_validate(item)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise CorruptTranscriptError(
-            f"{where}: message at seq {position} is invalid ({field}: {first['msg']}); the "
-            "object was left as it is", where=where, position=position) from exc
+    return parse_message(item, where, position)
 
 
 def decode_messages(raw: bytes, where: str, first_seq: int) -> list[Message]:

@@ -92,6 +92,8 @@ class JsonStore:
                     self._reconcile_partial(partial.name[:-5])
                 except CorruptTranscriptError as exc:  # reported, left alone, not fatal
                     self.recovery.append(f"could not reconcile: {exc}")
+        except OSError as exc:  # the directory listing itself failed (EIO, EMFILE...)
+            self.recovery.append(f"recovery skipped: {os_error(exc, 'scan', self.root)}")
         except StoreUnavailable as exc:
             # A read-only or full disk: what is stored must still be readable.
             self.recovery.append(f"recovery skipped, the store cannot be written: {exc}")

@@ -31,8 +31,10 @@ from ..transcript import (
     Conversation,
     ConversationSummary,
     Message,
+    brief,
     chain_hash,
     now_iso,
+    parse_message,
     validate_id,
 )
 from ._files import ensure_dir
@@ -77,10 +79,10 @@ class SqliteStore(SqliteConnection):
                 head = self._header(db, cid)
                 last_hash = db.execute("SELECT last_hash FROM conversations WHERE id=?",
                                        (cid,)).fetchone()[0]
-                rows = db.execute("SELECT seq, body, hash FROM messages WHERE "
+                rows = db.execute("SELECT seq, CAST(body AS BLOB), hash FROM messages WHERE "
                                   "conversation_id=? ORDER BY seq", (cid,)).fetchall()
-                prow = db.execute("SELECT seq, body FROM partials WHERE conversation_id=?",
-                                  (cid,)).fetchone()
+                prow = db.execute("SELECT seq, CAST(body AS BLOB) FROM partials WHERE "
+                                  "conversation_id=?", (cid,)).fetchone()
             finally:
                 db.execute("COMMIT")
         messages = _decode_rows(rows, where)
@@ -94,7 +96,8 @@ class SqliteStore(SqliteConnection):
         partial = None
         if prow is not None and prow[0] == len(messages):
             prev = messages[-1].hash if messages else None
-            partial = _decode_body(prow[1], chain_hash(prev, prow[1]), where, prow[0])
+            text = _text(prow[1], where, prow[0])
+            partial = _message(text, chain_hash(prev, text), where, prow[0])
         return Conversation.model_construct(
             id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
             metadata=json.loads(head[4]), messages=messages, partial=partial)
@@ -262,20 +265,34 @@ class SqliteStore(SqliteConnection):
         return report
 
 
-def _decode_body(body: str, hash_: str, where: str, seq: int) -> Message:
+def _text(raw: bytes, where: str, seq: int) -> str:
     try:
-        return Message.model_validate({**json.loads(body), "hash": hash_})
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptTranscriptError(f"{where}: message seq {seq} is not valid UTF-8 (byte "
+                                     f"{exc.start}); the database was left as it is",
+                                     where=where, position=seq) from exc
+
+
+def _message(body: str, hash_: str, where: str, seq: int) -> Message:
+    """A stored body as a Message; a damaged row names its seq, in one line."""
+    try:
+        item = json.loads(body)
+        if not isinstance(item, dict):
+            raise ValueError(f"expected a JSON object, found {type(item).__name__}")
     except ValueError as exc:
-        raise CorruptTranscriptError(f"{where}: message seq {seq} is unreadable ({exc}); the "
-                                     "database was left as it is", where=where,
-                                     position=seq) from exc
+        raise CorruptTranscriptError(f"{where}: message seq {seq} is unreadable "
+                                     f"({brief(exc)}); the database was left as it is",
+                                     where=where, position=seq) from exc
+    return parse_message({**item, "hash": hash_}, where, seq)
 
 
 def _decode_rows(rows: list[Any], where: str) -> list[Message]:
     messages: list[Message] = []
     prev: str | None = None
-    for position, (seq, body, hash_) in enumerate(rows):
-        msg = _decode_body(body, hash_, where, seq)
+    for position, (seq, raw, hash_) in enumerate(rows):
+        body = _text(raw, where, seq)
+        msg = _message(body, hash_, where, seq)
         if seq != position or msg.seq != seq or chain_hash(prev, body) != hash_:
             raise CorruptTranscriptError(
                 f"{where}: hash chain broken at seq {position} (a message was edited, removed "
