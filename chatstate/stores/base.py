@@ -158,3 +158,16 @@ def check_append(where: str, last_seq: int, hash_at: Callable[[int], str],
                 actual_seq=last_seq)
         already += 1
     return already
+
+
+def check_partial_commit(where: str, fresh: Sequence[Message], stored: Message | None) -> None:
+    """Keeping a partial reply in the chain must keep the one the store holds now.
+
+    A live writer may have streamed (and shown) more since the caller loaded it;
+    committing the older copy would clear the newer partial and lose that text.
+    """
+    if fresh and fresh[0].status == "partial" and stored is not None and \
+            stored.seq == fresh[0].seq and stored.hash != fresh[0].hash:
+        raise ConflictError(f"{where}: the partial reply at seq {stored.seq} changed since it "
+                            "was loaded (another writer is still streaming it); reload and "
+                            "retry", expected_seq=fresh[0].seq - 1, actual_seq=fresh[0].seq - 1)

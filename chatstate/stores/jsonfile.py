@@ -41,7 +41,7 @@ from ._files import (
     sync_durably,
     temp_target,
 )
-from .base import CheckReport, Location, check_append
+from .base import CheckReport, Location, check_append, check_partial_commit
 
 Snapshot = tuple[dict[str, Any], list[str], list[Message]]
 
@@ -206,18 +206,18 @@ class JsonStore:
             already = check_append(where, stored[-1].seq if stored else -1,
                                    lambda seq: stored[seq].hash, messages)
             fresh = list(messages[already:])
+            partial_path = self._partial(cid)
+            raw = read_bytes(partial_path) if messages else None
+            partial = doc.decode_partial(raw, str(partial_path)) if raw is not None else None
+            check_partial_commit(where, fresh, partial)
             if fresh:
                 new_header = dict(header, updated_at=now_iso())
                 self._write(cid, new_header, lines + [doc.message_line(m) for m in fresh],
                             stored + fresh)
             elif already:  # a retry of an append whose outcome was unknown: make it durable
                 sync_durably(self._file(cid))
-            partial = self._partial(cid)
-            if messages and partial.exists():
-                raw = read_bytes(partial)
-                if raw is not None and doc.decode_partial(raw, str(partial)).seq <= \
-                        messages[-1].seq:
-                    remove_durably(partial)
+            if partial is not None and partial.seq <= messages[-1].seq:
+                remove_durably(partial_path)
 
     def save_partial(self, conversation_id: str, partial: Message) -> None:
         with locked(self._lock(conversation_id)):

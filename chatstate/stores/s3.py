@@ -44,7 +44,7 @@ from . import _s3chain as chain
 from . import _s3doc as doc
 from ._s3base import S3StoreBase
 from ._s3io import Exists, S3Target, Stale, parse_url
-from .base import check_append
+from .base import check_append, check_partial_commit
 
 
 @dataclass
@@ -152,6 +152,8 @@ class S3Store(S3StoreBase):
                 stored = self._authoritative(cid)
                 already = _decide(where, new, None, stored)
             fresh = new[already:]
+            if fresh and fresh[0].status == "partial":
+                check_partial_commit(where, fresh, self._held_partial(cid))
             if not fresh or self._put_segment(cid, fresh):
                 break
             stored, tail = None, None  # another writer (or our own lost attempt) has that seq
@@ -159,6 +161,12 @@ class S3Store(S3StoreBase):
             raise ConflictError(f"{where}: other writers kept taking seq {new[0].seq}; reload "
                                 "and retry", expected_seq=new[0].seq - 1)
         self._after_append(cid, state, fresh, stored)
+
+    def _held_partial(self, cid: str) -> Message | None:
+        blob = self.io.get(doc.partial_key(cid))
+        if blob is None:
+            return None
+        return doc.decode_partial(blob.data, self._where(doc.partial_key(cid)))
 
     def _put_segment(self, cid: str, fresh: list[Message]) -> bool:
         try:

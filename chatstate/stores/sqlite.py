@@ -39,7 +39,7 @@ from ..transcript import (
 )
 from ._files import ensure_dir
 from ._sqlite_conn import SqliteConnection
-from .base import CheckReport, Location, check_append
+from .base import CheckReport, Location, check_append, check_partial_commit
 
 
 class SqliteStore(SqliteConnection):
@@ -148,11 +148,18 @@ class SqliteStore(SqliteConnection):
                                  (cid, seq)).fetchone()
                 return str(row[0]) if row else ""
 
-            already = check_append(f"{self.path} conversation {cid!r}", count - 1, hash_at,
-                                   messages)
+            where = f"{self.path} conversation {cid!r}"
+            already = check_append(where, count - 1, hash_at, messages)
             fresh = messages[already:]
             if not fresh:
                 return
+            if fresh[0].status == "partial":
+                row = db.execute("SELECT seq, body FROM partials WHERE conversation_id=?",
+                                 (cid,)).fetchone()
+                if row is not None:
+                    prev = hash_at(row[0] - 1) if row[0] > 0 else None
+                    held = _message(row[1], chain_hash(prev, row[1]), where, row[0])
+                    check_partial_commit(where, fresh, held)
             try:
                 db.executemany("INSERT INTO messages (conversation_id, seq, body, hash) "
                                "VALUES (?, ?, ?, ?)",
