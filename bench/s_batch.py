@@ -20,7 +20,7 @@ def run(quick: bool) -> Section:
     work = WORK / "batch"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    seconds = "1.5" if quick else "4"
+    seconds = "1.5" if quick else "3"
     log(f"batch: bench/batch_throughput.py --seconds {seconds}")
     out = subprocess.run([str(PROJECT_PY), str(script), "--latency", "0.2", "--seconds",
                           seconds, "--dir", str(work)], capture_output=True, text=True,
