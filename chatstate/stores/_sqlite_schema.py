@@ -47,4 +47,16 @@ def m002_search(db: sqlite3.Connection) -> None:
         return
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial, m002_search]
+def m003_search_lazily(db: sqlite3.Connection) -> None:
+    # The full-text index is brought up to date by search(), not by every append:
+    # an FTS5 insert per message doubled the WAL bytes (and the time) of a turn.
+    db.execute("""CREATE TABLE search_progress (
+        conversation_id TEXT PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+        indexed INTEGER NOT NULL)""")
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone():
+        db.execute("INSERT INTO search_progress SELECT conversation_id, max(seq) + 1 "
+                   "FROM message_text GROUP BY conversation_id")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    m001_initial, m002_search, m003_search_lazily]

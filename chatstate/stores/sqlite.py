@@ -111,19 +111,38 @@ class SqliteStore(SqliteConnection):
                                     message_count=r[4]) for r in rows]
 
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
-        """(conversation id, seq, content) of messages containing ``text``."""
-        with self._reading() as db:
-            if self._fts:
-                phrase = '"' + text.replace('"', '""') + '"'
+        """(conversation id, seq, content) of messages containing ``text``.
+
+        FTS5 (whole words, any case) once the index has caught up with the
+        messages appended since the last search; a substring scan where FTS5 is
+        missing or the store is read-only.
+        """
+        if self._fts and not self.read_only_reason:
+            self._index_for_search()
+            phrase = '"' + text.replace('"', '""') + '"'
+            with self._reading() as db:
                 rows = db.execute("SELECT conversation_id, seq, content FROM message_text "
-                                       "WHERE message_text MATCH ? LIMIT ?",
-                                       (phrase, limit)).fetchall()
-            else:
+                                  "WHERE message_text MATCH ? LIMIT ?", (phrase, limit)).fetchall()
+        else:
+            with self._reading() as db:
                 rows = db.execute(
                     "SELECT conversation_id, seq, json_extract(body, '$.content') FROM messages "
-                    "WHERE instr(json_extract(body, '$.content'), ?) > 0 LIMIT ?",
+                    "WHERE instr(lower(json_extract(body, '$.content')), lower(?)) > 0 LIMIT ?",
                     (text, limit)).fetchall()
         return [(r[0], r[1], r[2]) for r in rows]
+
+    def _index_for_search(self) -> None:
+        with self._tx("index for search") as db:
+            behind = db.execute(
+                "SELECT c.id, coalesce(p.indexed, 0) FROM conversations c LEFT JOIN "
+                "search_progress p ON p.conversation_id = c.id "
+                "WHERE c.message_count > coalesce(p.indexed, 0)").fetchall()
+            for cid, indexed in behind:
+                db.execute("INSERT INTO message_text (content, conversation_id, seq) "
+                           "SELECT json_extract(body, '$.content'), conversation_id, seq "
+                           "FROM messages WHERE conversation_id=? AND seq>=?", (cid, indexed))
+                db.execute("INSERT OR REPLACE INTO search_progress VALUES (?, (SELECT "
+                           "message_count FROM conversations WHERE id=?))", (cid, cid))
 
     # -- writes ----------------------------------------------------------------------
     def create(self, conversation: Conversation) -> None:
@@ -167,9 +186,6 @@ class SqliteStore(SqliteConnection):
             except sqlite3.IntegrityError:
                 raise ConflictError(f"{self.path} conversation {cid!r}: another writer took "
                                     f"seq {fresh[0].seq}; reload and retry") from None
-            if self._fts:
-                db.executemany("INSERT INTO message_text (content, conversation_id, seq) "
-                               "VALUES (?, ?, ?)", [(m.content, cid, m.seq) for m in fresh])
             db.execute("UPDATE conversations SET message_count=?, last_hash=?, updated_at=? "
                        "WHERE id=?", (fresh[-1].seq + 1, fresh[-1].hash, now_iso(), cid))
             db.execute("DELETE FROM partials WHERE conversation_id=? AND seq<=?",

@@ -1,0 +1,61 @@
+"""The sqlite store's named migrations, from a blank database and from an older one,
+and the full-text index that search() brings up to date lazily."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from chatstate.stores import open_store
+from chatstate.stores._sqlite_schema import APPLICATION_ID, MIGRATIONS
+from chatstate.transcript import Conversation, Message
+
+
+def seal_turns(prev: Message | None, *texts: str) -> list[Message]:
+    out: list[Message] = []
+    for text in texts:
+        prev = Message.seal(prev, role="user", content=text, turn_id=f"t{len(out)}")
+        out.append(prev)
+    return out
+
+
+def test_blank_database_gets_every_migration(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    open_store(f"sqlite://{db}").close()
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        assert con.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+
+
+def test_search_indexes_what_was_appended_since_the_last_search(tmp_path: Path) -> None:
+    store = open_store(f"sqlite://{tmp_path}/s.db")
+    store.create(Conversation(id="c"))
+    first = seal_turns(None, "the quick brown fox", "lazy dogs sleep")
+    store.append("c", first)
+    assert [(c, s) for c, s, _ in store.search("fox")] == [("c", 0)]
+    store.append("c", seal_turns(first[-1], "another fox appears"))
+    assert sorted(s for _, s, _ in store.search("FOX")) == [0, 2]
+    assert len(store.search("fox")) == 2  # indexing twice adds nothing twice
+    store.delete("c")
+    assert store.search("fox") == []
+
+
+def test_a_version_2_database_upgrades_and_keeps_its_index(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    con = sqlite3.connect(db, isolation_level=None)
+    for migration in MIGRATIONS[:2]:
+        migration(con)
+    con.execute("PRAGMA user_version=2")
+    con.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    msgs = seal_turns(None, "an old fox", "an old hen")
+    con.execute("INSERT INTO conversations (id, created_at, updated_at, message_count, "
+                "last_hash) VALUES ('old', 'x', 'x', 2, ?)", (msgs[-1].hash,))
+    for m in msgs:
+        con.execute("INSERT INTO messages VALUES ('old', ?, ?, ?)", (m.seq, m.body(), m.hash))
+        con.execute("INSERT INTO message_text VALUES (?, 'old', ?)", (m.content, m.seq))
+    con.close()
+    store = open_store(f"sqlite://{db}")
+    assert [m.content for m in store.load("old").messages] == ["an old fox", "an old hen"]
+    assert [s for _, s, _ in store.search("old")] == [0, 1]  # backfilled, not indexed twice
+    with sqlite3.connect(db) as check:
+        assert check.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
