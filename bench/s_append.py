@@ -256,9 +256,10 @@ def _targets(p: Plan, samples: dict[tuple[str, int], list[float]], counts: Count
     why = ("" if worst <= 1.5 else
            f"{fs_sqlite:.1f} fsyncs per turn like the floor's 2, but each flushes more: "
            f"~{kib:.0f} KiB of WAL frames per turn vs the floor's {kib_floor:.1f} KiB "
-           "(most of it the FTS5 search index; see README). cProfile puts ~93% of a turn in "
-           "SQLite's COMMIT; Python work is ~0.1 ms per turn. Ratios swing with the "
-           "machine's load (see the per-length values)")
+           "(whole b-tree pages: the message, the conversation row and its index). "
+           "cProfile puts ~75% of an append in SQLite's COMMIT (WAL write + fdatasync); "
+           "Python work is ~0.1 ms per append. Ratios swing with the machine's load "
+           "(see the per-length values)")
     out.append(Target("append", "sqlite ≤ 1.5× floor at every length",
                       ", ".join(ratio(r) for r in ratios), worst <= 1.5, why))
     if 1000 in lengths:
