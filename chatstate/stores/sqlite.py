@@ -313,26 +313,32 @@ def _message(body: str, hash_: str, where: str, seq: int) -> Message:
     return parse_message({**item, "hash": hash_}, where, seq)
 
 
-def _decode_rows(rows: list[Any], where: str) -> list[Message]:
+def _decode_rows(rows: list[Any], where: str, chunk: int = 2048) -> list[Message]:
     """Every row as a Message, the chain verified; damage is named by its seq.
 
-    The fast path validates all bodies in one pydantic-core call over a JSON
-    array (no per-row json.loads); anything odd falls back to the row-by-row
-    path, which names the first bad row.
+    The fast path validates the bodies of a chunk of rows in one pydantic-core
+    call over a JSON array (no per-row json.loads; chunks bound the transient
+    memory); anything odd falls back to the row-by-row path, which names the
+    first bad row.
     """
+    messages: list[Message] = []
+    prev: str | None = None
     try:
-        bodies = [raw.decode("utf-8") for _, raw, _ in rows]
-        array = "[" + ",".join(body[:-1] + ',"hash":"' + row[2] + '"}'
-                               for body, row in zip(bodies, rows, strict=True)) + "]"
-        messages = _message_list().validate_json(array)
+        for start in range(0, len(rows), chunk):
+            part = rows[start:start + chunk]
+            bodies = [raw.decode("utf-8") for _, raw, _ in part]
+            array = "[" + ",".join(body[:-1] + ',"hash":"' + row[2] + '"}'
+                                   for body, row in zip(bodies, part, strict=True)) + "]"
+            decoded = _message_list().validate_json(array)
+            for offset, (body, msg, (seq, _, hash_)) in enumerate(
+                    zip(bodies, decoded, part, strict=True)):
+                position = start + offset
+                if seq != position or msg.seq != seq or chain_hash(prev, body) != hash_:
+                    _broken(where, position)
+                prev = hash_
+            messages.extend(decoded)
     except ValueError:  # UnicodeDecodeError, pydantic's ValidationError: find the row
         return _decode_rows_one_by_one(rows, where)
-    prev: str | None = None
-    triples = zip(bodies, messages, rows, strict=True)
-    for position, (body, msg, (seq, _, hash_)) in enumerate(triples):
-        if seq != position or msg.seq != seq or chain_hash(prev, body) != hash_:
-            _broken(where, position)
-        prev = hash_
     return messages
 
 
