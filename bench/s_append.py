@@ -296,9 +296,48 @@ def _targets(p: Plan, samples: dict[tuple[str, int], list[float]], counts: Count
     return out
 
 
+def _requests(moto: Moto) -> int:
+    """HTTP requests moto has served so far (one access-log line each)."""
+    return sum(1 for line in moto.log.read_text(errors="replace").splitlines()
+               if _ACCESS.search(line))
+
+
+_ACCESS = re.compile(r'"(GET|PUT|POST|DELETE|HEAD) [^"]*" \d{3}')
+
+
+def count_s3_requests(p: Plan, moto: Moto) -> dict[int, float]:
+    """S3 requests per turn of the s3 store, from moto's access log around the turns."""
+    work = WORK / "append-s3-requests"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    driver = Driver(PROJECT_PY, "drv_append.py", ["chatstate-s3", str(work),
+                                                  moto.new_store_url()], env=AWS_ENV)
+    per_turn: dict[int, float] = {}
+    try:
+        for n in p.lengths:
+            driver.call(op="setup", n=n)
+            before = _requests(moto)
+            driver.call(op="turns", k=p.count_k[n], mark=False)
+            per_turn[n] = (_requests(moto) - before) / p.count_k[n]
+            driver.call(op="teardown")
+    finally:
+        driver.close()
+    return per_turn
+
+
 def run(quick: bool, moto: Moto) -> Section:
     p = plan(quick)
     samples = measure(p, moto)
     counts = count_fsyncs(p, moto)
-    return report(p, samples, counts)
+    section = report(p, samples, counts)
+    requests = count_s3_requests(p, moto)
+    row = ["chatstate-s3", *(f"{requests[n]:.1f}" for n in p.lengths),
+           f"{median(samples[('chatstate-s3', p.lengths[-1])]) * 1000:.1f} ms per turn"]
+    section.body += "\n\n" + "\n\n".join([
+        "S3 requests per turn (user message + reply, not streamed), counted from the moto "
+        "server's access log around the timed turns; the latency is the median above. "
+        "A streamed reply adds one request per flush of the partial (every 0.25 s).",
+        table(["store", *(f"{n:,}" for n in p.lengths), "latency at the longest"], [row]),
+    ])
+    return section
 
