@@ -28,6 +28,7 @@ from typing import Any
 from .doctor import redact_url, scrub
 from .durability import host_identity, inspect
 from .errors import ChatstateError
+from .stores._files import fsync_dir
 
 __all__ = ["PROBE_DB", "ProbeReportError", "diff", "load_report", "run", "store_dir"]
 
@@ -104,7 +105,7 @@ def sqlite_rows(directory: Path) -> dict[str, Any]:
     try:
         if not out["existed"]:  # 0600 whatever the umask, and the new name made durable
             os.close(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-            _fsync_dir(directory)
+            fsync_dir(directory)
         db = sqlite3.connect(file, timeout=5, isolation_level=None)
         try:
             db.execute("PRAGMA synchronous=FULL")
@@ -123,14 +124,6 @@ def sqlite_rows(directory: Path) -> dict[str, Any]:
     except (OSError, sqlite3.Error) as exc:
         out["error"] = scrub(f"{type(exc).__name__}: {exc}")
     return out
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _now() -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from .durability import host_identity
 from .errors import ChatstateError
+from .stores._files import fsync_dir, write_all
 
 __all__ = ["FILE_NAME", "SurvivalError", "SurvivalFileMissing", "Verification", "verify",
            "write"]
@@ -65,11 +66,11 @@ def write(directory: str | os.PathLike[str], note: str | None = None) -> dict[st
             record["sha256"] = digest(record)
             line = json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
             torn = bool(existing) and not existing.endswith(b"\n")
-            _write_all(fd, (("\n" if torn else "") + line).encode())
+            write_all(fd, (("\n" if torn else "") + line).encode())
             os.fsync(fd)
         finally:
             os.close(fd)  # closing releases the lock
-        _fsync_dir(root)  # the file's name is durable too, not only its bytes
+        fsync_dir(root)  # the file's name is durable too, not only its bytes
     except OSError as exc:
         raise SurvivalError(f"could not append a survival record to {path}: "
                             f"{exc.strerror or exc}") from exc
@@ -84,7 +85,7 @@ def _ensure_dir(root: Path) -> None:
         p = p.parent
     for d in reversed(missing):
         d.mkdir(mode=0o700)
-        _fsync_dir(d.parent)
+        fsync_dir(d.parent)
 
 
 def _read_fd(fd: int) -> bytes:
@@ -93,20 +94,6 @@ def _read_fd(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _last_seq(raw: bytes) -> int:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlparse
 
-from ..errors import ConflictError, CorruptTranscriptError
+from ..errors import ChatstateError, ConflictError, CorruptTranscriptError
 from ..transcript import Conversation, ConversationSummary, Message, verify_chain
 
 
@@ -118,6 +120,15 @@ class Store(Protocol):
     def check(self) -> CheckReport:
         """Write, read back and delete a probe in the real store. Never raises."""
         ...
+
+
+def local_path(url: str, example: str) -> Path:
+    """The absolute path of a ``json://`` or ``sqlite://`` URL (no I/O)."""
+    parsed = urlparse(url)
+    path = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
+    if not path.startswith("/"):
+        raise ChatstateError(f"store URL {url!r} needs an absolute path: {example}")
+    return Path(path)
 
 
 def check_append(where: str, last_seq: int, hash_at: Callable[[int], str],

@@ -18,7 +18,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from ..errors import (
     ChatstateError,
@@ -41,7 +40,7 @@ from ._files import (
     sync_durably,
     temp_target,
 )
-from .base import CheckReport, Location, check_append, check_partial_commit
+from .base import CheckReport, Location, check_append, check_partial_commit, local_path
 
 Snapshot = tuple[dict[str, Any], list[str], list[Message]]
 
@@ -59,12 +58,7 @@ class JsonStore:
 
     @classmethod
     def from_url(cls, url: str) -> JsonStore:
-        parsed = urlparse(url)
-        path = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
-        if not path.startswith("/"):
-            raise ChatstateError(f"json store URL {url!r} needs an absolute path: "
-                                 "json:///abs/dir")
-        return cls(Path(path), url)
+        return cls(local_path(url, "json:///abs/dir"), url)
 
     def location(self) -> Location:
         return Location(url=self.url, path=str(self.root))

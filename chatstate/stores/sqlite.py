@@ -17,12 +17,8 @@ import json
 import os
 import sqlite3
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
-
-from pydantic import TypeAdapter
 
 from ..errors import (
     ChatstateError,
@@ -34,15 +30,14 @@ from ..transcript import (
     Conversation,
     ConversationSummary,
     Message,
-    brief,
     chain_hash,
     now_iso,
-    parse_message,
     validate_id,
 )
 from ._files import ensure_dir
 from ._sqlite_conn import SqliteConnection
-from .base import CheckReport, Location, check_append, check_partial_commit
+from ._sqlite_rows import decode_rows, row_message, row_text
+from .base import CheckReport, Location, check_append, check_partial_commit, local_path
 
 
 class SqliteStore(SqliteConnection):
@@ -55,12 +50,7 @@ class SqliteStore(SqliteConnection):
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
-        parsed = urlparse(url)
-        path = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
-        if not path.startswith("/"):
-            raise ChatstateError(f"sqlite store URL {url!r} needs an absolute path: "
-                                 "sqlite:///abs/file.db")
-        return cls(Path(path), url)
+        return cls(local_path(url, "sqlite:///abs/file.db"), url)
 
     def location(self) -> Location:
         return Location(url=self.url, path=str(self.path))
@@ -88,7 +78,7 @@ class SqliteStore(SqliteConnection):
                                   "conversation_id=?", (cid,)).fetchone()
             finally:
                 db.execute("COMMIT")
-        messages = _decode_rows(rows, where)
+        messages = decode_rows(rows, where)
         if len(messages) != head[5] or (messages[-1].hash if messages else None) != last_hash:
             # the chain cannot see its own tail cut off; the conversation row can
             position = min(head[5], len(messages))
@@ -99,8 +89,8 @@ class SqliteStore(SqliteConnection):
         partial = None
         if prow is not None and prow[0] == len(messages):
             prev = messages[-1].hash if messages else None
-            text = _text(prow[1], where, prow[0])
-            partial = _message(text, chain_hash(prev, text), where, prow[0])
+            text = row_text(prow[1], where, prow[0])
+            partial = row_message(text, chain_hash(prev, text), where, prow[0])
         return Conversation.model_construct(
             id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
             metadata=json.loads(head[4]), messages=messages, partial=partial)
@@ -180,7 +170,7 @@ class SqliteStore(SqliteConnection):
                                  (cid,)).fetchone()
                 if row is not None:
                     prev = hash_at(row[0] - 1) if row[0] > 0 else None
-                    held = _message(row[1], chain_hash(prev, row[1]), where, row[0])
+                    held = row_message(row[1], chain_hash(prev, row[1]), where, row[0])
                     check_partial_commit(where, fresh, held)
             try:
                 db.executemany("INSERT INTO messages (conversation_id, seq, body, hash) "
@@ -289,78 +279,3 @@ class SqliteStore(SqliteConnection):
         except (ChatstateError, sqlite3.Error, OSError) as exc:
             report.error = str(exc)
         return report
-
-
-def _text(raw: bytes, where: str, seq: int) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CorruptTranscriptError(f"{where}: message seq {seq} is not valid UTF-8 (byte "
-                                     f"{exc.start}); the database was left as it is",
-                                     where=where, position=seq) from exc
-
-
-def _message(body: str, hash_: str, where: str, seq: int) -> Message:
-    """A stored body as a Message; a damaged row names its seq, in one line."""
-    try:
-        item = json.loads(body)
-        if not isinstance(item, dict):
-            raise ValueError(f"expected a JSON object, found {type(item).__name__}")
-    except ValueError as exc:
-        raise CorruptTranscriptError(f"{where}: message seq {seq} is unreadable "
-                                     f"({brief(exc)}); the database was left as it is",
-                                     where=where, position=seq) from exc
-    return parse_message({**item, "hash": hash_}, where, seq)
-
-
-def _decode_rows(rows: list[Any], where: str, chunk: int = 2048) -> list[Message]:
-    """Every row as a Message, the chain verified; damage is named by its seq.
-
-    The fast path validates the bodies of a chunk of rows in one pydantic-core
-    call over a JSON array (no per-row json.loads; chunks bound the transient
-    memory); anything odd falls back to the row-by-row path, which names the
-    first bad row.
-    """
-    messages: list[Message] = []
-    prev: str | None = None
-    try:
-        for start in range(0, len(rows), chunk):
-            part = rows[start:start + chunk]
-            bodies = [raw.decode("utf-8") for _, raw, _ in part]
-            array = "[" + ",".join(body[:-1] + ',"hash":"' + row[2] + '"}'
-                                   for body, row in zip(bodies, part, strict=True)) + "]"
-            decoded = _message_list().validate_json(array)
-            for offset, (body, msg, (seq, _, hash_)) in enumerate(
-                    zip(bodies, decoded, part, strict=True)):
-                position = start + offset
-                if seq != position or msg.seq != seq or chain_hash(prev, body) != hash_:
-                    _broken(where, position)
-                prev = hash_
-            messages.extend(decoded)
-    except ValueError:  # UnicodeDecodeError, pydantic's ValidationError: find the row
-        return _decode_rows_one_by_one(rows, where)
-    return messages
-
-
-def _decode_rows_one_by_one(rows: list[Any], where: str) -> list[Message]:
-    messages: list[Message] = []
-    prev: str | None = None
-    for position, (seq, raw, hash_) in enumerate(rows):
-        body = _text(raw, where, seq)
-        msg = _message(body, hash_, where, seq)
-        if seq != position or msg.seq != seq or chain_hash(prev, body) != hash_:
-            _broken(where, position)
-        messages.append(msg)
-        prev = hash_
-    return messages
-
-
-def _broken(where: str, position: int) -> None:
-    raise CorruptTranscriptError(
-        f"{where}: hash chain broken at seq {position} (a message was edited, removed or "
-        "reordered); the database was left as it is", where=where, position=position)
-
-
-@cache
-def _message_list() -> TypeAdapter[list[Message]]:
-    return TypeAdapter(list[Message])
