@@ -45,7 +45,7 @@ def url_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     if kind == "sqlite":
         return f"sqlite://{tmp_path}/s.db"
     if S3_SKIP is not None or new_bucket_url is None:
-        pytest.skip(S3_SKIP or S3_MISSING)
+        pytest.skip(reason=S3_SKIP or S3_MISSING)
     endpoint = request.getfixturevalue("moto_endpoint")
     return new_bucket_url(endpoint)
 

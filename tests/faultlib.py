@@ -125,7 +125,8 @@ def require_tool(*names: str) -> None:
     """Skip, saying which, when a tool the tier needs is missing."""
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (scripts/test-prereqs installs them)")
+        pytest.skip(reason=f"{', '.join(missing)} not installed "
+                    "(scripts/test-prereqs installs them)")
 
 
 def run(*args: str | Path, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:

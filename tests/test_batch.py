@@ -192,7 +192,7 @@ def test_directory_input_and_hostile_ids_stay_inside_the_output_directory(
 
 def test_ephemeral_locations_are_refused_unless_allowed(tmp_path: Path, fake: FakeModel) -> None:
     if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm here")
+        pytest.skip(reason="no /dev/shm here")
     write_jsonl(tmp_path / "in.jsonl", 2)
     shm = Path("/dev/shm") / f"chatstate-batch-test-{uuid.uuid4().hex[:8]}"
     try:

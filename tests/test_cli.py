@@ -271,7 +271,7 @@ def test_reader_going_away_keeps_the_partial_and_says_how_to_retry(tmp_path: Pat
 @pytest.fixture
 def shm_dir() -> Iterator[Path]:
     if not Path("/dev/shm").is_dir():
-        pytest.skip("no /dev/shm on this machine")
+        pytest.skip(reason="no /dev/shm on this machine")
     path = Path("/dev/shm") / f"chatstate-cli-test-{uuid.uuid4().hex[:8]}"
     try:
         yield path

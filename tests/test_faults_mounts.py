@@ -81,7 +81,7 @@ def namespace_unavailable() -> str | None:
 def ns() -> Iterator[Namespace]:
     reason = namespace_unavailable()
     if reason:
-        pytest.skip(reason)
+        pytest.skip(reason=reason)
     space = Namespace()
     try:
         yield space
@@ -113,7 +113,7 @@ def assert_unchanged(ns: Namespace, url: str, before: list[str], user: list[str]
 def loop_ext4(ns: Namespace, tmp_path: Path) -> Path:
     require_tool("mkfs.ext4", "losetup")
     if not os.path.exists("/dev/loop-control"):
-        pytest.skip("no loop devices (/dev/loop-control missing)")
+        pytest.skip(reason="no loop devices (/dev/loop-control missing)")
     image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
     mnt.mkdir()
     with open(image, "wb") as fh:
@@ -122,7 +122,7 @@ def loop_ext4(ns: Namespace, tmp_path: Path) -> Path:
     assert made.returncode == 0, made.stderr
     mounted = ns.run("mount", "-o", "loop", image, mnt, check=False)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()}")
+        pytest.skip(reason=f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()}")
     return mnt
 
 
@@ -180,7 +180,7 @@ def read_only_view(ns: Namespace, tmp_path: Path) -> tuple[Path, Path]:
 def remount_ro(ns: Namespace, view: Path) -> None:
     done = ns.run("mount", "-o", "remount,ro,bind", view, check=False)
     if done.returncode != 0:
-        pytest.skip(f"cannot remount a bind mount read-only here: {done.stderr.strip()}")
+        pytest.skip(reason=f"cannot remount a bind mount read-only here: {done.stderr.strip()}")
 
 
 def test_mount_turns_read_only_under_a_running_writer(ns: Namespace, tmp_path: Path) -> None:
@@ -239,7 +239,7 @@ def public_view(ns: Namespace, source: Path) -> Path:
         if os.path.isdir(base) and not os.listdir(base):
             break
     else:
-        pytest.skip("no empty world-searchable directory (/srv, /media) to mount over")
+        pytest.skip(reason="no empty world-searchable directory (/srv, /media) to mount over")
     ns.run("mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", base)
     ns.run("mkdir", f"{base}/chatstate")
     ns.run("mount", "--bind", source, f"{base}/chatstate")

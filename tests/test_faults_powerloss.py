@@ -92,7 +92,7 @@ class LazyMount:
 def lazy(tmp_path: Path) -> Iterator[LazyMount]:
     reason = fuse_unavailable()
     if reason:
-        pytest.skip(reason)
+        pytest.skip(reason=reason)
     require_tool("fusermount3")
     mount = LazyMount(tmp_path)
     mount.mount()

@@ -164,7 +164,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
     require_tool("strace")
     probe = run("strace", "-f", "-e", "trace=getpid", "-o", "/dev/null", PYTHON, "-c", "1")
     if probe.returncode != 0:
-        pytest.skip(f"strace cannot trace here (ptrace refused?): {probe.stderr.strip()}")
+        pytest.skip(reason=f"strace cannot trace here (ptrace refused?): {probe.stderr.strip()}")
     srv = ForkServer(tmp_path_factory.mktemp("forkserver"))
     yield srv
     srv.close()

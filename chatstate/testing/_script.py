@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -129,11 +130,12 @@ _FAULT_KINDS = {"fail_next": "fail", "cut_stream_next": "cut", "hang_next": "han
                 "malformed_next": "malformed"}
 
 
-class Controls:
+class Controls(ABC):
     """The scripting API of the fake model. Subclasses deliver commands via ``_command``."""
 
+    @abstractmethod
     def _command(self, command: str, args: dict[str, Any]) -> Any:
-        raise NotImplementedError
+        """Deliver ``command`` to the fake (in-process, or over HTTP) and return its answer."""
 
     def fail_next(self, status: int = 429, *, times: int = 1,
                   retry_after: float | str | None = None, message: str | None = None) -> None:
