@@ -6,6 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from chatstate.stores import open_store
 from chatstate.stores._sqlite_schema import APPLICATION_ID, MIGRATIONS
 from chatstate.transcript import Conversation, Message
@@ -59,3 +61,28 @@ def test_a_version_2_database_upgrades_and_keeps_its_index(tmp_path: Path) -> No
     assert [s for _, s, _ in store.search("old")] == [0, 1]  # backfilled, not indexed twice
     with sqlite3.connect(db) as check:
         assert check.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+def test_network_filesystem_falls_back_to_a_rollback_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """WAL needs shared memory that nfs/cifs/sshfs do not give: the store says so and
+    uses a rollback journal with synchronous=EXTRA. (The mount table is faked: this
+    machine has no network filesystem to put a database on.)"""
+    from chatstate import durability
+
+    real = durability.inspect
+
+    def on_nfs(path: object, **kw: object) -> durability.Report:
+        report = real(path, **kw)  # type: ignore[arg-type]
+        report.fstype, report.network_fs = "nfs4", True
+        return report
+
+    monkeypatch.setattr(durability, "inspect", on_nfs)
+    store = open_store(f"sqlite://{tmp_path}/n.db")
+    assert any("network filesystem" in note for note in store.recovery)
+    with sqlite3.connect(tmp_path / "n.db") as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 3  # EXTRA
+    store.create(Conversation(id="c"))
+    store.append("c", seal_turns(None, "still works"))
+    assert [m.content for m in store.load("c").messages] == ["still works"]
