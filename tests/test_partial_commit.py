@@ -38,3 +38,22 @@ def test_committing_a_stale_partial_is_refused(store_url: str) -> None:
     conv = open_store(store_url).load("c")
     assert [(m.status, m.content) for m in conv.messages[1:]] == [("partial", newer.content)]
     assert conv.partial is None and conv.verify() is None
+
+
+def test_a_streaming_writer_stops_once_its_partial_was_kept_by_another(store_url: str) -> None:
+    """Writer A streams; writer B keeps A's partial in the chain. A's next flush must fail
+    (so A never shows text that is not kept), and what B kept is what A had shown."""
+    streaming, keeper = open_store(store_url), open_store(store_url)
+    streaming.create(Conversation(id="c"))
+    user = Message.seal(None, role="user", content="question", turn_id="t1")
+    streaming.append("c", [user])
+    shown = partial(user, "what A has shown")
+    streaming.save_partial("c", shown)
+    seen_by_keeper = keeper.load("c").partial
+    assert seen_by_keeper is not None and seen_by_keeper.hash == shown.hash
+    keeper.append("c", [seen_by_keeper])
+    with pytest.raises(ConflictError):
+        streaming.save_partial("c", partial(user, "what A has shown, and more"))
+    conv = open_store(store_url).load("c")
+    assert [(m.status, m.content) for m in conv.messages[1:]] == [("partial", shown.content)]
+    assert conv.partial is None and conv.verify() is None

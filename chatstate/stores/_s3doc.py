@@ -154,5 +154,10 @@ def decode_partial(raw: bytes, where: str) -> Message:
     return _message(msg, where, position if isinstance(position, int) else -1)
 
 
-def encode_partial(cid: str, msg: Message) -> bytes:
-    return encode({"conversation": cid, "message": msg.model_dump()})
+def encode_partial(cid: str, msg: Message, *, claimed: bool = False) -> bytes:
+    """``claimed``: another writer is keeping this partial in the chain (so the bytes,
+    and the e-tag, change and the streaming writer's next If-Match fails)."""
+    body: dict[str, Any] = {"conversation": cid, "message": msg.model_dump()}
+    if claimed:
+        body["claimed"] = True
+    return encode(body)

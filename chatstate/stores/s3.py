@@ -153,7 +153,7 @@ class S3Store(S3StoreBase):
                 already = _decide(where, new, None, stored)
             fresh = new[already:]
             if fresh and fresh[0].status == "partial":
-                check_partial_commit(where, fresh, self._held_partial(cid))
+                self._claim_partial(cid, where, fresh)
             if not fresh or self._put_segment(cid, fresh):
                 break
             stored, tail = None, None  # another writer (or our own lost attempt) has that seq
@@ -162,11 +162,28 @@ class S3Store(S3StoreBase):
                                 "and retry", expected_seq=new[0].seq - 1)
         self._after_append(cid, state, fresh, stored)
 
-    def _held_partial(self, cid: str) -> Message | None:
-        blob = self.io.get(doc.partial_key(cid))
+    def _claim_partial(self, cid: str, where: str, fresh: list[Message]) -> None:
+        """Before keeping a partial reply in the chain, take it from whoever streams it.
+
+        The stored partial must be the one being kept (check_partial_commit), and it
+        is rewritten with If-Match as claimed: a live writer's next flush then fails
+        its own If-Match and it stops before showing text that would not be kept.
+        """
+        key = doc.partial_key(cid)
+        blob = self.io.get(key)
         if blob is None:
-            return None
-        return doc.decode_partial(blob.data, self._where(doc.partial_key(cid)))
+            return
+        held = doc.decode_partial(blob.data, self._where(key))
+        check_partial_commit(where, fresh, held)
+        if held.seq != fresh[0].seq:
+            return
+        try:
+            self.io.put(key, doc.encode_partial(cid, held, claimed=True), etag=blob.etag,
+                        create=blob.etag is None, action="claim the partial reply at")
+        except (Stale, Exists):
+            raise ConflictError(f"{self._where(key)}: the partial reply changed while it was "
+                                "being kept (another writer is still streaming it); reload "
+                                "and retry", expected_seq=fresh[0].seq - 1) from None
 
     def _put_segment(self, cid: str, fresh: list[Message]) -> bool:
         try:
