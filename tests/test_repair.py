@@ -71,3 +71,22 @@ def test_repair_of_an_unknown_id_is_a_clear_error(tmp_path: Path, kind: str) -> 
     done = chatstate(url, "repair", "nope")
     assert done.returncode == 1
     assert "no conversation 'nope'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_s3_repair_copies_the_objects_aside_before_removing_them(moto_endpoint: str) -> None:
+    from s3server import new_bucket_url, object_keys, read_object, write_object
+
+    url = new_bucket_url(moto_endpoint)
+    populate(url)
+    [key] = [k for k in object_keys(url) if "/m/" in k]
+    original = read_object(url, key)
+    assert original is not None and b'"hello"' in original
+    damaged = original.replace(b'"hello"', b'"HELLO"')
+    write_object(url, key, damaged)
+    assert chatstate(url, "replay", "bad").returncode == 1
+    done = chatstate(url, "repair", "bad")
+    assert done.returncode == 0, done.stderr
+    kept = [k for k in object_keys(url, "quarantine") if k.endswith(key)]
+    assert len(kept) == 1 and read_object(url, kept[0]) == damaged
+    assert object_keys(url, "conversations/bad") == []
+    assert chatstate(url, "ask", "--model", "fake", "--id", "bad", "again").returncode == 0

@@ -299,6 +299,14 @@ class S3Store(S3StoreBase):
                                 "row; retry")
         chain.update_index(self.io, cid, None, header, title=title)
 
+    def quarantine(self, conversation_id: str) -> str:
+        """Copy a (damaged) conversation aside under quarantine/, then remove it."""
+        from ._s3repair import quarantine
+
+        cid = validate_id(conversation_id)
+        self._chains.pop(cid, None)
+        return quarantine(self.io, cid, self.url)
+
     def delete(self, conversation_id: str) -> None:
         cid = validate_id(conversation_id)
         self._header(cid)
