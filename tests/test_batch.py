@@ -86,6 +86,25 @@ def test_always_failing_record_fails_after_exactly_max_attempts_calls(
     assert invoke(["batch", "verify", "--out", str(out)]).code == 0  # failed is not inconsistent
 
 
+def test_retry_failed_gives_failed_records_fresh_attempts_once_the_cause_is_fixed(
+        tmp_path: Path, fake: FakeModel) -> None:
+    fake.add_rule(contains="FAIL-ME", status=500)
+    write_jsonl(tmp_path / "in.jsonl", 2, extra={"bad": "FAIL-ME please"})
+    out = tmp_path / "out"
+    first = _run(tmp_path / "in.jsonl", out, fake, "--max-attempts", "2", env=FAST_RETRIES)
+    assert first.code == 1 and "1 failed" in first.out
+    fake.reset()  # the outage is over
+    plain = _run(tmp_path / "in.jsonl", out, fake, "--max-attempts", "2")
+    assert plain.code == 1 and calls_by_record(fake.request_log) == {}  # failed stays failed
+    again = _run(tmp_path / "in.jsonl", out, fake, "--max-attempts", "2", "--retry-failed")
+    assert again.code == 0, again.err
+    assert "retrying 1 failed record(s)" in again.err
+    assert list(calls_by_record(fake.request_log)) == ["bad"]  # done records are not re-called
+    row = ledger_rows(out / ".chatstate-batch.db")["bad"]
+    assert (row["status"], row["attempts"]) == ("done", 1)
+    assert invoke(["batch", "verify", "--out", str(out)]).code == 0
+
+
 def test_retry_after_is_honoured_and_each_request_is_an_attempt(
         tmp_path: Path, fake: FakeModel) -> None:
     fake.fail_next(429, retry_after=0.4)

@@ -241,6 +241,13 @@ class Ledger:
             "done_at=NULL, updated_at=? WHERE id=? AND status='done' AND output_sha256=?",
             (why, now_iso(), rid, sha)).rowcount == 1
 
+    def requeue_failed(self) -> list[str]:
+        """Failed rows back to pending with fresh attempts (an explicit --retry-failed)."""
+        rows = self._exec(
+            "UPDATE records SET status='pending', attempts=0, updated_at=? "
+            "WHERE status='failed' RETURNING id", (now_iso(),)).fetchall()
+        return sorted(r[0] for r in rows)
+
     def expire(self, max_attempts: int) -> list[str]:
         """Pending rows that already used ``max_attempts`` become failed; returns their ids."""
         rows = self._exec(

@@ -211,8 +211,12 @@ class Batch:
 
     def run(self, source: Source | None = None, *, limit: int | None = None,
             progress: Callable[[Progress], None] | None = None,
-            interval: float = 0.5) -> Summary:
-        """Register ``source``, recover, then process pending records (at most ``limit``)."""
+            interval: float = 0.5, retry_failed: bool = False) -> Summary:
+        """Register ``source``, recover, then process pending records (at most ``limit``).
+
+        ``retry_failed`` first gives every ``failed`` record fresh attempts (after the
+        cause, say a bad prompt or an outage, is fixed); otherwise they stay failed.
+        """
         from ._pool import Pool
 
         started = time.monotonic()
@@ -224,6 +228,9 @@ class Batch:
         self._max_attempts = self.max_attempts  # resolved once: the threads read it often
         ledger.set_meta("max_attempts", str(self._max_attempts))
         found = self.recover()
+        if retry_failed:
+            again = ledger.requeue_failed()
+            self.echo(f"retrying {len(again)} failed record(s) with fresh attempts")
         for rid in ledger.expire(self.max_attempts):
             self.echo(f"failed {rid!r}: it has used its {self.max_attempts} attempts")
         worker = Worker.current()

@@ -62,10 +62,13 @@ def batch() -> None:
               help="Process at most N records in this run.")
 @click.option("--transcripts", is_flag=True, help="Also keep each call as a one-turn "
               "conversation in the transcript store (--store), for replay.")
+@click.option("--retry-failed", is_flag=True, help="Give records that ended 'failed' fresh "
+              "attempts (once their cause is fixed).")
 @click.pass_obj
 def run(env: Env, input_path: str, prompt: str, out: str, ledger: str | None,
         system: str | None, model: str | None, base_url: str | None, concurrency: int,
-        max_attempts: int | None, limit: int | None, transcripts: bool) -> None:
+        max_attempts: int | None, limit: int | None, transcripts: bool,
+        retry_failed: bool) -> None:
     """Run TEMPLATE over every record of INPUT (.jsonl or directory).
 
     Rerun the same command after a crash: it recovers first, then carries on.
@@ -86,7 +89,8 @@ def run(env: Env, input_path: str, prompt: str, out: str, ledger: str | None,
             api_key=api_key, concurrency=concurrency, max_attempts=max_attempts,
             transcripts=store, allow_ephemeral=env.allow_ephemeral, echo=_echo))
         with _progress() as show:
-            summary = job.run(input_path, limit=limit, progress=show)
+            summary = job.run(input_path, limit=limit, progress=show,
+                              retry_failed=retry_failed)
     for line in summary.lines():
         click.echo(line)
     if summary.interrupted:
