@@ -182,3 +182,25 @@ def test_library_errors_logs_and_store_never_hold_the_key(
         assert canary not in text
     assert_not_in_store(root, canary)
     assert_fake_saw_key_but_kept_none(fake, canary)
+
+
+def test_a_canary_key_never_appears_in_drill_output_or_its_store(tmp_path: Path) -> None:
+    """The drill's writers inherit the environment (and a .env in the cwd): nothing of the
+    key may reach its table, its JSON, its logs or the store it drilled."""
+    canary = "sk-canary-drill-" + secrets.token_hex(8)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    (work / ".env").write_text(f"OPENAI_API_KEY={canary}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHATSTATE_", "OPENAI_"))}
+    env["CHATSTATE_API_KEY"] = canary
+    store = tmp_path / "store"
+    for fmt in ([], ["--json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "chatstate", "--debug", "--store", f"json://{store}",
+             "drill", "--trials", "4", "--seed", "3", *fmt],
+            capture_output=True, text=True, cwd=work, env=env, timeout=180)
+        assert done.returncode == 0, done.stderr
+        assert canary not in done.stdout and canary not in done.stderr
+    for path in store.rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
