@@ -70,10 +70,11 @@ def test_ask_streams_only_the_reply_on_stdout(local_store_url: str, tmp_path: Pa
 
 @pytest.mark.parametrize("args", [["-"], []], ids=["dash", "absent"])
 def test_ask_reads_stdin(local_store_url: str, args: list[str]) -> None:
-    """PROMPT '-' or absent reads stdin; the text is stored exactly as piped."""
-    prompt = "from stdin\nsecond line\n"
+    """PROMPT '-' or absent reads stdin; the text is stored as piped, less the one newline
+    that ends it (as a shell's $(...) drops it)."""
+    piped, prompt = "from stdin\nsecond line\n", "from stdin\nsecond line"
     result = invoke(["ask", "--model", "fake", "--id", "piped", *args],
-                    store=local_store_url, input=prompt)
+                    store=local_store_url, input=piped)
     assert result.code == 0, result.err
     assert result.out == expected_reply(("user", prompt)) + "\n"
     assert replay_json(local_store_url, "piped")["messages"][0]["content"] == prompt

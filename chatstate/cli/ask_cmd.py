@@ -74,7 +74,8 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
     if prompt is None or prompt == "-":
         if sys.stdin.isatty():
             click.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
-        prompt = sys.stdin.read()
+        # like $(...) in a shell: the newline that ends the piped text is not part of it
+        prompt = sys.stdin.read().removesuffix("\n")
     text = valid_text(prompt, "the prompt")
     if not text.strip():
         raise click.UsageError("empty prompt: pass PROMPT or pipe text on stdin")

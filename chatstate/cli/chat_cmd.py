@@ -7,6 +7,7 @@ kept) without leaving the REPL; Ctrl-D exits.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -48,6 +49,9 @@ class Repl:
         self.chat = session
         self.stream = stream
         self.read = make_reader()
+        # A shell starts background jobs with SIGINT ignored, and that is inherited; the
+        # REPL's Ctrl-C (cancel the reply in flight, keep the partial) needs it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def say(self, text: str) -> None:
         click.echo(text, err=True)
@@ -92,7 +96,9 @@ class Repl:
             self.say(f"! the last turn was interrupted: {turn.describe()}. Type /retry to "
                      "complete it.")
             if turn.partial is not None:
-                self.say("  partial reply so far: " + neutralise(turn.partial.content[-200:]))
+                tail = turn.partial.content
+                tail = tail if len(tail) <= 200 else "…" + tail[-200:]
+                self.say("  partial reply so far: " + neutralise(tail))
 
     def show(self, m: Any) -> None:
         tag = " (partial)" if m.status == "partial" else ""
