@@ -90,3 +90,16 @@ def test_s3_repair_copies_the_objects_aside_before_removing_them(moto_endpoint: 
     assert len(kept) == 1 and read_object(url, kept[0]) == damaged
     assert object_keys(url, "conversations/bad") == []
     assert chatstate(url, "ask", "--model", "fake", "--id", "bad", "again").returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_repair_leaves_a_healthy_conversation_alone_unless_forced(tmp_path: Path,
+                                                                 kind: str) -> None:
+    url = f"json://{tmp_path}/store" if kind == "json" else f"sqlite://{tmp_path}/s.db"
+    populate(url)
+    refused = chatstate(url, "repair", "bad")
+    assert refused.returncode == 1 and "nothing to repair" in refused.stderr
+    assert chatstate(url, "replay", "bad", "--verify").returncode == 0
+    forced = chatstate(url, "repair", "bad", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert chatstate(url, "replay", "bad").returncode == 1

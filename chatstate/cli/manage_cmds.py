@@ -179,15 +179,28 @@ def search(env: Env, text: str, limit: int) -> None:
 
 @click.command()
 @click.argument("conversation_id", metavar="ID")
+@click.option("--force", is_flag=True, help="Quarantine it even if it loads and verifies.")
 @click.pass_obj
-def repair(env: Env, conversation_id: str) -> None:
-    """Quarantine a damaged transcript (moved aside, never deleted)."""
+def repair(env: Env, conversation_id: str, force: bool) -> None:
+    """Quarantine a damaged transcript (moved aside, never deleted).
+
+    A conversation that loads and verifies is left alone unless --force.
+    """
+    from ..errors import CorruptTranscriptError
+
     store = env.store()
     quarantine = getattr(store, "quarantine", None)
     if quarantine is None:
-        fail(f"{store.url}: this store has no repair yet; copy the damaged object aside by "
-             "hand")
+        fail(f"{store.url}: this store has no repair; copy the damaged object aside by hand")
         return
+    if not force:
+        try:
+            conv = store.load(conversation_id)
+        except CorruptTranscriptError as exc:
+            click.echo(f"damaged: {exc}", err=True)
+        else:
+            fail(f"{conversation_id!r} loads and its hash chain verifies ({len(conv.messages)} "
+                 "messages): there is nothing to repair. Use --force to move it aside anyway.")
     where = quarantine(conversation_id)
     click.echo(f"moved {conversation_id} to {where}; the conversation id is free again",
                err=True)
