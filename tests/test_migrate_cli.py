@@ -52,3 +52,10 @@ def test_migrate_copies_then_skips_then_reports_a_divergent_destination(tmp_path
     assert "c" in clash.stderr and "CONFLICT" in clash.stderr and "Traceback" not in clash.stderr
     kept = open_store(dst)
     assert [m.content for m in kept.load("c").messages] == ["the destination's own"]
+
+
+def test_migrate_from_a_store_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    done = chatstate("migrate", "--from", f"json://{missing}", "--to", f"sqlite://{tmp_path}/d.db")
+    assert done.returncode == 1 and "does not exist" in done.stderr
+    assert not missing.exists() and not (tmp_path / "d.db").exists()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
-from .common import Env, describe_store
+from .common import Env, describe_store, fail
 
 
 @click.command()
@@ -24,8 +25,12 @@ def migrate(env: Env, src_url: str, dst_url: str, verify: bool, as_json: bool) -
     reported and never overwritten; it makes the exit code 1.
     """
     from ..migrate import migrate as run_migrate
-    from ..stores import open_store
+    from ..stores import open_store, store_class
 
+    source = store_class(src_url.split("://", 1)[0]).from_url(src_url).location()
+    if source.path is not None and not os.path.exists(source.path):
+        fail(f"the source store {source.path} does not exist: check --from (nothing was "
+             "created or copied)")
     src = open_store(src_url, allow_ephemeral=True)  # reading from a throwaway box is the point
     describe_store(src)
     dst = open_store(dst_url, allow_ephemeral=env.allow_ephemeral)

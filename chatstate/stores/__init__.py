@@ -54,8 +54,11 @@ def store_class(scheme: str) -> Any:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == scheme:
             return ep.load()
-    known = ", ".join(sorted(BUILTIN))
-    raise ChatstateError(f"unknown store scheme {scheme!r}: use one of {known}:// or install "
+    if not scheme:
+        raise ChatstateError("a store URL needs a scheme: sqlite:///abs/file.db, "
+                             "json:///abs/dir or s3://bucket/prefix")
+    known = ", ".join(f"{name}://" for name in sorted(BUILTIN))
+    raise ChatstateError(f"unknown store scheme {scheme!r}: use one of {known} or install "
                          f"a package that registers it under the {ENTRY_POINT_GROUP!r} "
                          "entry point group")
 
