@@ -415,3 +415,14 @@ def test_importing_the_adapter_stays_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_no_api_key_for_the_openai_default_is_a_clear_error_before_any_request(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from chatstate.errors import ModelError
+
+    monkeypatch.chdir(tmp_path)  # no .env here
+    for name in ("OPENAI_API_KEY", "CHATSTATE_API_KEY", "OPENAI_BASE_URL", "CHATSTATE_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ModelError, match=r"no API key .* --model fake"):
+        make_adapter()

@@ -79,6 +79,13 @@ def _backend(settings: ModelSettings, client: Any, *, explicit_timeout: bool,
         from .wire import WireBackend
 
         key = settings.api_key.get_secret_value() if settings.api_key else None
+        if key is None and "api.openai.com" in settings.base_url:
+            from ..errors import ModelError
+
+            raise ModelError(
+                f"no API key for {settings.base_url}: set OPENAI_API_KEY (or "
+                "CHATSTATE_API_KEY, or put it in .env), point CHATSTATE_BASE_URL at a local "
+                "OpenAI-compatible server, or try chatstate offline with --model fake")
         return WireBackend(settings.base_url, key, timeout=settings.timeout,
                            connect_timeout=settings.connect_timeout)
     import openai
