@@ -23,6 +23,7 @@ one that changed since it was loaded belongs to a live writer.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from typing import Any
 
 from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
+
+log = logging.getLogger("chatstate.session")
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ class Chat:
 
     def _append(self, messages: list[Message]) -> None:
         self.store.append(self.id, messages)
+        log.debug("%s: stored %s", self.id, ", ".join(
+            f"seq {m.seq} ({m.role}, {m.status}, turn {m.turn_id})" for m in messages))
         conv = self.conversation
         conv.messages = conv.messages + messages
         if conv.partial is not None and conv.partial.seq <= messages[-1].seq:

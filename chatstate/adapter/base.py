@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import ModelError
 from ._parse import StreamAccumulator, parse_completion
 from ._policy import AttemptFailed, RetryPolicy, to_model_error
+
+log = logging.getLogger("chatstate.adapter")
 
 __all__ = [
     "AttemptFailed",
@@ -180,6 +183,10 @@ class RetryingAdapter:
                 delay = self.policy.delay(failure, number)
                 if delay is None:
                     raise self._error(failure, number, len(shown)) from failure
+                # status and kind only: a provider's message could echo what it was sent
+                what = f"HTTP {failure.status}" if failure.status else failure.kind
+                log.warning("%s: attempt %d failed (%s); retrying in %.2f s",
+                            self.backend.endpoint, number, what, delay)
                 self._sleep(delay)
         raise AssertionError("unreachable")
 

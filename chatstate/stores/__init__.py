@@ -8,6 +8,7 @@ point group, keyed by URL scheme.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 
 from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
 from .base import CheckReport, Location, Store
+
+log = logging.getLogger("chatstate.stores")
 
 __all__ = ["CheckReport", "Location", "Store", "default_store_url", "guard", "open_store",
            "store_class"]
@@ -107,6 +110,9 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Any:
     report = guard(store, allow_ephemeral=allow_ephemeral)
     store.open()
     store.guard_report = report
+    log.debug("opened %s: %s", store.url, report.one_line())
+    for note in store.recovery:
+        log.info("%s: recovered: %s", store.url, note)
     record = dict(host_identity(), opened_at=datetime.now(timezone.utc).isoformat(),
                   pid=os.getpid(), verdict=report.verdict)
     if getattr(store, "read_only_reason", None):
