@@ -132,9 +132,9 @@ def test_deleted_and_edited_outputs_are_detected_and_redone(tmp_path: Path,
 
     rerun = _run(tmp_path / "in.jsonl", out, fake)
     assert rerun.code == 0, rerun.err
-    assert "redoing 'rec-001': done, but the output file is missing" in rerun.err
-    assert "redoing 'rec-002': its output changed after it was done (the changed file was " \
-           "moved to .quarantine/rec-002.txt)" in rerun.err
+    assert "requeued 'rec-001' to be redone: done, but the output file is missing" in rerun.err
+    assert ("requeued 'rec-002' to be redone: its output changed after it was done (the "
+            "changed file was moved to .quarantine/rec-002.txt)") in rerun.err
     assert "this run: 2 done" in rerun.out
     assert (out / "rec-001.txt").read_text() == good
     assert (out / ".quarantine" / "rec-002.txt").read_text() == "edited by hand"  # never deleted
@@ -303,3 +303,18 @@ def test_an_external_ledger_belongs_to_one_output_directory(tmp_path: Path,
     assert other.code == 1
     assert f"ledger {ledger} belongs to output directory {tmp_path / 'a'}" in other.err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_changed_prompt_on_the_same_output_directory_is_refused(
+        tmp_path: Path, fake: FakeModel) -> None:
+    write_jsonl(tmp_path / "in.jsonl", 2)
+    out = tmp_path / "out"
+    first = _run(tmp_path / "in.jsonl", out, fake)
+    assert first.code == 0, first.err
+    other = invoke(["batch", "run", str(tmp_path / "in.jsonl"), "--prompt", "Other: {text}",
+                    "--out", str(out), "--base-url", fake.base_url, "--model", "m"])
+    assert other.code == 1 and "was started with another prompt" in other.err
+    assert "Traceback" not in other.err
+    odd = invoke(["batch", "run", str(tmp_path / "in.jsonl"), "--prompt", "{title}: {text}",
+                  "--out", str(tmp_path / "out2"), "--base-url", fake.base_url, "--model", "m"])
+    assert odd.code == 0 and "{title} in the prompt is not a placeholder" in odd.err

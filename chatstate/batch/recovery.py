@@ -51,10 +51,11 @@ class Recovery:
         if self.failed:
             out.append(f"failed {_few(self.failed)}: their worker died on their last attempt")
         if self.missing:
-            out.append(f"redoing {_few(self.missing)}: done, but the output file is missing")
+            out.append(f"requeued {_few(self.missing)} to be redone: done, but the output "
+                       "file is missing")
         for rid, moved in self.changed:
-            out.append(f"redoing {rid!r}: its output changed after it was done (the changed "
-                       f"file was moved to {moved})")
+            out.append(f"requeued {rid!r} to be redone: its output changed after it was done "
+                       f"(the changed file was moved to {moved})")
         if self.temps:
             out.append(f"removed {len(self.temps)} temp file(s) of killed writes: "
                        f"{_few(self.temps)}")

@@ -12,7 +12,9 @@ threads are in ``_pool``; one record's steps in ``_record``.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -91,6 +93,20 @@ class Batch:
         self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
         self._ledger: Ledger | None = None
         self._reports: list[Report] | None = None
+
+    def _same_prompt(self, ledger: Ledger) -> None:
+        """One output directory, one prompt: a changed template would mix two jobs' outputs."""
+        job = json.dumps({"prompt": self.prompt, "system": self.system}, sort_keys=True)
+        first = ledger.set_meta("job", job, only_if_absent=True)
+        if first != job:
+            was = json.loads(first)
+            raise InputError(
+                f"{self.out} was started with another prompt or system message "
+                f"(prompt {was['prompt']!r}, system {was['system']!r}); its done outputs came "
+                "from that one. Rerun with the same --prompt/--system, or use a new --out.")
+        for name in sorted(set(re.findall(r"\{(\w+)\}", self.prompt)) - {"text", "id"}):
+            self.echo(f"note: {{{name}}} in the prompt is not a placeholder (only {{text}} and "
+                      "{id} are); it is sent as written")
 
     def __enter__(self) -> Batch:
         return self
@@ -224,6 +240,7 @@ class Batch:
             self.add(source)
         self.probe()
         ledger = self._open(create=True)
+        self._same_prompt(ledger)
         ensure_dir(self.out)
         self._max_attempts = self.max_attempts  # resolved once: the threads read it often
         ledger.set_meta("max_attempts", str(self._max_attempts))
