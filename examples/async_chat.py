@@ -1,6 +1,6 @@
 """AsyncChat: the same durable turns from asyncio, several conversations at once.
 
-    python examples/async_chat.py [STORE_URL]
+    .venv/bin/python examples/async_chat.py [STORE_URL]
 
 The store is STORE_URL, else CHATSTATE_STORE, else SQLite in your user data
 directory. Uses the built-in fake model, so it runs offline with no key.

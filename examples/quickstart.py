@@ -1,6 +1,6 @@
 """chatstate quick start: two durable turns, then a replay of the verified transcript.
 
-    python examples/quickstart.py [STORE_URL]
+    .venv/bin/python examples/quickstart.py [STORE_URL]
 
 The store is STORE_URL, else CHATSTATE_STORE, else SQLite in your user data
 directory. Without CHATSTATE_BASE_URL / OPENAI_BASE_URL it talks to the

@@ -1,6 +1,6 @@
 """Resume an interrupted turn: the question was stored before the model was asked.
 
-    python examples/resume_interrupted.py [STORE_URL]
+    .venv/bin/python examples/resume_interrupted.py [STORE_URL]
 
 The built-in fake model drops the stream after a few chunks, with retries off,
 so the turn fails halfway. A new Chat on the same conversation (as a restarted

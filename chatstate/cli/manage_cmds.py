@@ -164,11 +164,17 @@ def search(env: Env, text: str, limit: int) -> None:
     if hasattr(store, "search"):
         hits = store.search(text, limit=limit)
     else:
+        from ..errors import CorruptTranscriptError
+
         hits = []
         for summary in store.list_conversations():
-            for m in store.load(summary.id).messages:
-                if text.lower() in m.content.lower():
-                    hits.append((summary.id, m.seq, m.content))
+            try:
+                messages = store.load(summary.id).messages
+            except CorruptTranscriptError as exc:  # one damaged transcript hides no others
+                click.echo(f"skipped a damaged conversation: {exc}", err=True)
+                continue
+            hits += [(summary.id, m.seq, m.content) for m in messages
+                     if text.lower() in m.content.lower()]
             if len(hits) >= limit:
                 break
     for cid, seq, content in hits[:limit]:
