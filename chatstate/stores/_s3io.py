@@ -208,6 +208,11 @@ class S3IO:
                 "AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and the bucket policy.") from exc
         except Exception as exc:  # obstore raises BaseError, OSError, ValueError, RuntimeError
             text = scrub(str(exc))
+            if "169.254.169.254" in text and not _credentials_in_env():
+                raise StoreUnavailable(
+                    f"could not {action} {where}: no AWS credentials were found (none in the "
+                    "environment, and no instance metadata service answered). Set "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE).") from exc
             if "NoSuchBucket" in text:
                 raise StoreUnavailable(
                     f"could not {action} {where}: bucket {self.target.bucket!r} does not exist "
@@ -261,3 +266,9 @@ class S3IO:
         with self._call("list", prefix + "/"):
             result = obstore.list_with_delimiter(self.client, prefix)
         return sorted(p.rsplit("/", 1)[-1] for p in result["common_prefixes"])
+
+
+def _credentials_in_env() -> bool:
+    return any(os.environ.get(name) for name in (
+        "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"))
