@@ -388,3 +388,16 @@ def test_credentials_from_a_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 def test_missing_bucket_says_so(moto_endpoint: str) -> None:
     with pytest.raises(StoreUnavailable, match="does not exist"):
         open_store(s3_url(moto_endpoint, "no-such-bucket-here"))
+
+
+def test_missing_credentials_are_said_plainly() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    done = subprocess.run([sys.executable, "-m", "chatstate", "--store",
+                           "s3://no-such-bucket/p?region=us-east-1", "list"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1
+    assert "no AWS credentials were found" in done.stderr and "Traceback" not in done.stderr
