@@ -7,6 +7,7 @@ until that module and ``chatstate.stores.s3`` exist, its parameter skips.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,3 +71,11 @@ def store(store_url: str) -> Iterator[Any]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def no_model_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter is configured by the test alone, not by the developer's shell."""
+    for name in list(os.environ):
+        if name.startswith(("CHATSTATE_", "OPENAI_")):
+            monkeypatch.delenv(name)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,12 +16,7 @@ import pytest
 from chatstate import AsyncChat, Conversation, ModelError, make_adapter, open_store
 from chatstate.testing import FakeModel
 
-
-@pytest.fixture(autouse=True)
-def _no_model_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("CHATSTATE_", "OPENAI_")):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_model_settings_from_env")
 
 
 @pytest.fixture

@@ -31,11 +31,7 @@ from chatstate.testing import FakeModel
 CLI = [sys.executable, "-m", "chatstate"]
 
 
-@pytest.fixture(autouse=True)
-def _no_model_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("CHATSTATE_", "OPENAI_")):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_model_settings_from_env")
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ was sent is in the fake's request log.
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -30,12 +29,7 @@ from chatstate.testing import FakeModel
 SYSTEM = "You are terse."
 
 
-@pytest.fixture(autouse=True)
-def _no_model_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The adapter is configured by the test alone, not by the developer's shell."""
-    for name in list(os.environ):
-        if name.startswith(("CHATSTATE_", "OPENAI_")):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_model_settings_from_env")
 
 
 @pytest.fixture
