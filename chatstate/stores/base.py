@@ -150,7 +150,7 @@ def check_append(where: str, last_seq: int, hash_at: Callable[[int], str],
     prev_hash = hash_at(first - 1) if first > 0 else None
     bad = verify_chain(list(new), prev_hash, first)
     if bad is not None:
-        if first > 0 and bad == first and new[0].seq == first:
+        if first > 0 and bad == first:  # new[0] was sealed after another last message
             raise ConflictError(
                 f"{where}: seq {first} does not chain from the stored seq {first - 1}: "
                 "another writer got there first; reload and retry",
