@@ -7,6 +7,18 @@ Truncation, reordering, insertion and edits all break the chain, and
 
 Timestamps are kept as the exact ISO-8601 strings that were hashed, so a
 round trip through any store can never change a hash.
+
+From 0.2 a message holds everything a chat-completions conversation can
+contain: content as a string or a list of parts (``text``, ``image_url``,
+``file``, and kinds chatstate does not know, kept as they came), assistant
+``tool_calls``, a ``tool`` message's ``tool_call_id``, and provider fields a
+later request needs (in ``extra``). The fields added in 0.2 are left out of the
+hashed body while they are unset, so a 0.1 message hashes exactly as before.
+
+A large image or file is not kept inline: its part carries a ``blob``
+reference (``{"sha256", "size", "media_type", "name"}``) to the store's
+content-addressed blob area, and its data URL is left out. The reference is in
+the hashed body, so the chain covers the blob's digest.
 """
 
 from __future__ import annotations
@@ -15,17 +27,26 @@ import hashlib
 import json
 import re
 import secrets
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
 
 SCHEMA_VERSION = 1
 
 Role = Literal["system", "user", "assistant", "tool"]
-Status = Literal["complete", "partial"]
+Status = Literal["complete", "partial", "error", "unknown"]
+"""``complete`` and ``partial`` (a cut-off reply) for any message; a ``tool`` result is
+``error`` when the tool raised (or the call was invalid) and ``unknown`` when a
+non-idempotent tool was interrupted and may or may not have run."""
+
+Content = str | list[dict[str, Any]]
+
+# Added in 0.2: omitted from the hashed body while None, so old hashes stay valid.
+OPTIONAL_FIELDS = ("tool_calls", "tool_call_id", "name", "extra")
 
 _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -75,35 +96,103 @@ class Message(BaseModel):
 
     seq: int = Field(ge=0)
     role: Role
-    content: str
+    content: Content
     created_at: str
     turn_id: str
     status: Status = "complete"
     model: str | None = None
     usage: dict[str, int] | None = None
     params: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """Assistant tool calls as chat-completions sends them:
+    ``{"id", "type": "function", "function": {"name", "arguments"}}``, arguments the raw
+    JSON string, kept byte for byte."""
+    tool_call_id: str | None = None
+    """On a ``tool`` message: the call it answers."""
+    name: str | None = None
+    extra: dict[str, Any] | None = None
+    """Other fields the provider returned that a later request needs (``refusal``,
+    ``reasoning``, ...), kept as they came."""
     hash: str = ""
+
+    @field_validator("content")
+    @classmethod
+    def _parts_are_typed(cls, value: Content) -> Content:
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                if not isinstance(part.get("type"), str):
+                    raise ValueError(f"content part {i} has no string 'type'")
+        return value
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_have_ids(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, call in enumerate(value or ()):
+            function = call.get("function")
+            if not isinstance(call.get("id"), str) or not isinstance(function, dict) or \
+                    not isinstance(function.get("name"), str) or \
+                    not isinstance(function.get("arguments"), str):
+                raise ValueError(f"tool call {i} needs a string 'id' and a 'function' with "
+                                 "string 'name' and 'arguments'")
+        return value
 
     def body(self) -> str:
         """The canonical JSON that the hash covers."""
-        return canonical_json(self.model_dump(exclude={"hash"}))
+        unset = {f for f in OPTIONAL_FIELDS if getattr(self, f) is None}
+        return canonical_json(self.model_dump(exclude={"hash", *unset}))
 
     def expected_hash(self, prev_hash: str | None) -> str:
         return chain_hash(prev_hash, self.body())
 
     @classmethod
-    def seal(cls, prev: Message | None, *, role: Role, content: str, turn_id: str,
+    def seal(cls, prev: Message | None, *, role: Role, content: Content, turn_id: str,
              status: Status = "complete", model: str | None = None,
              usage: dict[str, int] | None = None, params: dict[str, Any] | None = None,
-             created_at: str | None = None) -> Message:
-        """Build the next message after ``prev`` with its seq and chain hash filled in."""
+             created_at: str | None = None, **fields: Any) -> Message:
+        """Build the next message after ``prev`` with its seq and chain hash filled in.
+
+        ``fields`` are the 0.2 fields (``tool_calls``, ``tool_call_id``, ``name``, ``extra``).
+        """
         draft = cls(seq=0 if prev is None else prev.seq + 1, role=role, content=content,
                     created_at=created_at or now_iso(), turn_id=turn_id, status=status,
-                    model=model, usage=usage, params=params)
+                    model=model, usage=usage, params=params, **fields)
         return draft.model_copy(update={"hash": draft.expected_hash(prev.hash if prev else None)})
 
-    def to_openai(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    @property
+    def text(self) -> str:
+        """The text of the message: the content string, or its text parts joined."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+
+    def blob_refs(self) -> list[dict[str, Any]]:
+        """The blob references this message names (each ``{"sha256", "size", ...}``)."""
+        if isinstance(self.content, str):
+            return []
+        return [p["blob"] for p in self.content if isinstance(p.get("blob"), dict)]
+
+    def to_openai(self, blob: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
+        """The chat-completions request form of this message.
+
+        ``blob`` turns a part that carries a blob reference into the part to send
+        (the data inlined as a data URL); it is required when the message names blobs.
+        """
+        content: Any = self.content
+        if isinstance(content, list):
+            if blob is None and self.blob_refs():
+                raise ValueError(f"message seq {self.seq} names blobs: pass blob= to inline them")
+            content = [blob(p) if blob is not None and "blob" in p else p for p in content]
+        out: dict[str, Any] = {"role": self.role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+            if content == "":
+                out["content"] = None
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 class ConversationSummary(BaseModel):

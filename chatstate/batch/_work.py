@@ -107,8 +107,8 @@ def ask_with_transcript(store: Any, cid: str, adapter: ModelAdapter, prompt: str
 
     chat = Chat(store, conversation_id=cid, adapter=adapter, system=system, title=title)
     if chat.interrupted is not None:
-        return chat.retry(**dict(params or {})).content
+        return chat.retry(**dict(params or {})).text
     last = chat.conversation.last
     if last is not None and last.role == "assistant" and last.status == "complete":
-        return last.content
-    return chat.send(prompt, **dict(params or {})).content
+        return last.text
+    return chat.send(prompt, **dict(params or {})).text

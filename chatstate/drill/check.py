@@ -210,7 +210,7 @@ class Checker:
             if cid != conv.id:
                 continue
             stored = latest.get(turn_id)
-            content = stored.content if stored is not None else ""
+            content = stored.text if stored is not None else ""
             ended = (cid, turn_id) in log.ended
             if not content.startswith(text) or (ended and not _complete(conv, turn_id)):
                 self._flag(tally, "lost", f"{cid}: turn {turn_id}: the writer rendered "
