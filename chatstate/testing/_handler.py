@@ -8,6 +8,7 @@ sees, not a polite end of stream.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import socket
@@ -259,14 +260,21 @@ class _Handler(BaseHTTPRequestHandler):
             "time": time.time(), "method": self.command, "path": self.path,
             "body": body or None, "messages": body.get("messages"), "model": body.get("model"),
             "stream": bool(body.get("stream")),
-            # Presence only: the value is a credential and must never be recorded.
+            # Presence only: the value is a credential and must never be recorded. The
+            # fingerprint (12 hex of its sha256) lets a test tell which key arrived.
             "authorization": "Authorization" in self.headers,
+            "authorization_fingerprint": fingerprint(self.headers.get("Authorization")),
             "status": status, "behaviour": behaviour,
         }
 
     def _pause(self, seconds: float) -> None:
         if seconds > 0:
             self.server.stopping.wait(seconds)
+
+
+def fingerprint(value: str | None) -> str | None:
+    """A short, one-way tag of a header value: enough to compare, useless to replay."""
+    return None if value is None else hashlib.sha256(value.encode()).hexdigest()[:12]
 
 
 class _Reply(NamedTuple):
