@@ -85,6 +85,7 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(2048)  # listening before the URL is printed: early clients queue, not fail
     bound = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(
         with_access_log(create_app(config)), log_level="warning", access_log=False,

@@ -90,6 +90,8 @@ class Plan:
     conversation_id: str
     new: list[dict[str, Any]]
     """Incoming messages that are not stored yet (the last one is the request's)."""
+    stored: Conversation | None = None
+    """The conversation continued, as loaded (None: a new one)."""
     fork_of: Conversation | None = None
     common: int = 0
     """With ``fork_of``: how many of its visible messages the fork starts with."""
@@ -107,9 +109,9 @@ def reconcile(conv: Conversation | None, conversation_id: str, fork_id: str,
             break
         common += 1
     if common == len(stored) and len(incoming) > common:
-        return Plan(conv.id, [dict(m) for m in incoming[common:]])
+        return Plan(conv.id, [dict(m) for m in incoming[common:]], stored=conv)
     if common == len(stored) == len(incoming) and stored and stored[-1]["role"] != "assistant":
-        return Plan(conv.id, [])  # the same request again: answer the unanswered turn
+        return Plan(conv.id, [], stored=conv)  # the same request again: answer that turn
     return Plan(fork_id, [dict(m) for m in incoming[common:]], fork_of=conv, common=common)
 
 

@@ -76,7 +76,7 @@ class Writer:
 
     def _write(self, plan: Plan, incoming: Sequence[Mapping[str, Any]]) -> Turn:
         forked_from = None
-        loaded = None if plan.fork_of is not None else self._load(plan.conversation_id)
+        loaded = plan.stored
         if plan.fork_of is not None:
             conv, forked_from = self._fork(plan)
         elif loaded is None:

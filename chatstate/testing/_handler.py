@@ -32,6 +32,7 @@ from ._script import Fault, Script
 class FakeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # close() drops connections itself; never wait on a hung handler
+    request_queue_size = 512  # a load test opens hundreds of streams at once
 
     def __init__(self, address: tuple[str, int], script: Script) -> None:
         self.script = script
