@@ -89,7 +89,7 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
     bound = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(
         with_access_log(create_app(config)), log_level="warning", access_log=False,
-        timeout_graceful_shutdown=max(1, round(drain)), lifespan="on"))
+        timeout_graceful_shutdown=max(1, drain), lifespan="on"))
     click.echo(f"serving on http://{host}:{bound}/v1 (upstream {_shown(base)})", err=True)
     try:
         server.run(sockets=[sock])
