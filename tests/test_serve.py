@@ -508,3 +508,16 @@ def test_kill_9_under_load_loses_nothing_any_client_received(tmp_path: Path, fak
         post(again, {"model": "m", "messages": USER}, **{"X-Chatstate-Conversation": "load-0"})
         statuses = [m.status for m in load(url, "load-0").messages if m.role == "assistant"]
         assert statuses[-1] == "complete"
+
+
+def test_doctor_reports_a_running_proxy(proxy: ServeProcess, tmp_path: Path) -> None:
+    from cli_helpers import cli_env, run_cli
+
+    url = local_url("sqlite", tmp_path)
+    ok = run_cli(["doctor", "--serve-url", proxy.root, "--json"], cli_env(tmp_path), store=url)
+    assert ok.code == 0, ok.err
+    assert json.loads(ok.out)["serve"]["ready"] is True
+    down = run_cli(["doctor", "--serve-url", "http://127.0.0.1:9"], cli_env(tmp_path),
+                   store=url)
+    assert down.code == 1 and "NOT READY" in down.out
+    assert "chatstate serve at http://127.0.0.1:9/readyz is not ready" in down.out
