@@ -1,7 +1,7 @@
-"""Clients we did not write, pointed at ``chatstate serve``: llm (in a venv of its own).
+"""Clients we did not write, pointed at ``chatstate serve``, each in a venv of its own:
+llm (through extra-openai-models.yaml) and LangChain's ChatOpenAI (langchain-openai).
 
-The openai SDK and curl are in test_serve.py; LangChain's ChatOpenAI needs the
-langchain extra, which chatstate does not have yet.
+The openai SDK and curl are in test_serve.py.
 """
 
 from __future__ import annotations
@@ -47,3 +47,35 @@ def test_llm_through_extra_openai_models(tmp_path: Path) -> None:
         store.close()
     replies = sorted(c.messages[-1].text for c in convs)
     assert replies == sorted(outputs) and all(r.startswith("Echo: hello from llm") for r in replies)
+
+
+LANGCHAIN = ["langchain-openai==1.7.4"]
+LANGCHAIN_SCRIPT = """
+import sys
+from langchain_openai import ChatOpenAI
+chat = ChatOpenAI(base_url=sys.argv[1], api_key="unused", model="fake-model", max_retries=0)
+print(chat.invoke("hello from langchain").content)
+print("".join(str(c.content) for c in chat.stream("stream from langchain")))
+"""
+
+
+@pytest.mark.slow
+def test_langchain_chat_openai(tmp_path: Path) -> None:
+    bin_dir = cached_venv("langchain-openai", LANGCHAIN, tier="LangChain client")
+    url = f"json://{tmp_path}/store"
+    with FakeModel(reply_words=5) as fake, \
+            ServeProcess(url, fake.base_url, serve_env(tmp_path)) as proxy:
+        proc = subprocess.run([str(bin_dir / "python"), "-c", LANGCHAIN_SCRIPT, proxy.base_url],
+                              env=serve_env(tmp_path), capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert [e["stream"] for e in fake.request_log] == [False, True]
+    plain, streamed = proc.stdout.strip().splitlines()
+    store = open_store(url)
+    try:
+        replies = {store.load(s.id).messages[-1].text for s in store.list_conversations()}
+    finally:
+        store.close()
+    assert replies == {plain, streamed}
+    assert plain.startswith("Echo: hello from langchain")
+    assert streamed.startswith("Echo: stream from langchain")
