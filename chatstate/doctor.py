@@ -133,6 +133,29 @@ class DoctorReport:
     survived: Survived | None = None
     state: list[StateRow] = field(default_factory=list)
     host: dict[str, str | None] = field(default_factory=host_identity)
+    serve: dict[str, Any] | None = None
+    """A running ``chatstate serve``'s own /readyz, when asked for (``--serve-url``)."""
+
+    def add_serve(self, url: str, timeout: float = 5.0) -> None:
+        """Ask a running proxy's /readyz; not ready when it is down or says so."""
+        import httpx2
+
+        target = url.rstrip("/").removesuffix("/v1") + "/readyz"
+        try:
+            resp = httpx2.get(target, timeout=timeout)
+            body = resp.json()
+        except (httpx2.HTTPError, ValueError) as exc:
+            self.serve = {"url": redact_url(target), "ready": False,
+                          "reason": f"no answer ({type(exc).__name__})"}
+        else:
+            self.serve = {"url": redact_url(target), "ready": resp.status_code == 200 and
+                          body.get("ready") is True, "status": resp.status_code,
+                          "reason": body.get("reason"), "boot_id": body.get("boot_id"),
+                          "durability": (body.get("store") or {}).get("durability")}
+        if not self.serve["ready"]:
+            self.ready = False
+            self.problems.append(f"chatstate serve at {self.serve['url']} is not ready: "
+                                 f"{self.serve['reason']}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

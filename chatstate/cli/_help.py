@@ -37,5 +37,6 @@ Commands:
   replay       Print a stored transcript.
   rm           Delete a conversation.
   search       Full-text search over transcripts.
+  serve        OpenAI-compatible proxy that stores every conversation first.
   survival     Write/verify checksummed records across restarts.
 """

@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "migrate": ("chatstate.cli.migrate_cmd", "migrate", "Copy every conversation between "
                 "stores."),
     "batch": ("chatstate.cli.batch_cmd", "batch", "Resumable batch runner."),
+    "serve": ("chatstate.cli.serve_cmd", "serve", "OpenAI-compatible proxy that stores every "
+              "conversation first."),
     "drill": ("chatstate.cli.drill_cmd", "drill", "kill -9 a writer again and again; prove "
               "nothing acknowledged was lost."),
 }

@@ -63,8 +63,12 @@ def describe_store(store: Any) -> None:
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"level": record.levelname.lower(), "logger": record.name,
-                           "message": record.getMessage(), "time": record.created})
+        line = {"level": record.levelname.lower(), "logger": record.name,
+                "message": record.getMessage(), "time": record.created}
+        fields = getattr(record, "fields", None)  # structured extras (serve's access log)
+        if isinstance(fields, dict):
+            line.update({k: v for k, v in fields.items() if k not in line})
+        return json.dumps(line)
 
 
 def run(cli: click.Group, argv: list[str] | None) -> int:

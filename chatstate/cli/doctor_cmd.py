@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--limit", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Load and verify at most this many conversations, newest first.")
+@click.option("--serve-url", metavar="URL", help="Also ask a running `chatstate serve` "
+              "(e.g. http://127.0.0.1:8080) for its /readyz.")
 @click.pass_obj
-def doctor(env: Env, as_json: bool, limit: int) -> None:
+def doctor(env: Env, as_json: bool, limit: int, serve_url: str | None) -> None:
     """Readiness check that touches real state; exit 1 when not ready.
 
     Opens the store (durability guard first), writes, reads back and deletes a
@@ -38,6 +40,8 @@ def doctor(env: Env, as_json: bool, limit: int) -> None:
         report = unreachable(url, exc)
     else:
         report = diagnose(store, limit=limit)
+    if serve_url:
+        report.add_serve(serve_url)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     elif sys.stdout.isatty():
@@ -66,6 +70,10 @@ def _summary(report: DoctorReport) -> list[tuple[str, str]]:
         rows.append(("conversations", f"{c2.checked} checked{more}: {bad}{inter}"))
     if report.survived:
         rows.append(("survived", report.survived.sentence()))
+    if report.serve:
+        s = report.serve
+        rows.append(("serve", f"{s['url']}: " + ("ready" if s["ready"] else
+                                                 f"NOT READY ({s['reason']})")))
     host = report.host
     rows.append(("this host", f"boot id {host['boot_id'] or '?'}, hostname "
                  f"{host['hostname']}, DEPLOY_ID {host['deploy_id'] or '(unset)'}"))

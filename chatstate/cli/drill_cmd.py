@@ -37,10 +37,14 @@ from .common import Env, describe_store, fail
 @click.option("--max-seconds", type=click.FloatRange(1), default=900.0, show_default=True,
               help="Stop starting trials after this long (all stores together).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option("--serve", "serve_mode", is_flag=True, help="Drill `chatstate serve` instead: "
+              "SIGKILL the proxy under concurrent streams (needs the serve extra).")
+@click.option("--clients", type=click.IntRange(1), default=8, show_default=True,
+              help="With --serve: concurrent streamed conversations per trial.")
 @click.pass_obj
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
-          max_seconds: float, as_json: bool) -> None:
+          max_seconds: float, as_json: bool, serve_mode: bool, clients: int) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -73,6 +77,9 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     try:
         for url in urls:
             _guard(env, url)
+            if serve_mode:
+                results.append(_serve_drill(url, trials, clients, seed))
+                continue
             left = max_seconds - sum(r.seconds for r in results)
             opts = DrillOptions(trials=trials, seed=seed, trial_timeout=trial_timeout,
                                 max_seconds=max(left, 1.0))
@@ -82,9 +89,25 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
             signal.signal(signal.SIGTERM, previous)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    _print(results, as_json, all_stores)
+    if serve_mode:
+        from ..drill.serve_drill import render_serve
+
+        click.echo(json.dumps([r.to_dict() for r in results], indent=2) if as_json
+                   else render_serve(results))
+    else:
+        _print(results, as_json, all_stores)
     if not all(r.ok for r in results):
         raise click.exceptions.Exit(1)
+
+
+def _serve_drill(url: str, trials: int, clients: int, seed: int | None) -> Any:
+    from ..drill.serve_drill import run_serve_drill
+
+    def show(result: Any) -> None:
+        click.echo(f"drill serve {result.store}: {result.trials}/{trials} kills, "
+                   f"{result.acked_turns} turns received whole, {result.lost} lost", err=True)
+
+    return run_serve_drill(url, trials=trials, clients=clients, seed=seed, progress=show)
 
 
 def _term_interrupts() -> Any:

@@ -8,6 +8,7 @@ sees, not a polite end of stream.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import socket
@@ -31,6 +32,7 @@ from ._script import Fault, Script
 class FakeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # close() drops connections itself; never wait on a hung handler
+    request_queue_size = 512  # a load test opens hundreds of streams at once
 
     def __init__(self, address: tuple[str, int], script: Script) -> None:
         self.script = script
@@ -259,14 +261,21 @@ class _Handler(BaseHTTPRequestHandler):
             "time": time.time(), "method": self.command, "path": self.path,
             "body": body or None, "messages": body.get("messages"), "model": body.get("model"),
             "stream": bool(body.get("stream")),
-            # Presence only: the value is a credential and must never be recorded.
+            # Presence only: the value is a credential and must never be recorded. The
+            # fingerprint (12 hex of its sha256) lets a test tell which key arrived.
             "authorization": "Authorization" in self.headers,
+            "authorization_fingerprint": fingerprint(self.headers.get("Authorization")),
             "status": status, "behaviour": behaviour,
         }
 
     def _pause(self, seconds: float) -> None:
         if seconds > 0:
             self.server.stopping.wait(seconds)
+
+
+def fingerprint(value: str | None) -> str | None:
+    """A short, one-way tag of a header value: enough to compare, useless to replay."""
+    return None if value is None else hashlib.sha256(value.encode()).hexdigest()[:12]
 
 
 class _Reply(NamedTuple):

@@ -1,0 +1,13 @@
+"""``chatstate serve``: an OpenAI-compatible proxy that persists every conversation first.
+
+Point any OpenAI client's base URL at it. Each request's new messages are durable
+before the request goes upstream, and each streamed chunk is durable before the
+client receives it, so what a client received is always a prefix of what the
+store holds. Needs the ``serve`` extra (uvicorn, Starlette).
+"""
+
+from __future__ import annotations
+
+from .app import CONVERSATION_HEADER, ServeConfig, create_app, with_access_log
+
+__all__ = ["CONVERSATION_HEADER", "ServeConfig", "create_app", "with_access_log"]

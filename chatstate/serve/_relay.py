@@ -1,0 +1,152 @@
+"""Relaying a streamed reply: each piece is durable before the client sees it.
+
+The upstream's events are read by one task into a queue. The relay takes every
+event that has arrived, saves the reply so far as the partial reply (one store
+write), and only then writes those events to the client; events that arrive
+while a write is in flight go into the next one (group commit). The final
+events are written after the reply is committed into the chain. So whatever a
+client received is a prefix of what the store holds, and a slow disk makes the
+client's stream move in larger steps, not fall behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from ..adapter._parse import StreamAccumulator
+from ..adapter._policy import AttemptFailed
+
+log = logging.getLogger("chatstate.serve")
+
+_END = object()
+
+
+async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event (multi-line data joined, comments dropped)."""
+    data: list[str] = []
+    async for line in lines:
+        if line == "":
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)
+
+
+class StreamRelay:
+    """One streamed turn: upstream events in, durable events out."""
+
+    def __init__(self, lines: AsyncIterator[str], *,
+                 save_partial: Callable[[str, str | None], Any],
+                 commit: Callable[[Mapping[str, Any]], Any],
+                 fail: Callable[[str], Any]) -> None:
+        self._lines = lines
+        self._save_partial = save_partial  # blocking store calls, run in a thread
+        self._commit = commit
+        self._fail = fail
+        self.acc = StreamAccumulator()
+        self.saved = ""
+        self.committed = False
+
+    async def events(self) -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for data in sse_data(self._lines):
+                    queue.put_nowait(data)
+            except Exception as exc:  # the upstream connection broke mid-stream
+                queue.put_nowait(exc)
+            finally:
+                queue.put_nowait(_END)
+
+        reader = asyncio.create_task(read())
+        try:
+            ended = False
+            while not ended:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                out: list[bytes] = []
+                done = False
+                for item in batch:
+                    if item is _END or isinstance(item, Exception):
+                        ended = True
+                        if isinstance(item, Exception):
+                            await asyncio.to_thread(self._fail, f"upstream stream broke: {item}")
+                        break
+                    assert isinstance(item, str)
+                    if item.strip() == "[DONE]":
+                        done = True
+                    else:
+                        self._feed(item)
+                    out.append(f"data: {item}\n\n".encode())
+                finished = done or (ended and self.acc.finish_reason is not None)
+                if finished and not self.committed:
+                    await asyncio.to_thread(self._commit, self.reply())
+                    self.committed = True
+                elif self.acc.text != self.saved and not self.committed:
+                    await self.save()
+                if out:
+                    yield b"".join(out)
+        finally:
+            reader.cancel()
+
+    def _feed(self, data: str) -> None:
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            log.warning("serve: relaying an upstream event that is not JSON: %.80s", data)
+            return
+        try:
+            self.acc.feed(chunk)
+        except AttemptFailed as exc:  # an error event or a misshapen chunk: relayed as is
+            log.warning("serve: upstream stream: %s", exc)
+
+    async def save(self) -> None:
+        text = self.acc.text
+        await asyncio.to_thread(self._save_partial, text, self.acc.model)
+        self.saved = text
+
+    def save_now(self) -> None:
+        """Keep what arrived but was not relayed yet (the client went away): blocking."""
+        if not self.committed and self.acc.text != self.saved:
+            self._save_partial(self.acc.text, self.acc.model)
+            self.saved = self.acc.text
+
+    def reply(self) -> dict[str, Any]:
+        r = self.acc.reply()
+        return {"content": r.text, "model": r.model, "usage": r.usage}
+
+
+class RelayResponse(StreamingResponse):
+    """A streaming response whose clean-up runs however the response ends.
+
+    Starlette does not close the body iterator when the client disconnects, and
+    never starts it if the client is gone first; the turn's lock and upstream
+    connection must be released in every case.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Any],
+                 **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._iterator = content
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self._iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            await self._cleanup()

@@ -1,0 +1,423 @@
+"""The ASGI app of ``chatstate serve``: an OpenAI-compatible proxy that persists first.
+
+``POST /v1/chat/completions`` (plain and streamed) is forwarded to the upstream
+with every field as the client sent it; the request's new messages are durable
+before it leaves, and the reply is durable before the client sees it.
+``GET /v1/models`` passes through. ``/healthz`` says the process is up,
+``/readyz`` writes, reads back and deletes a probe in the store, and
+``/v1/chatstate/conversations[/{id}]`` lists and replays what is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..durability import boot_id
+from ..errors import ChatstateError, ConflictError, ConversationNotFound, InvalidConversationId
+from ..transcript import validate_id
+from ._history import ROLES, HistoryIndex, history_digest, wire_form
+from ._relay import RelayResponse, StreamRelay
+from ._turns import Turn, Writer
+
+log = logging.getLogger("chatstate.serve")
+access = logging.getLogger("chatstate.serve.access")
+
+CONVERSATION_HEADER = "X-Chatstate-Conversation"
+
+
+@dataclass
+class ServeConfig:
+    store: Any
+    upstream: str
+    api_key: str | None = None
+    tokens: list[str] = field(default_factory=list)
+    pass_client_key: bool = False
+    max_body: int = 32 * 1024 * 1024
+    ready_upstream: bool = False
+    timeout: float | None = 60.0
+    connect_timeout: float = 10.0
+
+
+def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+class Proxy:
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.upstream = config.upstream.rstrip("/")
+        self.writer = Writer(config.store, HistoryIndex())
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.client: httpx2.AsyncClient | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def startup(self) -> None:
+        timeout = self.config.timeout
+        connect = self.config.connect_timeout if timeout is None else min(
+            self.config.connect_timeout, timeout)
+        self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout, connect=connect))
+        count = await asyncio.to_thread(self.writer.build_index)
+        log.info("serve: indexed %d stored conversations", count)
+
+    async def shutdown(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    def _http(self) -> httpx2.AsyncClient:
+        assert self.client is not None, "the app's lifespan has not started"
+        return self.client
+
+    # -- auth ------------------------------------------------------------------------------
+    def authorized(self, request: Request) -> bool:
+        if not self.config.tokens:
+            return True
+        if self.config.pass_client_key:
+            given = request.headers.get("x-chatstate-token", "")
+        else:
+            given = _bearer(request.headers.get("authorization", ""))
+        return any(hmac.compare_digest(given.encode(), t.encode()) for t in self.config.tokens)
+
+    def upstream_headers(self, request: Request) -> dict[str, str]:
+        headers = {"User-Agent": "chatstate-serve"}
+        if self.config.pass_client_key:
+            if "authorization" in request.headers:
+                headers["Authorization"] = request.headers["authorization"]
+        elif self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    # -- endpoints ---------------------------------------------------------------------------
+    async def chat_completions(self, request: Request) -> Response:
+        body = await _read_body(request, self.config.max_body)
+        if isinstance(body, Response):
+            return body
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            return openai_error(400, f"the request body is not JSON ({exc})")
+        problem = _check_request(data)
+        if problem:
+            return openai_error(400, problem)
+        try:
+            cid = _conversation_id(request, data)
+        except InvalidConversationId as exc:
+            return openai_error(400, str(exc))
+        messages: list[dict[str, Any]] = data["messages"]
+        lock = self._lock(cid or history_digest([wire_form(m) for m in messages[:-1]]))
+        await lock.acquire()
+        try:
+            turn = await asyncio.to_thread(self.writer.begin, cid, messages)
+        except ConflictError as exc:
+            lock.release()
+            return openai_error(409, f"conversation changed by another writer: {exc}",
+                                "conflict")
+        except ChatstateError as exc:
+            lock.release()
+            return openai_error(500, f"the conversation could not be stored, so the request "
+                                f"was not sent: {exc}", "storage_error")
+        except ValueError as exc:  # pydantic: a message chatstate cannot hold
+            lock.release()
+            return openai_error(400, f"a message could not be stored: {exc}")
+        headers = {CONVERSATION_HEADER: turn.id}
+        forward = _forward_body(data)
+        try:
+            if data.get("stream"):
+                return await self._stream(request, turn, forward, headers, lock)
+            return await self._plain(request, turn, forward, headers)
+        finally:
+            if not data.get("stream"):
+                lock.release()
+
+    async def _plain(self, request: Request, turn: Turn, forward: dict[str, Any],
+                     headers: dict[str, str]) -> Response:
+        try:
+            resp = await self._http().post(self.upstream + "/chat/completions", json=forward,
+                                           headers=self.upstream_headers(request))
+        except httpx2.HTTPError as exc:
+            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
+            return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
+                                "upstream_error")
+        if resp.status_code >= 400:
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code,
+                                    resp.text)
+            return _passthrough(resp, headers)
+        try:
+            reply = _reply_fields(resp.json())
+        except ValueError as exc:
+            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
+            return openai_error(502, f"the upstream reply is not a chat completion: {exc}",
+                                "upstream_error")
+        await asyncio.to_thread(self.writer.commit, turn, reply)
+        return _passthrough(resp, headers)
+
+    async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
+                      headers: dict[str, str], lock: asyncio.Lock) -> Response:
+        http = self._http()
+        try:
+            upstream_request = http.build_request(
+                "POST", self.upstream + "/chat/completions", json=forward,
+                headers={**self.upstream_headers(request), "Accept": "text/event-stream"})
+            resp = await http.send(upstream_request, stream=True)
+        except httpx2.HTTPError as exc:
+            lock.release()
+            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
+            return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
+                                "upstream_error")
+        if resp.status_code >= 400:
+            content = await resp.aread()
+            await resp.aclose()
+            lock.release()
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code,
+                                    content.decode("utf-8", "replace"))
+            return Response(content, resp.status_code, headers=headers,
+                            media_type=resp.headers.get("content-type"))
+        writer = self.writer
+        relay = StreamRelay(
+            resp.aiter_lines(),
+            save_partial=lambda text, model: writer.save_partial(turn, text, model),
+            commit=lambda reply: writer.commit(turn, reply),
+            fail=lambda detail: writer.note_failure(turn, 502, detail))
+
+        async def cleanup() -> None:
+            try:
+                await resp.aclose()
+                if not relay.committed:  # the client went away, or the upstream did
+                    await asyncio.to_thread(relay.save_now)
+                    log.info("serve: %s: turn %s left as partial (%d chars)", turn.id,
+                             turn.turn_id, len(relay.saved))
+            finally:
+                lock.release()
+
+        return RelayResponse(relay.events(), cleanup, headers=headers,
+                             media_type="text/event-stream")
+
+    async def models(self, request: Request) -> Response:
+        try:
+            resp = await self._http().get(self.upstream + "/models",
+                                          headers=self.upstream_headers(request))
+        except httpx2.HTTPError as exc:
+            return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
+                                "upstream_error")
+        return _passthrough(resp, {})
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "boot_id": boot_id(),
+                             "durability": self._verdict()})
+
+    async def readyz(self, request: Request) -> Response:
+        report = await asyncio.to_thread(self.config.store.check)
+        body: dict[str, Any] = {"ready": report.ok, "boot_id": boot_id(),
+                                "store": {"durability": self._verdict(),
+                                          "check": report.to_dict()}}
+        if not report.ok:
+            body["reason"] = f"store check failed: {report.error}"
+        if self.config.ready_upstream:
+            upstream = await self._upstream_ready(request)
+            body["upstream"] = upstream
+            if not upstream["ok"]:
+                body["ready"] = False
+                body.setdefault("reason", f"upstream not ready: {upstream['detail']}")
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+    async def _upstream_ready(self, request: Request) -> dict[str, Any]:
+        try:
+            resp = await self._http().get(self.upstream + "/models", timeout=3.0,
+                                          headers=self.upstream_headers(request))
+        except httpx2.HTTPError as exc:
+            return {"ok": False, "detail": f"unreachable ({type(exc).__name__})"}
+        ok = resp.status_code < 400
+        return {"ok": ok, "status": resp.status_code,
+                "detail": "GET /models answered" if ok else f"HTTP {resp.status_code}"}
+
+    def _verdict(self) -> str | None:
+        report = getattr(self.config.store, "guard_report", None)
+        return getattr(report, "verdict", None)
+
+    async def conversations(self, request: Request) -> Response:
+        rows = await asyncio.to_thread(self.config.store.list_conversations)
+        return JSONResponse({"object": "list", "data": [r.model_dump() for r in rows]})
+
+    async def conversation(self, request: Request) -> Response:
+        from ..transfer import render
+
+        try:
+            cid = validate_id(request.path_params["cid"])
+            conv = await asyncio.to_thread(self.config.store.load, cid)
+        except InvalidConversationId as exc:
+            return openai_error(400, str(exc))
+        except ConversationNotFound:
+            return openai_error(404, "no such conversation", "not_found")
+        except ChatstateError as exc:
+            return openai_error(500, str(exc), "storage_error")
+        return Response(render(conv, "json"), media_type="application/json")
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+
+def create_app(config: ServeConfig) -> Starlette:
+    """The proxy as an ASGI app (its lifespan opens the upstream client and the index)."""
+    proxy = Proxy(config)
+    guarded = {"/v1/chat/completions": proxy.chat_completions, "/v1/models": proxy.models,
+               "/v1/chatstate/conversations": proxy.conversations,
+               "/v1/chatstate/conversations/{cid}": proxy.conversation}
+    routes = [Route(path, _authorize(proxy, handler), methods=["GET"] if "completions"
+                    not in path else ["POST"]) for path, handler in guarded.items()]
+    routes += [Route("/healthz", proxy.healthz), Route("/readyz", proxy.readyz)]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await proxy.startup()
+        try:
+            yield
+        finally:
+            await proxy.shutdown()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.proxy = proxy
+    return app
+
+
+def with_access_log(app: ASGIApp) -> ASGIApp:
+    """One log line per request: method, path, status, milliseconds, conversation id."""
+
+    async def logged(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        start, status, conversation = time.perf_counter(), 0, None
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, conversation
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                for name, value in message.get("headers", []):
+                    if name.lower() == CONVERSATION_HEADER.lower().encode():
+                        conversation = value.decode()
+            await send(message)
+
+        try:
+            await app(scope, receive, send_wrapper)
+        finally:
+            fields = {"method": scope["method"], "path": scope["path"], "status": status,
+                      "ms": round((time.perf_counter() - start) * 1000, 2),
+                      "conversation": conversation}
+            access.info("%s %s %s %.1fms", fields["method"], fields["path"], status,
+                        fields["ms"], extra={"fields": fields})
+
+    return logged
+
+
+def _authorize(proxy: Proxy, handler: Callable[[Request], Awaitable[Response]]
+               ) -> Callable[[Request], Awaitable[Response]]:
+    async def guarded(request: Request) -> Response:
+        if not proxy.authorized(request):
+            return openai_error(401, "missing or wrong chatstate token", "authentication_error")
+        return await handler(request)
+
+    return guarded
+
+
+def _bearer(header: str) -> str:
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+async def _read_body(request: Request, limit: int) -> bytes | Response:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        return openai_error(413, f"request body over the {limit} byte limit (--max-body)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return openai_error(413, f"request body over the {limit} byte limit (--max-body)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _check_request(data: object) -> str | None:
+    if not isinstance(data, dict):
+        return "the request body must be a JSON object"
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty list"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            return f"messages[{i}] needs a role, one of {', '.join(ROLES)}"
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            return f"messages[{i}].content must be a string or a list of parts"
+    return None
+
+
+def _conversation_id(request: Request, data: Mapping[str, Any]) -> str | None:
+    cid = request.headers.get(CONVERSATION_HEADER)
+    metadata = data.get("metadata")
+    if cid is None and isinstance(metadata, dict):
+        cid = metadata.get("conversation_id")
+    return None if cid is None else validate_id(cid)
+
+
+def _forward_body(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The request as the client sent it, less chatstate's own routing field."""
+    forward = dict(data)
+    metadata = forward.get("metadata")
+    if isinstance(metadata, dict) and "conversation_id" in metadata:
+        rest = {k: v for k, v in metadata.items() if k != "conversation_id"}
+        if rest:
+            forward["metadata"] = rest
+        else:
+            del forward["metadata"]
+    return forward
+
+
+def _reply_fields(data: object) -> dict[str, Any]:
+    """The stored form of a non-streamed chat completion's first choice."""
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or \
+            not data["choices"] or not isinstance(data["choices"][0].get("message"), dict):
+        raise ValueError("no choices[0].message")
+    message = data["choices"][0]["message"]
+    extra = {k: v for k, v in message.items()
+             if k not in ("role", "content", "tool_calls") and v is not None}
+    fields: dict[str, Any] = {"content": message.get("content") or "",
+                              "model": data.get("model"), "usage": _int_usage(data.get("usage"))}
+    if message.get("tool_calls"):
+        fields["tool_calls"] = message["tool_calls"]
+    if extra:
+        fields["extra"] = extra
+    return fields
+
+
+def _int_usage(usage: object) -> dict[str, int] | None:
+    if not isinstance(usage, dict):
+        return None
+    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+_HOP_BY_HOP = {"server", "date", "connection", "keep-alive", "transfer-encoding", "content-length",
+               "content-encoding", "upgrade", "proxy-authenticate", "te", "trailer"}
+
+
+def _passthrough(resp: httpx2.Response, headers: Mapping[str, str]) -> Response:
+    kept = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_BY_HOP
+            and not k.lower().startswith("set-cookie")}
+    return Response(resp.content, resp.status_code, headers={**kept, **headers})
