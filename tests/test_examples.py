@@ -96,7 +96,7 @@ def test_async_chat(local_store_url: str, tmp_path: Path) -> None:
 def test_every_example_is_short_and_documented(script: str) -> None:
     text = (EXAMPLES / script).read_text()
     assert text.startswith('"""') and f"python examples/{script}" in text
-    assert len(text.splitlines()) <= 60, "examples are quoted in README.md and docs/: keep them short"
+    assert len(text.splitlines()) <= 60, "examples are quoted in docs/: keep them short"
 
 
 # -- the pages: README.md and every docs/*.md, code blocks run as a reader would ----------
