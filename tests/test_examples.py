@@ -1,14 +1,20 @@
-"""The examples the README quotes run, as scripts, and leave the transcripts they claim."""
+"""The examples the README and docs/ quote run, and leave the transcripts they claim.
+
+Two parts: the scripts in examples/ (run whole, their transcripts checked), and every
+code block of README.md and docs/*.md (run in order, page by page; see below)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+import chatstate
 from chatstate import Conversation, open_store
 from chatstate.testing import FakeModel
 
@@ -90,4 +96,193 @@ def test_async_chat(local_store_url: str, tmp_path: Path) -> None:
 def test_every_example_is_short_and_documented(script: str) -> None:
     text = (EXAMPLES / script).read_text()
     assert text.startswith('"""') and f"python examples/{script}" in text
-    assert len(text.splitlines()) <= 60, "examples are quoted in the README: keep them short"
+    assert len(text.splitlines()) <= 60, "examples are quoted in docs/: keep them short"
+
+
+# -- the pages: README.md and every docs/*.md, code blocks run as a reader would ----------
+#
+# Discovered, not listed: a page added to docs/ later is covered without touching this file.
+# ``python`` blocks run as scripts, ``sh`` blocks as one bash script, ``console`` blocks
+# command by command (``$ `` lines; the lines after one are its sample output, and the
+# first word of each sample line must appear in what the command really printed). A
+# command ending in ``# exit N`` must exit N, any other 0. All blocks of a page share one
+# scratch directory and HOME (so the default store is fresh) and, as CHATSTATE_BASE_URL,
+# a fake model server, so a block that talks to "gpt-4o-mini" runs offline. A block that
+# cannot run here is preceded by ``<!-- not run: REASON -->``, and the reason is required.
+# Blocks in any other language (``text``, none) are sample output and are not run, so
+# they must not hold ``$ `` commands.
+
+ROOT = EXAMPLES.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUNNABLE = ("python", "sh", "console")
+NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<reason>.*?)\s*-->$")
+EXIT = re.compile(r"#\s*exit\s+(?P<code>\d+)\b[^#]*$")
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int          # 1-based line of the opening fence
+    lang: str
+    text: str
+    not_run: str | None  # the reason given, when marked
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def code_blocks(page: Path) -> list[Block]:
+    lines = page.read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("```"):
+            i += 1
+            continue
+        start, lang = i, lines[i][3:].strip()
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        before = next((lines[j].strip() for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        marked = NOT_RUN.match(before)
+        found.append(Block(page, start + 1, lang, "\n".join(lines[start + 1:end]),
+                           marked.group("reason") if marked else None))
+        i = end + 1
+    return found
+
+
+def console_steps(text: str) -> list[tuple[str, list[str]]]:
+    """``$ command`` lines (``\\`` continues one) with the sample output that follows."""
+    steps: list[tuple[str, list[str]]] = []
+    lines = iter(text.splitlines())
+    for line in lines:
+        if line.startswith("$ "):
+            command = line[2:]
+            while command.endswith("\\"):
+                command = command[:-1] + next(lines).strip()
+            steps.append((command, []))
+        elif steps:
+            steps[-1][1].append(line)
+        else:
+            raise AssertionError(f"console block starts with output, not a `$ ` command: {line!r}")
+    return steps
+
+
+def page_env(home: Path, base_url: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("CHATSTATE_", "OPENAI_", "AWS_", "XDG_"))}
+    bindir = str(Path(sys.executable).parent)  # this venv's `chatstate`, not another one
+    return {**clean, "HOME": str(home), "PATH": f"{bindir}:{clean.get('PATH', '')}",
+            "CHATSTATE_BASE_URL": base_url, "CHATSTATE_API_KEY": "sk-docs-not-a-real-key",
+            "AWS_EC2_METADATA_DISABLED": "true", "NO_COLOR": "1", "COLUMNS": "120"}
+
+
+def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=cwd, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+
+def first_words(sample: list[str]) -> list[str]:
+    """The first word of each sample line, except elided (…) or placeholder ones."""
+    words = [line.split()[0] for line in sample if line.strip()]
+    return [w for w in words if "…" not in w and not w.startswith("<")]
+
+
+def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
+    if block.lang == "python":
+        script = cwd / f"block_{block.line}.py"
+        script.write_text(block.text + "\n")
+        result = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, f"{block.where}: python block failed\n{result.stderr}"
+        return
+    if block.lang == "sh":
+        result = shell(block.text, cwd, env)
+        assert result.returncode == 0, f"{block.where}: sh block failed\n{result.stderr}"
+        return
+    for command, sample in console_steps(block.text):
+        result = shell(command, cwd, env)
+        expected = int(m.group("code")) if (m := EXIT.search(command)) else 0
+        said = result.stdout + result.stderr
+        assert result.returncode == expected, (
+            f"{block.where}: `{command}` exited {result.returncode}, the page says {expected}\n"
+            f"{said}")
+        missing = [w for w in first_words(sample) if w not in said]
+        assert not missing, (f"{block.where}: `{command}` printed none of {missing}, which the "
+                             f"page shows it printing:\n{said}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_code_block_on_the_page_runs(page: Path, tmp_path: Path) -> None:
+    blocks = code_blocks(page)
+    home = tmp_path / "home"
+    home.mkdir()
+    ran = 0
+    with FakeModel() as model:
+        env = page_env(home, model.base_url)
+        for block in blocks:
+            if block.lang in RUNNABLE and block.not_run is None:
+                run_block(block, tmp_path, env)
+                ran += 1
+    runnable = [b for b in blocks if b.lang in RUNNABLE]
+    assert ran == len([b for b in runnable if b.not_run is None])
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_blocks_are_labelled_and_unrun_ones_say_why(page: Path) -> None:
+    for block in code_blocks(page):
+        if block.not_run is not None:
+            assert block.lang in RUNNABLE, f"{block.where}: only runnable blocks need `not run`"
+            assert len(block.not_run.split()) >= 3, f"{block.where}: say why it is not run"
+        if block.lang not in RUNNABLE:
+            commands = [ln for ln in block.text.splitlines() if ln.startswith("$ ")]
+            assert not commands, (f"{block.where}: a ```{block.lang} block holds commands "
+                                  f"({commands[0]!r}): label it ```console so it runs, or mark "
+                                  "it <!-- not run: REASON -->")
+
+
+LINK = re.compile(r"\]\((?P<target>[^)#\s]*)(?:#(?P<anchor>[^)\s]*))?\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    found, fenced = set(), False
+    for line in page.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_relative_links_and_anchors_resolve(page: Path) -> None:
+    broken = []
+    for m in LINK.finditer(page.read_text()):
+        target, anchor = m.group("target"), m.group("anchor")
+        if "://" in target:
+            continue
+        path = page.parent / target if target else page
+        if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
+            broken.append(m.group(0))
+    assert not broken, f"{page.relative_to(ROOT)} links to missing files or headings: {broken}"
+
+
+def test_every_docs_page_is_reachable_from_the_readme() -> None:
+    readme, index = (ROOT / "README.md").read_text(), (ROOT / "docs" / "README.md").read_text()
+    assert "(docs/README.md)" in readme
+    for page in PAGES[1:]:
+        if page.name != "README.md":
+            assert f"({page.name})" in index, f"docs/README.md does not link {page.name}"
+
+
+def test_the_library_page_names_every_public_name() -> None:
+    text = (ROOT / "docs" / "library.md").read_text()
+    missing = [name for name in chatstate.__all__ if f"`{name}" not in text]
+    assert not missing, f"docs/library.md does not document {missing}"
+
+
+def test_the_readme_stays_one_screen_of_essentials() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert "make demo" in readme and "make test" in readme
