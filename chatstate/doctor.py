@@ -10,29 +10,24 @@ hostname, DEPLOY_ID of every open): two distinct boot ids mean it has come
 through one reboot.
 
 Nothing here prints a secret: URLs lose their credentials (``redact_url``) and
-any text bound for the user passes through ``scrub``, which removes the values
-of secret-looking environment variables whatever the text is.
+any text bound for the user passes through ``scrub`` (both from ``chatstate.redact``,
+re-exported here).
 """
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .durability import Report, host_identity, inspect
+from .redact import redact_url, scrub
 
 __all__ = ["DoctorReport", "StateRow", "Survived", "check_conversations", "diagnose",
            "history_path", "redact_url", "run", "scrub", "state_table", "survived",
            "unreachable"]
 
 DEFAULT_LIMIT = 1000
-SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|AUTH|PRIVATE", re.I)
-MIN_SECRET = 6  # shorter values are flags and names; replacing them would garble output
-REDACTED = "[redacted]"
 
 
 def history_path() -> Path:
@@ -40,34 +35,6 @@ def history_path() -> Path:
     from platformdirs import user_state_dir
 
     return Path(user_state_dir("chatstate")) / "history"
-
-
-# -- what may be printed --------------------------------------------------------------
-def redact_url(url: str) -> str:
-    """``url`` without a user:password part and without secret-looking query values."""
-    if "://" not in url:
-        return scrub(url)
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return REDACTED
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    query = urlencode([(k, REDACTED if SECRET_NAME.search(k) else v) for k, v in pairs],
-                      safe="/:[]")
-    # built by hand: urlunsplit would turn sqlite:///abs into sqlite:/abs
-    shown = f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-    return scrub(shown + (f"#{parts.fragment}" if parts.fragment else ""))
-
-
-def scrub(text: str) -> str:
-    """``text`` with the value of every secret-looking environment variable removed."""
-    for name, value in os.environ.items():
-        if len(value) >= MIN_SECRET and SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, REDACTED)
-    return text
 
 
 # -- the parts of a report ------------------------------------------------------------

@@ -13,6 +13,13 @@ under the same turn id. A partial reply is never dropped: before a new reply is
 written for that turn (or a new turn starts) it is committed into the chain with
 status ``partial``.
 
+A new message after an interrupted turn is allowed: the unanswered turn stays in
+the transcript but is left out of what is sent, so the model always sees user and
+assistant alternating (strict chat templates reject two user messages in a row).
+A reply the model stopped early (``finish_reason`` "length" or "content_filter")
+is stored complete, with its finish reason; ``retry()`` then asks the model to
+continue, as a new turn.
+
 Two writers on one conversation: appends are compare-and-append, so a writer
 whose view is stale loses and reloads. If the other writer's turn is complete
 it places its turn after it; if that turn is half done (no complete reply
@@ -33,6 +40,10 @@ from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelEr
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
 
 log = logging.getLogger("chatstate.session")
+
+CONTINUE_PROMPT = "Continue exactly where your previous reply stopped."
+CUT_REASONS = {"length": "the reply was cut at the token limit",
+               "content_filter": "the reply was stopped by the provider's content filter"}
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,15 @@ class Chat:
             return Interrupted(last.turn_id, _user_of(conv, last.turn_id), None)
         return None
 
+    @property
+    def cut_short(self) -> Message | None:
+        """The last reply, if the model stopped it early (token limit, content filter)."""
+        last = self.conversation.last
+        if (self.conversation.partial is None and last is not None
+                and last.role == "assistant" and last.finish_reason in CUT_REASONS):
+            return last
+        return None
+
     def _ensure_created(self) -> None:
         if self._created:
             return
@@ -193,7 +213,11 @@ class Chat:
         return self._turn(text, params, streaming=True)
 
     def retry(self, **params: Any) -> Message:
-        """Complete the interrupted turn under the same turn id (no second user message)."""
+        """Complete the interrupted turn under the same turn id (no second user message).
+
+        With no interrupted turn but a reply cut short (``cut_short``), ask the
+        model to continue it: a new turn whose message is ``CONTINUE_PROMPT``.
+        """
         return self._consume(self._retry(params, streaming=False))
 
     def retry_stream(self, **params: Any) -> Generator[str, None, None]:
@@ -233,6 +257,11 @@ class Chat:
     def _retry(self, params: dict[str, Any], *,
                streaming: bool) -> Generator[str, None, None]:
         if self.interrupted is None:
+            cut = self.cut_short
+            if cut is not None:
+                user = _user_of(self.conversation, cut.turn_id)
+                return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
+                                                    **params}, streaming=streaming)
             raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
         self._settle_partial()
         turn = self.interrupted
@@ -249,25 +278,37 @@ class Chat:
             self.store.set_header(self.id, title=title)
             self.conversation.title = title
 
-    def _history(self) -> list[dict[str, str]]:
-        # The model never sees cut-off replies as if they were its final words.
-        return [m.to_openai() for m in self.conversation.messages if m.status == "complete"]
+    def _history(self, turn_id: str) -> list[dict[str, str]]:
+        """What the model is sent for ``turn_id``: complete messages of answered turns.
+
+        The model never sees cut-off replies as if they were its final words, nor
+        the user message of an earlier turn that got no reply: it would put two
+        user messages in a row, which strict chat templates reject (HTTP 400).
+        """
+        kept = [m for m in self.conversation.messages if m.status == "complete"]
+        answered = {m.turn_id for m in kept if m.role == "assistant"} | {turn_id}
+        left_out = [m.seq for m in kept if m.role == "user" and m.turn_id not in answered]
+        if left_out:
+            log.info("%s: not sending unanswered user message(s) at seq %s", self.id,
+                     ", ".join(map(str, left_out)))
+        return [m.to_openai() for m in kept
+                if m.role != "user" or m.turn_id in answered]
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:
         """Generator: call the model, persist, then yield. The only place a turn is written."""
         from .adapter import Completion
 
-        history, model = self._history(), params.pop("model", None) or self.model
+        history, model = self._history(turn_id), params.pop("model", None) or self.model
         if not streaming:
             done = self.adapter.complete(history, model=model, params=params or None)
-            yield self._commit(turn_id, done)
+            yield self._commit(turn_id, done, "", model)
             return
         shown, pending, last_flush = "", "", time.monotonic()
         try:
             for event in self.adapter.stream(history, model=model, params=params or None):
                 if isinstance(event, Completion):
-                    rest = self._commit(turn_id, event, shown)
+                    rest = self._commit(turn_id, event, shown, model)
                     pending = ""  # committed whole: nothing is left to keep as partial
                     if rest:
                         yield rest
@@ -298,10 +339,13 @@ class Chat:
             return
         self.conversation.partial = partial
 
-    def _commit(self, turn_id: str, done: Any, shown: str = "") -> str:
+    def _commit(self, turn_id: str, done: Any, shown: str = "",
+                requested: str | None = None) -> str:
         """Append the complete reply; return the part of it not yet yielded."""
+        finish = done.finish_reason if done.finish_reason not in (None, "stop") else None
         reply = self._seal(role="assistant", content=done.text, turn_id=turn_id,
-                           model=done.model, usage=done.usage)
+                           model=done.model, usage=done.usage, finish_reason=finish,
+                           requested_model=requested if requested != done.model else None)
         self._append([reply])
         return done.text[len(shown):] if done.text.startswith(shown) else ""
 

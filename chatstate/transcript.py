@@ -29,6 +29,11 @@ Status = Literal["complete", "partial"]
 
 _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
+# Token counts, with one level of detail ("prompt_tokens_details": {"cached_tokens": 3}).
+Usage = dict[str, "int | dict[str, int]"]
+# Fields added after schema 1: hashed only when set, so every older message keeps its hash.
+_HASHED_WHEN_SET = ("finish_reason", "requested_model")
+
 
 def validate_id(conversation_id: object) -> str:
     """Return ``conversation_id`` if it is safe as a file name and object key, else raise."""
@@ -80,13 +85,21 @@ class Message(BaseModel):
     turn_id: str
     status: Status = "complete"
     model: str | None = None
-    usage: dict[str, int] | None = None
+    usage: Usage | None = None
     params: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    """Why the model stopped, when it was not a normal stop ("length", "content_filter")."""
+    requested_model: str | None = None
+    """The model the request named, when the server reported a different one in ``model``."""
     hash: str = ""
 
     def body(self) -> str:
         """The canonical JSON that the hash covers."""
-        return canonical_json(self.model_dump(exclude={"hash"}))
+        data = self.model_dump(exclude={"hash"})
+        for name in _HASHED_WHEN_SET:
+            if data[name] is None:
+                del data[name]
+        return canonical_json(data)
 
     def expected_hash(self, prev_hash: str | None) -> str:
         return chain_hash(prev_hash, self.body())
@@ -94,12 +107,14 @@ class Message(BaseModel):
     @classmethod
     def seal(cls, prev: Message | None, *, role: Role, content: str, turn_id: str,
              status: Status = "complete", model: str | None = None,
-             usage: dict[str, int] | None = None, params: dict[str, Any] | None = None,
-             created_at: str | None = None) -> Message:
+             usage: Usage | None = None, params: dict[str, Any] | None = None,
+             created_at: str | None = None, finish_reason: str | None = None,
+             requested_model: str | None = None) -> Message:
         """Build the next message after ``prev`` with its seq and chain hash filled in."""
         draft = cls(seq=0 if prev is None else prev.seq + 1, role=role, content=content,
                     created_at=created_at or now_iso(), turn_id=turn_id, status=status,
-                    model=model, usage=usage, params=params)
+                    model=model, usage=usage, params=params, finish_reason=finish_reason,
+                    requested_model=requested_model)
         return draft.model_copy(update={"hash": draft.expected_hash(prev.hash if prev else None)})
 
     def to_openai(self) -> dict[str, str]:
