@@ -99,7 +99,20 @@ class DoctorReport:
     conversations: ConversationCheck | None = None
     survived: Survived | None = None
     state: list[StateRow] = field(default_factory=list)
+    model: dict[str, Any] | None = None
     host: dict[str, str | None] = field(default_factory=host_identity)
+
+    def add_model_check(self, check: dict[str, Any]) -> None:
+        """Fold in ``model_check.check_model_endpoint``: unreachable makes it not ready."""
+        self.model = check
+        if check["configured"] and not check["ok"]:
+            self.problems.append(f"the model endpoint {check['endpoint']} is {check['detail']}"
+                                 "; `doctor --store-only` checks the store alone")
+            self.ready = False
+        elif not check["configured"]:
+            self.warnings.append(f"no model endpoint: {check['detail']}")
+        if check.get("warning"):
+            self.warnings.append(check["warning"])
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

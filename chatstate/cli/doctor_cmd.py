@@ -17,13 +17,16 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--limit", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Load and verify at most this many conversations, newest first.")
+@click.option("--store-only", is_flag=True, help="Check the store only, not the model "
+              "endpoint (GET BASE_URL/models).")
 @click.pass_obj
-def doctor(env: Env, as_json: bool, limit: int) -> None:
+def doctor(env: Env, as_json: bool, limit: int, store_only: bool) -> None:
     """Readiness check that touches real state; exit 1 when not ready.
 
     Opens the store (durability guard first), writes, reads back and deletes a
     probe, loads and verifies every conversation (up to --limit), and says what
-    the store has survived (reboots, deploys, hosts) from its open records. Then
+    the store has survived (reboots, deploys, hosts) from its open records. It
+    asks the configured model endpoint for its models (not with --store-only). Then
     the durability table for all of chatstate's state. Only the probe is
     written; conversations are only read. No secret is ever printed.
     """
@@ -38,6 +41,10 @@ def doctor(env: Env, as_json: bool, limit: int) -> None:
         report = unreachable(url, exc)
     else:
         report = diagnose(store, limit=limit)
+    if not store_only:
+        from ..model_check import check_model_endpoint
+
+        report.add_model_check(check_model_endpoint())
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     elif sys.stdout.isatty():
@@ -66,6 +73,9 @@ def _summary(report: DoctorReport) -> list[tuple[str, str]]:
         rows.append(("conversations", f"{c2.checked} checked{more}: {bad}{inter}"))
     if report.survived:
         rows.append(("survived", report.survived.sentence()))
+    if report.model:
+        m = report.model
+        rows.append(("model", f"{m['model']} at {m['endpoint']}: {m['detail']}"))
     host = report.host
     rows.append(("this host", f"boot id {host['boot_id'] or '?'}, hostname "
                  f"{host['hostname']}, DEPLOY_ID {host['deploy_id'] or '(unset)'}"))
