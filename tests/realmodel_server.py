@@ -2,7 +2,7 @@
 
 Run by tests/test_real_model.py with the interpreter of its cached venv:
 
-    python realmodel_server.py PORT N_CTX [strict]
+    python realmodel_server.py PORT N_CTX N_PREDICT [strict]
 
 Prints ``ready <url>`` once the server answers, then sleeps. ``strict`` loads
 a chat template that rejects two messages of the same role in a row, with
@@ -43,16 +43,17 @@ def model_path() -> str:
 def main(argv: list[str]) -> None:
     import xllamacpp as xlc
 
-    port, n_ctx = int(argv[0]), int(argv[1])
+    port, n_ctx, n_predict = int(argv[0]), int(argv[1]), int(argv[2])
     params = xlc.CommonParams()
     params.model.path = model_path()
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.n_ctx = n_ctx
+    params.n_predict = n_predict  # every reply stops there: finish_reason "length"
     params.n_parallel = 1
     params.cpuparams.n_threads = 2
     params.cpuparams_batch.n_threads = 2
-    if "strict" in argv[2:]:
+    if "strict" in argv[3:]:
         params.use_jinja = True
         params.chat_template = STRICT_TEMPLATE
     server = xlc.Server(params)
