@@ -20,13 +20,16 @@ from cli_helpers import CHATSTATE, cli_env, invoke, replay_json, run_cli
 
 from chatstate import doctor
 from chatstate.adapter import make_adapter
-from chatstate.adapter._parse import context_overflow, parse_completion
+from chatstate.adapter._parse import parse_completion
 from chatstate.errors import ModelError
-from chatstate.redact import redact_url, scrub
-from chatstate.session import CONTINUE_PROMPT, Chat
+from chatstate.session import Chat
 from chatstate.stores import _s3io
 from chatstate.testing import FakeModel
 from chatstate.transcript import Message
+
+# Names that are new with these fixes are imported inside the tests that use them, so
+# that on the code before the fixes each test fails on its own behaviour.
+CONTINUE_PROMPT = "Continue exactly where your previous reply stopped."
 
 pytestmark = pytest.mark.usefixtures("no_model_settings_from_env")
 
@@ -57,6 +60,8 @@ def chat_on(store_url: str, fake: FakeModel, cid: str = "c1", **kw: Any) -> Chat
 
 # -- 3. secrets ----------------------------------------------------------------------------
 def test_one_redaction_function_serves_doctor_s3_and_the_adapter() -> None:
+    from chatstate.redact import redact_url, scrub
+
     assert doctor.scrub is scrub and doctor.redact_url is redact_url
     assert _s3io.scrub is scrub
     assert redact_url(f"https://user:{PASSWORD}@proxy/v1") == "https://[redacted]@proxy/v1"
@@ -128,6 +133,8 @@ def test_a_length_cut_reply_is_stored_shown_and_continued(store_url: str,
     chat = chat_on(store_url, fake, params={"max_tokens": 3})
     reply = chat.send("tell me everything")
     assert reply.finish_reason == "length" and chat.cut_short == reply
+    from chatstate.session import CONTINUE_PROMPT as prompt
+    assert prompt == CONTINUE_PROMPT
     assert chat.interrupted is None
     again = chat.retry()
     assert chat.messages[-2].content == CONTINUE_PROMPT and again.role == "assistant"
@@ -233,6 +240,8 @@ def test_a_context_length_400_names_the_window_and_says_what_to_change(
 
 
 def test_context_overflow_is_read_from_each_providers_words() -> None:
+    from chatstate.adapter._parse import context_overflow
+
     assert context_overflow({"error": {"message": LLAMA_OVERFLOW}}) == (512, 831)
     assert context_overflow({"error": {"message": "the request exceeds the available "
                                        "context size", "n_ctx": 256,

