@@ -37,13 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
+from .sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
 
 log = logging.getLogger("chatstate.session")
-
-CONTINUE_PROMPT = "Continue exactly where your previous reply stopped."
-CUT_REASONS = {"length": "the reply was cut at the token limit",
-               "content_filter": "the reply was stopped by the provider's content filter"}
 
 
 @dataclass(frozen=True)
@@ -166,7 +163,7 @@ class Chat:
         """Append the user's message; on a conflict, go after the other writer's whole turn."""
         for attempt in (1, 2):
             msg = self._seal(role="user", content=text, turn_id=new_turn_id(),
-                             params=params or None)
+                             params=storable(params) or None)
             try:
                 self._append([msg])
                 return msg
@@ -279,20 +276,11 @@ class Chat:
             self.conversation.title = title
 
     def _history(self, turn_id: str) -> list[dict[str, str]]:
-        """What the model is sent for ``turn_id``: complete messages of answered turns.
-
-        The model never sees cut-off replies as if they were its final words, nor
-        the user message of an earlier turn that got no reply: it would put two
-        user messages in a row, which strict chat templates reject (HTTP 400).
-        """
-        kept = [m for m in self.conversation.messages if m.status == "complete"]
-        answered = {m.turn_id for m in kept if m.role == "assistant"} | {turn_id}
-        left_out = [m.seq for m in kept if m.role == "user" and m.turn_id not in answered]
+        history, left_out = sendable(self.conversation.messages, turn_id)
         if left_out:
             log.info("%s: not sending unanswered user message(s) at seq %s", self.id,
                      ", ".join(map(str, left_out)))
-        return [m.to_openai() for m in kept
-                if m.role != "user" or m.turn_id in answered]
+        return history
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:
@@ -355,3 +343,4 @@ def _user_of(conv: Conversation, turn_id: str) -> Message | None:
         if msg.turn_id == turn_id and msg.role == "user":
             return msg
     return None
+

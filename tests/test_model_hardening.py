@@ -93,6 +93,17 @@ def test_credentials_in_the_base_url_never_show(tmp_path: Path, store_url: str,
     assert not any(PASSWORD.encode() in p.read_bytes() for p in stored if p.is_file())
 
 
+def test_stored_params_carry_no_credentials(store_url: str, fake: FakeModel) -> None:
+    chat = chat_on(store_url, fake)
+    chat.send("hi", user=f"https://me:{PASSWORD}@proxy/v1",
+              metadata={"k": ["sk-abcdefghijklmnop"]})
+    stored = Chat(store_url, conversation_id="c1", base_url=fake.base_url,
+                  api_key="k").messages[0].params
+    assert stored == {"user": "https://[redacted]@proxy/v1",
+                      "metadata": {"k": ["sk-[redacted]"]}}
+    assert fake.request_log[-1]["body"]["user"] == f"https://me:{PASSWORD}@proxy/v1"
+
+
 def test_repl_history_file_is_created_0600(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from prompt_toolkit.history import FileHistory
@@ -331,3 +342,36 @@ def test_repl_greeting_and_history_clip_long_messages(tmp_path: Path, store_url:
     assert result.code == 0, result.err
     assert result.out.count("more characters: `chatstate replay long` shows all") == 4
     assert len(result.out) < 4000 and "start filler" in result.out
+
+
+def test_repl_waits_visibly_continues_cut_replies_and_survives_a_400(
+        tmp_path: Path, store_url: str, fake: FakeModel) -> None:
+    from cli_helpers import strip_ansi
+
+    Chat(store_url, conversation_id="r", base_url=fake.base_url, api_key="k",
+         model="fake-model", params={"max_tokens": 2}).send("long story please")
+    fake.configure(strict_roles=True)
+    env = cli_env(tmp_path, CHATSTATE_BASE_URL=fake.base_url, CHATSTATE_API_KEY="k-test-key",
+                  CHATSTATE_MODEL="fake-model")
+    child = pexpect.spawn(CHATSTATE, ["--store", store_url, "chat", "--id", "r"], env=env,
+                          encoding="utf-8", timeout=40, dimensions=(50, 200))
+    child.expect("cut at the token limit; /continue asks the model to go on")
+    child.expect("you>")
+    fake.hang_next(4.0)
+    child.sendline("/continue")
+    child.expect("waiting for the model… [0-9]+s")
+    child.expect("assistant> Echo: Continue")  # cut again: the turn's max_tokens carries on
+    child.expect("you>")
+    fake.fail_next(400, message="bad parameter")
+    child.sendline("this one fails")
+    child.expect(r"/retry would fail the same way")
+    child.expect("you>")
+    child.sendline("and this one works")
+    child.expect(r"Echo: and this one works")
+    child.expect("you>")
+    shown = strip_ansi(child.before)
+    assert "error" not in shown
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    sent = fake.request_log[-1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant"] * 2 + ["user"]

@@ -99,11 +99,13 @@ class Repl:
         turn = c.interrupted
         if turn is not None:
             self.say(f"! the last turn was interrupted: {turn.describe()}. Type /retry to "
-                     "complete it.")
+                     "complete it, or a new message to leave it unanswered.")
             if turn.partial is not None:
                 tail = turn.partial.content
                 tail = tail if len(tail) <= 200 else "…" + tail[-200:]
                 self.say("  partial reply so far: " + neutralise(tail))
+        elif c.cut_short is not None:
+            self.note_cut()
 
     def show(self, m: Any, *, whole: bool = False) -> None:
         """One message; long ones clipped (``chatstate replay`` prints them whole)."""
@@ -134,9 +136,17 @@ class Repl:
             sys.stdout.write("\n")
             self.say("[interrupted: the partial reply is kept; /retry completes the turn]")
         except ChatstateError as exc:
+            from ..errors import ModelError
+
             sys.stdout.write("\n")
             self.say(f"error: {exc}")
-            if self.chat.interrupted is not None:
+            if self.chat.interrupted is None:
+                return
+            if isinstance(exc, ModelError) and not exc.retryable:
+                self.say("[your message is stored without a reply; as it is, /retry would "
+                         "fail the same way: change what the error names (/model), or type "
+                         "a new message (the unanswered one is kept but not sent again)]")
+            else:
                 self.say("[your message is stored; /retry completes the turn]")
 
     def note_cut(self) -> None:
