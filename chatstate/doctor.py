@@ -207,8 +207,9 @@ def unreachable(url: str, exc: BaseException) -> DoctorReport:
 
 
 def run(url: str | None = None, *, allow_ephemeral: bool = False,
-        limit: int = DEFAULT_LIMIT) -> DoctorReport:
-    """``chatstate doctor`` as a library call."""
+        limit: int = DEFAULT_LIMIT, store_only: bool = True) -> DoctorReport:
+    """``chatstate doctor`` as a library call; ``store_only=False`` checks the model
+    endpoint of the environment's settings too, as the command does by default."""
     from .errors import ChatstateError
     from .stores import default_store_url, open_store
 
@@ -216,11 +217,17 @@ def run(url: str | None = None, *, allow_ephemeral: bool = False,
     try:
         store = open_store(url, allow_ephemeral=allow_ephemeral)
     except ChatstateError as exc:
-        return unreachable(url, exc)
-    try:
-        return diagnose(store, limit=limit)
-    finally:
-        store.close()
+        report = unreachable(url, exc)
+    else:
+        try:
+            report = diagnose(store, limit=limit)
+        finally:
+            store.close()
+    if not store_only:
+        from .model_check import check_model_endpoint
+
+        report.add_model_check(check_model_endpoint())
+    return report
 
 
 # -- the durability table for chatstate's own state -------------------------------------

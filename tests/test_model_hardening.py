@@ -144,7 +144,7 @@ def test_a_length_cut_reply_is_stored_shown_and_continued(store_url: str,
     chat = chat_on(store_url, fake, params={"max_tokens": 3})
     reply = chat.send("tell me everything")
     assert reply.finish_reason == "length" and chat.cut_short == reply
-    from chatstate.session import CONTINUE_PROMPT as prompt
+    from chatstate.sendable import CONTINUE_PROMPT as prompt
     assert prompt == CONTINUE_PROMPT
     assert chat.interrupted is None
     again = chat.retry()
@@ -375,3 +375,11 @@ def test_repl_waits_visibly_continues_cut_replies_and_survives_a_400(
     child.expect(pexpect.EOF)
     sent = fake.request_log[-1]["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant"] * 2 + ["user"]
+
+
+def test_doctor_library_call_checks_the_endpoint_on_request(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATSTATE_BASE_URL", f"http://127.0.0.1:{closed_port()}/v1")
+    assert doctor.run(store_url, store_only=True).ready
+    report = doctor.run(store_url, store_only=False)
+    assert not report.ready and report.model is not None and not report.model["ok"]

@@ -152,7 +152,7 @@ def test_streamed_and_plain_ask(tmp_path: Path, strict_server: LlamaServer) -> N
 
 def test_a_length_cut_reply_is_stored_as_such_and_continued(
         tmp_path: Path, strict_server: LlamaServer) -> None:
-    from chatstate.session import CONTINUE_PROMPT
+    from chatstate.sendable import CONTINUE_PROMPT
 
     store, env = f"json://{tmp_path}/s", env_for(tmp_path, strict_server.url)
     first = run_cli(["ask", "--id", "L", "Write a long story about a lighthouse."], env,

@@ -127,7 +127,7 @@ def note_before(chat: Any, *, retry: bool) -> None:
 
 
 def note_after(chat: Any, reply: Any) -> None:
-    from ..session import CUT_REASONS
+    from ..sendable import CUT_REASONS
 
     why = CUT_REASONS.get(reply.finish_reason or "")
     if why:

@@ -150,7 +150,7 @@ class Repl:
                 self.say("[your message is stored; /retry completes the turn]")
 
     def note_cut(self) -> None:
-        from ..session import CUT_REASONS
+        from ..sendable import CUT_REASONS
 
         cut = self.chat.cut_short
         if cut is not None:
