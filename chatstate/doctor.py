@@ -96,11 +96,19 @@ class DoctorReport:
     recovery: list[str] = field(default_factory=list)
     durability: dict[str, Any] | None = None
     check: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    """The model endpoint check (``model_check.check_model_endpoint``), unless store-only."""
     conversations: ConversationCheck | None = None
     survived: Survived | None = None
     state: list[StateRow] = field(default_factory=list)
-    model: dict[str, Any] | None = None
     host: dict[str, str | None] = field(default_factory=host_identity)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.survived is not None:
+            data["survived"]["reboots"] = self.survived.reboots
+            data["survived"]["summary"] = self.survived.sentence()
+        return data
 
     def add_model_check(self, check: dict[str, Any]) -> None:
         """Fold in ``model_check.check_model_endpoint``: unreachable makes it not ready."""
@@ -113,13 +121,6 @@ class DoctorReport:
             self.warnings.append(f"no model endpoint: {check['detail']}")
         if check.get("warning"):
             self.warnings.append(check["warning"])
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        if self.survived is not None:
-            data["survived"]["reboots"] = self.survived.reboots
-            data["survived"]["summary"] = self.survived.sentence()
-        return data
 
 
 # -- the checks -----------------------------------------------------------------------

@@ -31,8 +31,8 @@ _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 # Token counts, with one level of detail ("prompt_tokens_details": {"cached_tokens": 3}).
 Usage = dict[str, "int | dict[str, int]"]
-# Fields added after schema 1: hashed only when set, so every older message keeps its hash.
-_HASHED_WHEN_SET = ("finish_reason", "requested_model")
+# Added later: omitted from the hashed body while None, so old hashes stay valid.
+OPTIONAL_FIELDS = ("finish_reason", "requested_model")
 
 
 def validate_id(conversation_id: object) -> str:
@@ -95,11 +95,8 @@ class Message(BaseModel):
 
     def body(self) -> str:
         """The canonical JSON that the hash covers."""
-        data = self.model_dump(exclude={"hash"})
-        for name in _HASHED_WHEN_SET:
-            if data[name] is None:
-                del data[name]
-        return canonical_json(data)
+        unset = {f for f in OPTIONAL_FIELDS if getattr(self, f) is None}
+        return canonical_json(self.model_dump(exclude={"hash", *unset}))
 
     def expected_hash(self, prev_hash: str | None) -> str:
         return chain_hash(prev_hash, self.body())
@@ -108,13 +105,14 @@ class Message(BaseModel):
     def seal(cls, prev: Message | None, *, role: Role, content: str, turn_id: str,
              status: Status = "complete", model: str | None = None,
              usage: Usage | None = None, params: dict[str, Any] | None = None,
-             created_at: str | None = None, finish_reason: str | None = None,
-             requested_model: str | None = None) -> Message:
-        """Build the next message after ``prev`` with its seq and chain hash filled in."""
+             created_at: str | None = None, **fields: Any) -> Message:
+        """Build the next message after ``prev`` with its seq and chain hash filled in.
+
+        ``fields`` are the OPTIONAL_FIELDS (``finish_reason``, ``requested_model``).
+        """
         draft = cls(seq=0 if prev is None else prev.seq + 1, role=role, content=content,
                     created_at=created_at or now_iso(), turn_id=turn_id, status=status,
-                    model=model, usage=usage, params=params, finish_reason=finish_reason,
-                    requested_model=requested_model)
+                    model=model, usage=usage, params=params, **fields)
         return draft.model_copy(update={"hash": draft.expected_hash(prev.hash if prev else None)})
 
     def to_openai(self) -> dict[str, str]:

@@ -179,14 +179,17 @@ def test_ask_says_the_reply_was_cut_and_retry_continues(store_url: str,
 
 def test_old_messages_keep_their_hash() -> None:
     """A message sealed before finish_reason/requested_model existed hashes the same."""
+    from chatstate.transcript import canonical_json, chain_hash
+
     old = Message.seal(None, role="assistant", content="x", turn_id="t-1", model="m",
                        usage={"prompt_tokens": 1}, created_at="2025-01-01T00:00:00.000000Z")
-    # the hash main computes: the body without the new fields at all
-    body = old.model_dump(exclude={"hash", "finish_reason", "requested_model"})
-    from chatstate.transcript import canonical_json, chain_hash
+    body = {"seq": 0, "role": "assistant", "content": "x", "created_at": old.created_at,
+            "turn_id": "t-1", "status": "complete", "model": "m",
+            "usage": {"prompt_tokens": 1}, "params": None}  # every field schema 1 had
     assert old.hash == chain_hash(None, canonical_json(body))
-    cut = Message.seal(None, role="assistant", content="x", turn_id="t-1",
-                       finish_reason="length", created_at="2025-01-01T00:00:00.000000Z")
+    cut = Message.seal(None, role="assistant", content="x", turn_id="t-1", model="m",
+                       usage={"prompt_tokens": 1}, finish_reason="length",
+                       created_at="2025-01-01T00:00:00.000000Z")
     assert '"finish_reason":"length"' in cut.body() and cut.hash != old.hash
 
 

@@ -110,7 +110,8 @@ class Repl:
     def show(self, m: Any, *, whole: bool = False) -> None:
         """One message; long ones clipped (``chatstate replay`` prints them whole)."""
         tag = " (partial)" if m.status == "partial" else ""
-        text = m.content if whole else clip(m.content, f"chatstate replay {self.chat.id}")
+        text = m.content if isinstance(m.content, str) else str(m.content)
+        text = text if whole else clip(text, f"chatstate replay {self.chat.id}")
         click.echo(f"{m.role}{tag}> {neutralise(text)}")
 
     def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:

@@ -14,11 +14,11 @@ if TYPE_CHECKING:
 
 
 @click.command()
+@click.option("--store-only", is_flag=True, help="Check the store only, not the model "
+              "endpoint (GET BASE_URL/models).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--limit", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Load and verify at most this many conversations, newest first.")
-@click.option("--store-only", is_flag=True, help="Check the store only, not the model "
-              "endpoint (GET BASE_URL/models).")
 @click.pass_obj
 def doctor(env: Env, as_json: bool, limit: int, store_only: bool) -> None:
     """Readiness check that touches real state; exit 1 when not ready.
@@ -71,11 +71,11 @@ def _summary(report: DoctorReport) -> list[tuple[str, str]]:
         bad = f"{len(c2.failures)} FAILED" if c2.failures else "all load and verify"
         inter = f", {c2.interrupted} with an interrupted turn" if c2.interrupted else ""
         rows.append(("conversations", f"{c2.checked} checked{more}: {bad}{inter}"))
-    if report.survived:
-        rows.append(("survived", report.survived.sentence()))
     if report.model:
         m = report.model
         rows.append(("model", f"{m['model']} at {m['endpoint']}: {m['detail']}"))
+    if report.survived:
+        rows.append(("survived", report.survived.sentence()))
     host = report.host
     rows.append(("this host", f"boot id {host['boot_id'] or '?'}, hostname "
                  f"{host['hostname']}, DEPLOY_ID {host['deploy_id'] or '(unset)'}"))
