@@ -26,13 +26,12 @@ SCHEMA_VERSION = 1
 
 Role = Literal["system", "user", "assistant", "tool"]
 Status = Literal["complete", "partial"]
-
-_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
-
-# Token counts, with one level of detail ("prompt_tokens_details": {"cached_tokens": 3}).
-Usage = dict[str, "int | dict[str, int]"]
 # Added later: omitted from the hashed body while None, so old hashes stay valid.
 OPTIONAL_FIELDS = ("finish_reason", "requested_model")
+# Token counts, with one level of detail ("prompt_tokens_details": {"cached_tokens": 3}).
+Usage = dict[str, "int | dict[str, int]"]
+
+_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def validate_id(conversation_id: object) -> str:
