@@ -99,7 +99,7 @@ class Repl:
         turn = c.interrupted
         if turn is not None:
             self.say(f"! the last turn was interrupted: {turn.describe()}. Type /retry to "
-                     "complete it, or a new message to leave it unanswered.")
+                     "complete it. (A new message leaves it unanswered: kept, not sent.)")
             if turn.partial is not None:
                 tail = turn.partial.content
                 tail = tail if len(tail) <= 200 else "…" + tail[-200:]
