@@ -213,7 +213,7 @@ def test_strict_template_rejects_two_user_messages(strict_server: LlamaServer) -
 def test_kill_9_of_the_server_mid_stream_then_retry(tmp_path: Path, venv_python: Path,
                                                     ) -> None:
     log = tmp_path / "server.log"
-    server = LlamaServer(venv_python, log, n_predict=48).start()
+    server = LlamaServer(venv_python, log, n_predict=256).start()  # still talking when killed
     store = f"json://{tmp_path}/s"
     env = env_for(tmp_path, server.url, CHATSTATE_MAX_RETRIES="1")
     try:
@@ -245,3 +245,12 @@ def test_kill_9_of_the_server_mid_stream_then_retry(tmp_path: Path, venv_python:
         assert [m["role"] for m in messages if m["role"] == "user"] == ["user"]
     finally:
         server.kill()
+
+
+def test_require_tiers_turns_the_skip_into_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATSTATE_REQUIRE_TIERS", "1")
+    with pytest.raises(pytest.fail.Exception, match="CHATSTATE_REQUIRE_TIERS=1"):
+        _unavailable("the wheels could not be installed")
+    monkeypatch.delenv("CHATSTATE_REQUIRE_TIERS")
+    with pytest.raises(pytest.skip.Exception):
+        _unavailable("the wheels could not be installed")
