@@ -41,6 +41,10 @@ class AsyncChat:
     def interrupted(self) -> Interrupted | None:
         return self.chat.interrupted
 
+    @property
+    def cut_short(self) -> Message | None:
+        return self.chat.cut_short
+
     async def send(self, text: str, **params: Any) -> Message:
         return await asyncio.to_thread(self.chat.send, text, **params)
 

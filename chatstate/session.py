@@ -13,6 +13,13 @@ under the same turn id. A partial reply is never dropped: before a new reply is
 written for that turn (or a new turn starts) it is committed into the chain with
 status ``partial``.
 
+A new message after an interrupted turn is allowed: the unanswered turn stays in
+the transcript but is left out of what is sent, so the model always sees user and
+assistant alternating (strict chat templates reject two user messages in a row).
+A reply the model stopped early (``finish_reason`` "length" or "content_filter")
+is stored complete, with its finish reason; ``retry()`` then asks the model to
+continue, as a new turn.
+
 Two writers on one conversation: appends are compare-and-append, so a writer
 whose view is stale loses and reloads. If the other writer's turn is complete
 it places its turn after it; if that turn is half done (no complete reply
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
+from .sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
 
 log = logging.getLogger("chatstate.session")
@@ -116,6 +124,15 @@ class Chat:
             return Interrupted(last.turn_id, _user_of(conv, last.turn_id), None)
         return None
 
+    @property
+    def cut_short(self) -> Message | None:
+        """The last reply, if the model stopped it early (token limit, content filter)."""
+        last = self.conversation.last
+        if (self.conversation.partial is None and last is not None
+                and last.role == "assistant" and last.finish_reason in CUT_REASONS):
+            return last
+        return None
+
     def _ensure_created(self) -> None:
         if self._created:
             return
@@ -146,7 +163,7 @@ class Chat:
         """Append the user's message; on a conflict, go after the other writer's whole turn."""
         for attempt in (1, 2):
             msg = self._seal(role="user", content=text, turn_id=new_turn_id(),
-                             params=params or None)
+                             params=storable(params) or None)
             try:
                 self._append([msg])
                 return msg
@@ -193,7 +210,11 @@ class Chat:
         return self._turn(text, params, streaming=True)
 
     def retry(self, **params: Any) -> Message:
-        """Complete the interrupted turn under the same turn id (no second user message)."""
+        """Complete the interrupted turn under the same turn id (no second user message).
+
+        With no interrupted turn but a reply cut short (``cut_short``), ask the
+        model to continue it: a new turn whose message is ``CONTINUE_PROMPT``.
+        """
         return self._consume(self._retry(params, streaming=False))
 
     def retry_stream(self, **params: Any) -> Generator[str, None, None]:
@@ -233,6 +254,11 @@ class Chat:
     def _retry(self, params: dict[str, Any], *,
                streaming: bool) -> Generator[str, None, None]:
         if self.interrupted is None:
+            cut = self.cut_short
+            if cut is not None:
+                user = _user_of(self.conversation, cut.turn_id)
+                return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
+                                                    **params}, streaming=streaming)
             raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
         self._settle_partial()
         turn = self.interrupted
@@ -249,25 +275,28 @@ class Chat:
             self.store.set_header(self.id, title=title)
             self.conversation.title = title
 
-    def _history(self) -> list[dict[str, str]]:
-        # The model never sees cut-off replies as if they were its final words.
-        return [m.to_openai() for m in self.conversation.messages if m.status == "complete"]
+    def _history(self, turn_id: str) -> list[dict[str, str]]:
+        history, left_out = sendable(self.conversation.messages, turn_id)
+        if left_out:
+            log.info("%s: not sending unanswered user message(s) at seq %s", self.id,
+                     ", ".join(map(str, left_out)))
+        return history
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:
         """Generator: call the model, persist, then yield. The only place a turn is written."""
         from .adapter import Completion
 
-        history, model = self._history(), params.pop("model", None) or self.model
+        history, model = self._history(turn_id), params.pop("model", None) or self.model
         if not streaming:
             done = self.adapter.complete(history, model=model, params=params or None)
-            yield self._commit(turn_id, done)
+            yield self._commit(turn_id, done, "", model)
             return
         shown, pending, last_flush = "", "", time.monotonic()
         try:
             for event in self.adapter.stream(history, model=model, params=params or None):
                 if isinstance(event, Completion):
-                    rest = self._commit(turn_id, event, shown)
+                    rest = self._commit(turn_id, event, shown, model)
                     pending = ""  # committed whole: nothing is left to keep as partial
                     if rest:
                         yield rest
@@ -298,10 +327,13 @@ class Chat:
             return
         self.conversation.partial = partial
 
-    def _commit(self, turn_id: str, done: Any, shown: str = "") -> str:
+    def _commit(self, turn_id: str, done: Any, shown: str = "",
+                requested: str | None = None) -> str:
         """Append the complete reply; return the part of it not yet yielded."""
+        finish = done.finish_reason if done.finish_reason not in (None, "stop") else None
         reply = self._seal(role="assistant", content=done.text, turn_id=turn_id,
-                           model=done.model, usage=done.usage)
+                           model=done.model, usage=done.usage, finish_reason=finish,
+                           requested_model=requested if requested != done.model else None)
         self._append([reply])
         return done.text[len(shown):] if done.text.startswith(shown) else ""
 
@@ -311,3 +343,4 @@ def _user_of(conv: Conversation, turn_id: str) -> Message | None:
         if msg.turn_id == turn_id and msg.role == "user":
             return msg
     return None
+

@@ -46,7 +46,10 @@ non-idempotent tool was interrupted and may or may not have run."""
 Content = str | list[dict[str, Any]]
 
 # Added in 0.2: omitted from the hashed body while None, so old hashes stay valid.
-OPTIONAL_FIELDS = ("tool_calls", "tool_call_id", "name", "extra")
+OPTIONAL_FIELDS = ("tool_calls", "tool_call_id", "name", "extra", "finish_reason",
+                   "requested_model")
+# Token counts, with one level of detail ("prompt_tokens_details": {"cached_tokens": 3}).
+Usage = dict[str, "int | dict[str, int]"]
 
 _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -101,7 +104,7 @@ class Message(BaseModel):
     turn_id: str
     status: Status = "complete"
     model: str | None = None
-    usage: dict[str, int] | None = None
+    usage: Usage | None = None
     params: dict[str, Any] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     """Assistant tool calls as chat-completions sends them:
@@ -113,6 +116,10 @@ class Message(BaseModel):
     extra: dict[str, Any] | None = None
     """Other fields the provider returned that a later request needs (``refusal``,
     ``reasoning``, ...), kept as they came."""
+    finish_reason: str | None = None
+    """Why the model stopped, when it was not a normal stop ("length", "content_filter")."""
+    requested_model: str | None = None
+    """The model the request named, when the server reported a different one in ``model``."""
     hash: str = ""
 
     @field_validator("content")
@@ -147,11 +154,12 @@ class Message(BaseModel):
     @classmethod
     def seal(cls, prev: Message | None, *, role: Role, content: Content, turn_id: str,
              status: Status = "complete", model: str | None = None,
-             usage: dict[str, int] | None = None, params: dict[str, Any] | None = None,
+             usage: Usage | None = None, params: dict[str, Any] | None = None,
              created_at: str | None = None, **fields: Any) -> Message:
         """Build the next message after ``prev`` with its seq and chain hash filled in.
 
-        ``fields`` are the 0.2 fields (``tool_calls``, ``tool_call_id``, ``name``, ``extra``).
+        ``fields`` are the OPTIONAL_FIELDS (``tool_calls``, ``tool_call_id``, ``name``,
+        ``extra``, ``finish_reason``, ``requested_model``).
         """
         draft = cls(seq=0 if prev is None else prev.seq + 1, role=role, content=content,
                     created_at=created_at or now_iso(), turn_id=turn_id, status=status,

@@ -7,18 +7,23 @@ OpenAI chat completion fails the same way whichever client fetched it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ._policy import AttemptFailed
 
-MAX_PROVIDER_MESSAGE = 300
+MAX_PROVIDER_MESSAGE = 1000
+"""How much of a provider's error text an error message shows (on one line)."""
+_RAW_LIMIT = 8000  # what is kept of an error body at all
+
+Usage = dict[str, "int | dict[str, int]"]
 
 
 class Reply(NamedTuple):
     text: str
     model: str | None
-    usage: dict[str, int] | None
+    usage: Usage | None
     finish_reason: str | None
 
 
@@ -26,11 +31,25 @@ def _malformed(detail: str) -> AttemptFailed:
     return AttemptFailed("malformed", f"malformed reply: {detail}")
 
 
-def _usage(value: object) -> dict[str, int] | None:
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _usage(value: object) -> Usage | None:
+    """Token counts, keeping one level of detail (``prompt_tokens_details.cached_tokens``)."""
     if not isinstance(value, Mapping):
         return None
-    return {k: v for k, v in value.items()
-            if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+    out: Usage = {}
+    for k, v in value.items():
+        if not isinstance(k, str):
+            continue
+        if _count(v):
+            out[k] = v
+        elif isinstance(v, Mapping):
+            inner = {ik: iv for ik, iv in v.items() if isinstance(ik, str) and _count(iv)}
+            if inner:
+                out[k] = inner
+    return out
 
 
 def _str_or_none(value: object) -> str | None:
@@ -60,7 +79,7 @@ class StreamAccumulator:
     def __init__(self) -> None:
         self._parts: list[str] = []
         self.model: str | None = None
-        self.usage: dict[str, int] | None = None
+        self.usage: Usage | None = None
         self.finish_reason: str | None = None
 
     @property
@@ -104,13 +123,13 @@ def provider_message(body: object) -> str | None:
         try:
             body = json.loads(text)
         except ValueError:
-            return text.strip()[:MAX_PROVIDER_MESSAGE] or None
+            return text.strip()[:_RAW_LIMIT] or None
     if isinstance(body, Mapping):
         error = body.get("error", body)
         if isinstance(error, Mapping):
             error = error.get("message")
         if isinstance(error, str) and error:
-            return error[:MAX_PROVIDER_MESSAGE]
+            return error[:_RAW_LIMIT]
     return None
 
 
@@ -122,3 +141,40 @@ def stream_error(chunk: Mapping[str, Any]) -> tuple[str, bool] | None:
     message = provider_message(chunk) or "the provider reported an error mid-stream"
     kind = error.get("type") if isinstance(error, Mapping) else None
     return message, kind in ("server_error", "overloaded_error", "rate_limit_error")
+
+
+# llama.cpp: "request (831 tokens) exceeds the available context size (512 tokens)";
+# OpenAI: "maximum context length is 8192 tokens. However, your messages resulted in 9000
+# tokens"; vLLM: "maximum context length is 2048 tokens. However, you requested 2100 tokens".
+_LLAMA_OVERFLOW = re.compile(r"\((\d+) tokens\) exceeds the available context size "
+                             r"\((\d+) tokens\)")
+_OPENAI_OVERFLOW = re.compile(r"maximum context length is (\d+) tokens.*?"
+                              r"(?:resulted in|requested) (\d+) tokens", re.S)
+_OVERFLOW_WORDS = ("exceeds the available context size", "maximum context length",
+                   "context_length_exceeded", "exceed_context_size")
+
+
+def context_overflow(body: object) -> tuple[int | None, int | None] | None:
+    """(window, prompt tokens) when an error body says the prompt does not fit, else None.
+
+    Either number may be None when the provider does not say it.
+    """
+    if isinstance(body, (bytes, str)):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = {"error": {"message": text}}
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    if not isinstance(error, Mapping):
+        return None
+    text = " ".join(str(error.get(k, "")) for k in ("message", "type", "code"))
+    if not any(word in text for word in _OVERFLOW_WORDS):
+        return None
+    window, prompt = error.get("n_ctx"), error.get("n_prompt_tokens")
+    llama, openai = _LLAMA_OVERFLOW.search(text), _OPENAI_OVERFLOW.search(text)
+    if llama:
+        prompt, window = int(llama.group(1)), int(llama.group(2))
+    elif openai:
+        window, prompt = int(openai.group(1)), int(openai.group(2))
+    return (window if _count(window) else None, prompt if _count(prompt) else None)

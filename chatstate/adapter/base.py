@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ModelError
-from ._parse import StreamAccumulator, parse_completion
-from ._policy import AttemptFailed, RetryPolicy, to_model_error
+from ._parse import StreamAccumulator, Usage, parse_completion
+from ._policy import AttemptFailed, RetryPolicy, timeout_advice, to_model_error
 
 log = logging.getLogger("chatstate.adapter")
 
@@ -44,7 +44,7 @@ class Completion:
 
     text: str
     model: str | None
-    usage: dict[str, int] | None
+    usage: Usage | None
     finish_reason: str | None
 
 
@@ -165,7 +165,7 @@ class RetryingAdapter:
         text is matched against it: the matching prefix is swallowed, only the
         text beyond it is yielded, and a mismatch ends the call.
         """
-        shown = ""
+        shown, told_timeout = "", False
         for number in itertools.count(1):
             received = 0
             try:
@@ -185,8 +185,14 @@ class RetryingAdapter:
                     raise self._error(failure, number, len(shown)) from failure
                 # status and kind only: a provider's message could echo what it was sent
                 what = f"HTTP {failure.status}" if failure.status else failure.kind
-                log.warning("%s: attempt %d failed (%s); retrying in %.2f s",
-                            self.backend.endpoint, number, what, delay)
+                hint = ""
+                if failure.kind == "timeout" and not told_timeout:
+                    # said once: a frozen server otherwise costs (retries + 1) x timeout
+                    hint, told_timeout = f" ({timeout_advice(self.backend.timeout)})", True
+                log.warning("%s: attempt %d failed (%s)%s; %d attempts in all; "
+                            "retrying in %.2f s",
+                            self.backend.endpoint, number, what, hint,
+                            self.policy.max_retries + 1, delay)
                 self._sleep(delay)
         raise AssertionError("unreachable")
 

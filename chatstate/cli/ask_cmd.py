@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from ..errors import ChatstateError
+from ..errors import ChatstateError, ModelError
+from . import waiting
 from .common import Env, fail
 from .render import neutralise
 from .turns import conversation_options, open_chat, valid_text
@@ -37,6 +38,7 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as chat:
         click.echo(f"conversation {chat.id}", err=True)
+        note_before(chat, retry=retry)
         try:
             reply = one_turn(chat, text, stream=not (as_json or no_stream),
                              show=not as_json)
@@ -51,15 +53,18 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
                 raise
             if env.debug:
                 traceback.print_exc()
-            fail(f"{exc} {retry_hint(chat.id)}")
+            fail(f"{exc} {retry_hint(chat.id, exc)}")
             return
+        note_after(chat, reply)
         if as_json:
             user = next((m for m in reversed(chat.messages)
                          if m.role == "user" and m.turn_id == reply.turn_id), None)
             click.echo(json.dumps({
                 "conversation_id": chat.id, "turn_id": reply.turn_id,
                 "user_seq": user.seq if user else None, "reply_seq": reply.seq,
-                "reply": reply.content, "model": reply.model, "usage": reply.usage}))
+                "reply": reply.content, "model": reply.model, "usage": reply.usage,
+                "requested_model": reply.requested_model or reply.model,
+                "finish_reason": reply.finish_reason or "stop"}))
 
 
 def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
@@ -84,20 +89,47 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
 
 def one_turn(chat: Any, text: str, *, stream: bool, show: bool) -> Any:
     """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
-    tty = sys.stdout.isatty()
+    tty, spin = sys.stdout.isatty(), waiting.enabled()
     if not stream:
-        reply = chat.send(text) if text else chat.retry()
+        with waiting.waiting(spin):
+            reply = chat.send(text) if text else chat.retry()
         if show:
             click.echo(neutralise(reply.content) if tty else reply.content)
         return reply
     deltas = chat.stream(text) if text else chat.retry_stream()
-    for delta in deltas:
+    for delta in waiting.until_first(deltas, spin):
         sys.stdout.write(neutralise(delta) if tty else delta)
         sys.stdout.flush()
     sys.stdout.write("\n")
     return chat.messages[-1]
 
 
-def retry_hint(cid: str) -> str:
+def retry_hint(cid: str, exc: BaseException | None = None) -> str:
+    """What to do about the turn a failure left unanswered; ``exc`` says if a retry can help."""
+    if isinstance(exc, ModelError) and not exc.retryable:
+        return (f"Your message is stored in conversation {cid} without a reply. Sending it "
+                "again as it is would fail the same way: change what the error names, then "
+                f"`chatstate ask --id {cid} --retry` (--model picks another model), or just "
+                "send a new message (the unanswered one is kept but not sent again).")
     return (f"Your message is stored in conversation {cid} but has no complete reply; "
             f"complete the turn with `chatstate ask --id {cid} --retry`.")
+
+
+def note_before(chat: Any, *, retry: bool) -> None:
+    """Say what a new message does to a turn left unanswered, or what --retry will do."""
+    turn = chat.interrupted
+    if turn is not None and not retry:
+        click.echo(f"note: {turn.describe()}; it stays in the transcript but is not sent "
+                   "to the model again (--retry would have completed it)", err=True)
+    elif turn is None and retry and chat.cut_short is not None:
+        click.echo("note: the last reply was cut short; asking the model to continue it",
+                   err=True)
+
+
+def note_after(chat: Any, reply: Any) -> None:
+    from ..sendable import CUT_REASONS
+
+    why = CUT_REASONS.get(reply.finish_reason or "")
+    if why:
+        click.echo(f"note: {why} (finish_reason {reply.finish_reason}); `chatstate ask "
+                   f"--id {chat.id} --retry` asks the model to continue", err=True)

@@ -15,8 +15,9 @@ from typing import Any
 
 import click
 
+from . import waiting
 from .common import Env
-from .render import neutralise
+from .render import clip, neutralise
 from .turns import conversation_options, open_chat, valid_text
 
 HELP = """commands:
@@ -24,6 +25,7 @@ HELP = """commands:
   /new             start a new conversation
   /history         show this conversation so far
   /retry           complete the interrupted turn
+  /continue        ask the model to go on with a reply cut at the token limit
   /model [NAME]    show or switch the model
   /system TEXT     add a system instruction
   /title [TEXT]    show or set the conversation title
@@ -79,6 +81,9 @@ class Repl:
             text = valid_text(line, "that input")
             if text.startswith("/"):
                 return self.command(text.strip())
+            turn = self.chat.interrupted
+            if turn is not None:
+                self.say(f"[{turn.describe()}: it is kept but not sent again]")
             self.render(partial(self.chat.stream, text), partial(self.chat.send, text))
         except KeyboardInterrupt:
             self.say("[interrupted]")
@@ -94,36 +99,63 @@ class Repl:
         turn = c.interrupted
         if turn is not None:
             self.say(f"! the last turn was interrupted: {turn.describe()}. Type /retry to "
-                     "complete it.")
+                     "complete it. (A new message leaves it unanswered: kept, not sent.)")
             if turn.partial is not None:
                 tail = turn.partial.content
                 tail = tail if len(tail) <= 200 else "…" + tail[-200:]
                 self.say("  partial reply so far: " + neutralise(tail))
+        elif c.cut_short is not None:
+            self.note_cut()
 
-    def show(self, m: Any) -> None:
+    def show(self, m: Any, *, whole: bool = False) -> None:
+        """One message; long ones clipped (``chatstate replay`` prints them whole)."""
         tag = " (partial)" if m.status == "partial" else ""
-        click.echo(f"{m.role}{tag}> {neutralise(m.content)}")
+        text = m.content if isinstance(m.content, str) else str(m.content)
+        text = text if whole else clip(text, f"chatstate replay {self.chat.id}")
+        click.echo(f"{m.role}{tag}> {neutralise(text)}")
 
     def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:
         from ..errors import ChatstateError
 
+        spin = waiting.enabled()
         try:
             if self.stream:
-                sys.stdout.write("assistant> ")
-                for delta in streamer():
+                started = False
+                for delta in waiting.until_first(streamer(), spin):
+                    if not started:  # after the spinner has gone
+                        sys.stdout.write("assistant> ")
+                        started = True
                     sys.stdout.write(neutralise(delta))
                     sys.stdout.flush()
-                sys.stdout.write("\n")
+                sys.stdout.write("\n" if started else "assistant> \n")
             else:
-                self.show(sender())
+                with waiting.waiting(spin):
+                    reply = sender()
+                self.show(reply, whole=True)
+            self.note_cut()
         except KeyboardInterrupt:
             sys.stdout.write("\n")
             self.say("[interrupted: the partial reply is kept; /retry completes the turn]")
         except ChatstateError as exc:
+            from ..errors import ModelError
+
             sys.stdout.write("\n")
             self.say(f"error: {exc}")
-            if self.chat.interrupted is not None:
+            if self.chat.interrupted is None:
+                return
+            if isinstance(exc, ModelError) and not exc.retryable:
+                self.say("[your message is stored without a reply; as it is, /retry would "
+                         "fail the same way: change what the error names (/model), or type "
+                         "a new message (the unanswered one is kept but not sent again)]")
+            else:
                 self.say("[your message is stored; /retry completes the turn]")
+
+    def note_cut(self) -> None:
+        from ..sendable import CUT_REASONS
+
+        cut = self.chat.cut_short
+        if cut is not None:
+            self.say(f"[{CUT_REASONS[cut.finish_reason]}; /continue asks the model to go on]")
 
     def command(self, line: str) -> str | None:
         name, _, arg = line.partition(" ")
@@ -157,8 +189,16 @@ class Repl:
             self.show(self.chat.conversation.partial)
 
     def do_retry(self, _: str) -> None:
-        if self.chat.interrupted is None:
+        if self.chat.interrupted is None and self.chat.cut_short is None:
             self.say("nothing to retry: the last turn is complete")
+        else:
+            self.render(self.chat.retry_stream, self.chat.retry)
+
+    def do_continue(self, _: str) -> None:
+        if self.chat.interrupted is not None:
+            self.say("the last turn was interrupted: /retry completes it")
+        elif self.chat.cut_short is None:
+            self.say("nothing to continue: the last reply was not cut short")
         else:
             self.render(self.chat.retry_stream, self.chat.retry)
 
@@ -190,7 +230,7 @@ class Repl:
 # name -> (Repl method, what the argument is when one is required)
 COMMANDS: dict[str, tuple[str, str | None]] = {
     "/help": ("do_help", None), "/new": ("do_new", None), "/history": ("do_history", None),
-    "/retry": ("do_retry", None), "/model": ("do_model", None),
+    "/retry": ("do_retry", None), "/continue": ("do_continue", None), "/model": ("do_model", None),
     "/system": ("do_system", "TEXT"), "/title": ("do_title", None),
     "/export": ("do_export", "FILE"),
 }
@@ -209,10 +249,7 @@ def make_reader() -> Callable[[], str]:
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.key_binding import KeyBindings
 
-    from ..doctor import history_path
-
-    path = history_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = private_history_file()
     keys = KeyBindings()
 
     @keys.add("escape", "enter")
@@ -222,3 +259,20 @@ def make_reader() -> Callable[[], str]:
     session: PromptSession[str] = PromptSession(history=FileHistory(str(path)),
                                                 key_bindings=keys, multiline=False)
     return lambda: session.prompt("you> ")
+
+
+def private_history_file() -> Any:
+    """The REPL's history file, created 0600 in a 0700 directory before prompt_toolkit
+    appends to it (it would create it with the umask's mode: typed text is private)."""
+    import os
+
+    from ..doctor import history_path
+
+    path = history_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an older file may have been made readable by others
+    finally:
+        os.close(fd)
+    return path

@@ -129,6 +129,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             self._json(400, error_body(400, "messages must be a list of objects (fake)"))
             return
+        if self.server.script.options.strict_roles and not _alternate(messages):
+            self.server.script.record(self._entry(body, status=400, behaviour="strict"))
+            self._json(400, error_body(400, STRICT_ROLES_ERROR))
+            return
         last_user = next((str(m.get("content")) for m in reversed(messages)
                           if m.get("role") == "user"), "")
         act = self.server.script.next_behaviour(last_user)
@@ -291,3 +295,15 @@ def _header_seconds(value: float | str) -> str:
     if isinstance(value, (int, float)) and float(value).is_integer():
         return str(int(value))
     return str(value)
+
+
+# What llama.cpp's jinja engine answers when a strict template raises (abridged).
+STRICT_ROLES_ERROR = ("Unable to generate parser for this template. Automatic parser "
+                      "generation failed: Error: Jinja Exception: Conversation roles must "
+                      "alternate user/assistant/user/assistant/...")
+
+
+def _alternate(messages: list[dict[str, Any]]) -> bool:
+    """After any system messages: user, assistant, user, ... (the strict templates' rule)."""
+    roles = [m.get("role") for m in messages if m.get("role") != "system"]
+    return all(role == ("user" if i % 2 == 0 else "assistant") for i, role in enumerate(roles))

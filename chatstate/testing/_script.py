@@ -58,6 +58,9 @@ class Options:
     """Filler words after "Echo: <last user content>"."""
     model: str = "fake-model"
     """Model name in replies when the request names none, and in /v1/models."""
+    strict_roles: bool = False
+    """Reject (400) a request whose user/assistant messages do not alternate, as the strict
+    chat templates of Mistral or Gemma do under llama.cpp's jinja engine."""
 
 
 @dataclass
@@ -169,7 +172,8 @@ class Controls(ABC):
                                    "retry_after": retry_after, "message": message})
 
     def configure(self, **options: Any) -> None:
-        """Change latency, chunk_delay, reply_words or model for the requests that follow."""
+        """Change latency, chunk_delay, reply_words, model or strict_roles for the requests
+        that follow."""
         self._command("configure", dict(options))
 
     def reset(self) -> None:
@@ -183,7 +187,7 @@ class Controls(ABC):
         Keys: time (epoch seconds at arrival), method, path, body (the JSON
         request), messages, model, stream, authorization (whether the header
         was present; never its value), status, behaviour (ok, fail, rule, cut,
-        hang, malformed).
+        hang, malformed, strict).
         """
         log: list[dict[str, Any]] = self._command("log", {})
         return log
