@@ -69,7 +69,7 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
 @click.pass_obj
 def export(env: Env, conversation_id: str, output: Path) -> None:
     """Write a conversation (with hashes, and any partial reply) as JSON."""
-    from ..stores._files import atomic_write
+    from ..stores.fsutil import atomic_write
     from ..transfer import export_json
 
     conv = env.store().load(conversation_id)
