@@ -100,7 +100,10 @@ class S3StoreBase:
         """The stored chain read from the objects themselves, checked against the head."""
         pending = self.pool.submit(chain.get_index, self.io, cid) if state is None else None
         messages = chain.read_chain(self.io, self.pool, cid)
-        chain.check_head(self.io, cid, messages, pending.result() if pending else state)
+        if pending is not None:
+            state = pending.result()
+        assert state is not None
+        chain.check_head(self.io, cid, messages, state)
         if not messages:
             self._header(cid)  # ConversationNotFound
         self._chains[cid] = list(messages)
