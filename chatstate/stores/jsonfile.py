@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +276,19 @@ class JsonStore:
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
             self._cache.pop(cid, None)
         return str(moved[-1])
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """Temp files of these conversations, and their locks still held (ReportsLeftovers)."""
+        from ._leftovers import json_leftovers
+
+        return json_leftovers(self.root, conversation_ids)
+
+    def forget(self, conversation_ids: Sequence[str]) -> None:
+        """Remove the lock files of deleted conversations that no process uses (Forgets)."""
+        from ._leftovers import json_forget
+
+        json_forget(self.root, conversation_ids)
 
     # -- bookkeeping -----------------------------------------------------------------
     def record_open(self, record: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ the session (a flush is a network round trip; rendering waits for it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,6 +304,13 @@ class S3Store(S3StoreBase):
         cid = validate_id(conversation_id)
         self._chains.pop(cid, None)
         return quarantine(self.io, cid, self.url)
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """Objects outside the layout or beyond the stored chain (ReportsLeftovers)."""
+        from ._leftovers import s3_leftovers
+
+        return s3_leftovers(self.io, conversation_ids, counts)
 
     def delete(self, conversation_id: str) -> None:
         cid = validate_id(conversation_id)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +271,13 @@ class SqliteStore(SqliteConnection):
                 db.execute("DELETE FROM message_text WHERE conversation_id=?", (cid,))
             db.execute("DELETE FROM conversations WHERE id=?", (cid,))
         return str(target)
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """A rollback journal, or a write lock still held (ReportsLeftovers)."""
+        from ._leftovers import sqlite_leftovers
+
+        return sqlite_leftovers(self.path)
 
     # -- bookkeeping -----------------------------------------------------------------
     def record_open(self, record: dict[str, Any]) -> None:
