@@ -98,12 +98,8 @@ class S3StoreBase:
 
     def _authoritative(self, cid: str, state: chain.IndexState | None = None) -> list[Message]:
         """The stored chain read from the objects themselves, checked against the head."""
-        pending = self.pool.submit(chain.get_index, self.io, cid) if state is None else None
-        messages = chain.read_chain(self.io, self.pool, cid)
-        if pending is not None:
-            state = pending.result()
-        assert state is not None
-        chain.check_head(self.io, cid, messages, state)
+        messages, _ = chain.read_against_head(
+            self.io, self.pool, cid, state or self.pool.submit(chain.get_index, self.io, cid))
         if not messages:
             self._header(cid)  # ConversationNotFound
         self._chains[cid] = list(messages)

@@ -23,7 +23,7 @@ never a free seq to append at. Old data without an index loads unchecked.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +120,27 @@ def check_head(io: S3IO, cid: str, messages: list[Message], state: IndexState) -
             f"({io.target.where(doc.index_key(cid))}) records (hash {str(last)[:12]}…); a "
             "segment was replaced. Nothing was changed. Restore the objects or quarantine "
             "the conversation with `chatstate repair`.", where=where, position=count - 1)
+
+
+def read_against_head(io: S3IO, pool: ThreadPoolExecutor, cid: str,
+                      state: IndexState | Future[IndexState]) -> tuple[list[Message], IndexState]:
+    """``read_chain`` checked against the head; ``state`` may still be in flight.
+
+    An index read in parallel with the listing may already hold another writer's
+    append that the listing missed; so a shortfall is read again, index first
+    (the index never runs ahead of the segments), before it is called corruption.
+    """
+    messages = read_chain(io, pool, cid)
+    head = state.result() if isinstance(state, Future) else state
+    try:
+        check_head(io, cid, messages, head)
+    except CorruptTranscriptError:
+        if not isinstance(state, Future):
+            raise
+        head = get_index(io, cid)
+        messages = read_chain(io, pool, cid)
+        check_head(io, cid, messages, head)
+    return messages, head
 
 
 def _must_get(io: S3IO, key: str) -> bytes:

@@ -76,10 +76,8 @@ class S3Store(S3StoreBase):
         index = self.pool.submit(chain.get_index, self.io, cid)
         partial_blob = self.pool.submit(self.io.get, doc.partial_key(cid))
         pending = self.pool.submit(self._header, cid)
-        messages = chain.read_chain(self.io, self.pool, cid)
+        messages, state = chain.read_against_head(self.io, self.pool, cid, index)
         header = pending.result()
-        state = index.result()
-        chain.check_head(self.io, cid, messages, state)
         self._chains[cid] = list(messages)
         if state.doc is None or state.doc["message_count"] < len(messages):
             tail = (len(messages), messages[-1].hash if messages else None)
