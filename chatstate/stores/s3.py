@@ -22,7 +22,10 @@ flush 1 PUT. One user+assistant turn is 6 requests unstreamed, N + 8 with the
 reply streamed in N flushes; every SNAPSHOT_EVERY (64) messages one more PUT
 writes a snapshot. Loading is 5 requests (6 once a snapshot exists) plus one GET
 per segment after the newest snapshot, in 3 round trips; listing is 2 LISTs plus
-one GET of a small index object per conversation, in parallel.
+one GET of a small index object per conversation, in parallel. A write onto a
+conversation this process has neither created nor loaded first reads and
+verifies its chain (a load's worth of requests, once): nothing is written onto
+a chain that does not verify or falls short of the head the index records.
 
 The store assumes what AWS S3, MinIO and R2 give: strong read-after-write and
 list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
