@@ -160,8 +160,10 @@ def search(env: Env, text: str, limit: int) -> None:
     sqlite stores use FTS5 and match TEXT as a phrase of whole words; other stores
     scan every transcript for TEXT as a substring. Both ignore case.
     """
+    from ..stores import Searchable
+
     store = env.store()
-    if hasattr(store, "search"):
+    if isinstance(store, Searchable):  # an optional part of the Store protocol
         hits = store.search(text, limit=limit)
     else:
         from ..errors import CorruptTranscriptError
@@ -193,9 +195,10 @@ def repair(env: Env, conversation_id: str, force: bool) -> None:
     A conversation that loads and verifies is left alone unless --force.
     """
     from ..errors import CorruptTranscriptError
+    from ..stores import Quarantines
 
     store = env.store()
-    quarantine = getattr(store, "quarantine", None)
+    quarantine = store.quarantine if isinstance(store, Quarantines) else None  # optional part
     if quarantine is None:
         fail(f"{store.url}: this store has no repair; copy the damaged object aside by hand")
         return
