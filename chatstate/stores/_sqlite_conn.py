@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from ..errors import ChatstateError, StoreUnavailable
 from ._files import ensure_dir
-from ._sqlite_errors import translate
+from ._sqlite_errors import AT_COMMIT, translate
 from ._sqlite_schema import APPLICATION_ID, MIGRATIONS
 from .sqlite_setup import check_owner, check_version, configure, migrate
 
@@ -142,7 +142,8 @@ class SqliteConnection:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
-                db.execute("COMMIT")
+                with translate(self.path, action, outcome=AT_COMMIT):
+                    db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     # the original error says more; SQLite rolls back on its own
