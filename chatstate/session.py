@@ -321,9 +321,11 @@ class Chat:
                              status="partial", model=model)
         try:
             self.store.save_partial(self.id, partial)
-        except ChatstateError:
+        except ChatstateError as exc:
             if not quiet:
                 raise
+            log.warning("%s: could not keep the interrupted reply (%d chars at seq %d) as a "
+                        "partial: %s", self.id, len(text), partial.seq, exc)
             return
         self.conversation.partial = partial
 
@@ -335,7 +337,26 @@ class Chat:
                            model=done.model, usage=done.usage, finish_reason=finish,
                            requested_model=requested if requested != done.model else None)
         self._append([reply])
-        return done.text[len(shown):] if done.text.startswith(shown) else ""
+        if done.text.startswith(shown):
+            return str(done.text[len(shown):])
+        self._note_divergent(reply.seq, len(shown))
+        return ""
+
+    def _note_divergent(self, seq: int, shown_chars: int) -> None:
+        """The final reply does not extend what was shown: say so, and keep the fact."""
+        log.warning("%s: the final reply at seq %d does not extend the %d chars already shown; "
+                    "the stored reply is the final one (see `chatstate replay`)", self.id, seq,
+                    shown_chars)
+        metadata = dict(self.conversation.metadata)
+        metadata["divergent_replies"] = [*metadata.get("divergent_replies", []),
+                                         {"seq": seq, "shown_chars": shown_chars}]
+        try:
+            self.store.set_header(self.id, metadata=metadata)
+        except ChatstateError as exc:  # the reply is stored; only the note is missing
+            log.warning("%s: could not record the divergent reply in the metadata: %s",
+                        self.id, exc)
+            return
+        self.conversation.metadata = metadata
 
 
 def _user_of(conv: Conversation, turn_id: str) -> Message | None:

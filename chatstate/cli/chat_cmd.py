@@ -219,7 +219,7 @@ class Repl:
     def do_export(self, target: str) -> None:
         from pathlib import Path
 
-        from ..stores._files import atomic_write
+        from ..stores.fsutil import atomic_write
         from ..transfer import export_json
 
         path = Path(target).expanduser().absolute()

@@ -69,7 +69,7 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
 @click.pass_obj
 def export(env: Env, conversation_id: str, output: Path) -> None:
     """Write a conversation (with hashes, and any partial reply) as JSON."""
-    from ..stores._files import atomic_write
+    from ..stores.fsutil import atomic_write
     from ..transfer import export_json
 
     conv = env.store().load(conversation_id)
@@ -160,8 +160,10 @@ def search(env: Env, text: str, limit: int) -> None:
     sqlite stores use FTS5 and match TEXT as a phrase of whole words; other stores
     scan every transcript for TEXT as a substring. Both ignore case.
     """
+    from ..stores import Searchable
+
     store = env.store()
-    if hasattr(store, "search"):
+    if isinstance(store, Searchable):  # an optional part of the Store protocol
         hits = store.search(text, limit=limit)
     else:
         from ..errors import CorruptTranscriptError
@@ -193,9 +195,10 @@ def repair(env: Env, conversation_id: str, force: bool) -> None:
     A conversation that loads and verifies is left alone unless --force.
     """
     from ..errors import CorruptTranscriptError
+    from ..stores import Quarantines
 
     store = env.store()
-    quarantine = getattr(store, "quarantine", None)
+    quarantine = store.quarantine if isinstance(store, Quarantines) else None  # optional part
     if quarantine is None:
         fail(f"{store.url}: this store has no repair; copy the damaged object aside by hand")
         return

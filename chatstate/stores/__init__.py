@@ -15,12 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
-from .base import CheckReport, Location, Store
+from .base import (
+    CheckReport,
+    Forgets,
+    Location,
+    Quarantines,
+    ReportsLeftovers,
+    Searchable,
+    Store,
+)
 
 log = logging.getLogger("chatstate.stores")
 
-__all__ = ["CheckReport", "Location", "Store", "default_store_url", "guard", "open_store",
-           "store_class"]
+__all__ = ["CheckReport", "Forgets", "Location", "Quarantines", "ReportsLeftovers",
+           "Searchable", "Store", "default_store_url", "guard", "open_store", "store_class"]
 
 ENTRY_POINT_GROUP = "chatstate.stores"
 BUILTIN = {

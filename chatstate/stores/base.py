@@ -9,7 +9,7 @@ by the object store).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -43,7 +43,13 @@ class CheckReport:
 
 @runtime_checkable
 class Store(Protocol):
-    """A transcript store. Implementations: JsonStore, SqliteStore, S3Store."""
+    """A transcript store. Implementations: JsonStore, SqliteStore, S3Store.
+
+    Optional parts, each its own protocol below, checked with ``isinstance``, so a
+    third-party store takes part by defining the methods: ``Quarantines``
+    (``chatstate repair``), ``Searchable`` (``chatstate search``; others are scanned),
+    ``ReportsLeftovers`` and ``Forgets`` (``chatstate drill``).
+    """
 
     url: str
     recovery: list[str]
@@ -119,6 +125,43 @@ class Store(Protocol):
 
     def check(self) -> CheckReport:
         """Write, read back and delete a probe in the real store. Never raises."""
+        ...
+
+
+@runtime_checkable
+class Quarantines(Protocol):
+    def quarantine(self, conversation_id: str) -> str:
+        """Move a (damaged) conversation aside, never deleting; return where it went.
+
+        Parses nothing (the data may be damaged). ConversationNotFound if absent.
+        """
+        ...
+
+
+@runtime_checkable
+class Searchable(Protocol):
+    def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
+        """(conversation id, seq, content) of stored messages containing ``text``."""
+        ...
+
+
+@runtime_checkable
+class ReportsLeftovers(Protocol):
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """What killed writers left that ``open()`` did not recover, for these conversations.
+
+        Stray temp files, locks still held, objects outside the layout or beyond
+        ``counts`` (the stored message count per conversation): one sentence per
+        problem, [] when clean. Reads only.
+        """
+        ...
+
+
+@runtime_checkable
+class Forgets(Protocol):
+    def forget(self, conversation_ids: Sequence[str]) -> None:
+        """Drop the bookkeeping (e.g. lock files) of deleted conversations no one uses."""
         ...
 
 

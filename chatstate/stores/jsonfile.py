@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -254,32 +254,56 @@ class JsonStore:
         stamp = now_iso().replace(":", "")
         with locked(self._lock(cid)):
             moved = []
-            for src in (self._file(cid), self._partial(cid)):
+            # the partial first: a kill between the two moves leaves the transcript in
+            # place (still loadable, quarantined by a rerun); transcript first would leave
+            # an orphaned partial that the next open() removes as stale
+            for src in (self._partial(cid), self._file(cid)):
                 if src.exists():
                     dst = qdir / f"{src.parent.name}-{src.name}.{stamp}"
                     try:
                         os.rename(src, dst)
+                    except OSError as exc:
+                        raise os_error(exc, "move to quarantine", src) from exc
+                    try:
                         fsync_dir(qdir)
                         fsync_dir(src.parent)
                     except OSError as exc:
-                        raise os_error(exc, "move to quarantine", src) from exc
+                        raise os_error(exc, "fsync the move to quarantine of", src,
+                                       outcome=f"It was moved to {dst}, but the move is not "
+                                       "known to be on stable storage.") from exc
                     moved.append(dst)
             if not moved:
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
             self._cache.pop(cid, None)
-        return str(moved[0])
+        return str(moved[-1])
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """Temp files of these conversations, and their locks still held (ReportsLeftovers)."""
+        from ._leftovers import json_leftovers
+
+        return json_leftovers(self.root, conversation_ids)
+
+    def forget(self, conversation_ids: Sequence[str]) -> None:
+        """Remove the lock files of deleted conversations that no process uses (Forgets)."""
+        from ._leftovers import json_forget
+
+        json_forget(self.root, conversation_ids)
 
     # -- bookkeeping -----------------------------------------------------------------
     def record_open(self, record: dict[str, Any]) -> None:
         path = self.root / ".chatstate" / "opens.jsonl"
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         try:
+            created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, line)
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if created:  # the new directory entry is durable only once its directory is
+                fsync_dir(path.parent)
         except OSError as exc:
             raise os_error(exc, "record this open in", path) from exc
 

@@ -22,7 +22,10 @@ flush 1 PUT. One user+assistant turn is 6 requests unstreamed, N + 8 with the
 reply streamed in N flushes; every SNAPSHOT_EVERY (64) messages one more PUT
 writes a snapshot. Loading is 5 requests (6 once a snapshot exists) plus one GET
 per segment after the newest snapshot, in 3 round trips; listing is 2 LISTs plus
-one GET of a small index object per conversation, in parallel.
+one GET of a small index object per conversation, in parallel. A write onto a
+conversation this process has neither created nor loaded first reads and
+verifies its chain (a load's worth of requests, once): nothing is written onto
+a chain that does not verify or falls short of the head the index records.
 
 The store assumes what AWS S3, MinIO and R2 give: strong read-after-write and
 list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
@@ -34,7 +37,7 @@ the session (a flush is a network round trip; rendering waits for it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +79,9 @@ class S3Store(S3StoreBase):
         index = self.pool.submit(chain.get_index, self.io, cid)
         partial_blob = self.pool.submit(self.io.get, doc.partial_key(cid))
         pending = self.pool.submit(self._header, cid)
-        messages = chain.read_chain(self.io, self.pool, cid)
+        messages, state = chain.read_against_head(self.io, self.pool, cid, index)
         header = pending.result()
         self._chains[cid] = list(messages)
-        state = index.result()
         if state.doc is None or state.doc["message_count"] < len(messages):
             tail = (len(messages), messages[-1].hash if messages else None)
             chain.update_index(self.io, cid, state, header, tail=tail, touch=False)
@@ -132,6 +134,7 @@ class S3Store(S3StoreBase):
                         action="create a conversation at")
         except Exists:
             raise ConflictError(f"conversation {cid!r} already exists in {self.url}") from None
+        self._chains[cid] = []  # the header was created just now: no segment can precede it
         chain.update_index(self.io, cid, chain.IndexState(None, None, False), header,
                            touch=False)
 
@@ -143,20 +146,16 @@ class S3Store(S3StoreBase):
             return
         where = self._where(doc.conv_dir(cid))
         state = chain.get_index(self.io, cid)
-        tail = state.tail()
-        stored: list[Message] | None = None
+        stored = self._verified(cid, state)  # never onto a chain that does not verify
         for _ in range(4):
-            if stored is None and tail is not None and tail[0] == new[0].seq:
-                already = _decide(where, new, tail, None)
-            else:
-                stored = self._authoritative(cid)
-                already = _decide(where, new, None, stored)
+            hashes = [m.hash for m in stored]
+            already = check_append(where, len(hashes) - 1, hashes.__getitem__, new)
             fresh = new[already:]
             if fresh and fresh[0].status == "partial":
                 self._claim_partial(cid, where, fresh)
             if not fresh or self._put_segment(cid, fresh):
                 break
-            stored, tail = None, None  # another writer (or our own lost attempt) has that seq
+            stored = self._authoritative(cid)  # another writer (or our own lost attempt)
         else:
             raise ConflictError(f"{where}: other writers kept taking seq {new[0].seq}; reload "
                                 "and retry", expected_seq=new[0].seq - 1)
@@ -194,7 +193,7 @@ class S3Store(S3StoreBase):
             return False
 
     def _after_append(self, cid: str, state: chain.IndexState, fresh: list[Message],
-                      stored: list[Message] | None) -> None:
+                      stored: list[Message]) -> None:
         if fresh:
             end = fresh[-1]
             cached = self._chains.get(cid)
@@ -262,9 +261,7 @@ class S3Store(S3StoreBase):
                             "two writers are streaming into one conversation. Reload.")
 
     def _expect_next(self, cid: str, seq: int) -> None:
-        tail = chain.get_index(self.io, cid).tail()
-        count = tail[0] if tail is not None and tail[0] == seq else \
-            len(self._authoritative(cid))
+        count = len(self._verified(cid, chain.get_index(self.io, cid)))
         if seq != count:
             raise ConflictError(f"{self._where(doc.conv_dir(cid))}: partial reply for seq "
                                 f"{seq}, but the next seq is {count}",
@@ -279,6 +276,8 @@ class S3Store(S3StoreBase):
                    metadata: dict[str, Any] | None = None) -> None:
         cid = validate_id(conversation_id)
         key = doc.header_key(cid)
+        state = chain.get_index(self.io, cid)
+        self._verified(cid, state)  # never onto a chain that does not verify
         for _ in range(5):
             blob = self.io.get(key)
             if blob is None:
@@ -297,7 +296,7 @@ class S3Store(S3StoreBase):
         else:
             raise ConflictError(f"{self._where(key)}: changed by other writers 5 times in a "
                                 "row; retry")
-        chain.update_index(self.io, cid, None, header, title=title)
+        chain.update_index(self.io, cid, state, header, title=title)
 
     def quarantine(self, conversation_id: str) -> str:
         """Copy a (damaged) conversation aside under quarantine/, then remove it."""
@@ -306,6 +305,13 @@ class S3Store(S3StoreBase):
         cid = validate_id(conversation_id)
         self._chains.pop(cid, None)
         return quarantine(self.io, cid, self.url)
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """Objects outside the layout or beyond the stored chain (ReportsLeftovers)."""
+        from ._leftovers import s3_leftovers
+
+        return s3_leftovers(self.io, conversation_ids, counts)
 
     def delete(self, conversation_id: str) -> None:
         cid = validate_id(conversation_id)
@@ -320,12 +326,3 @@ class S3Store(S3StoreBase):
         self._chains.pop(cid, None)
         self._partials.pop(cid, None)
 
-
-def _decide(where: str, new: list[Message], tail: tuple[int, str | None] | None,
-            stored: list[Message] | None) -> int:
-    """check_append against the index's tail (fast) or the chain read from the objects."""
-    if stored is not None:
-        hashes = [m.hash for m in stored]
-        return check_append(where, len(hashes) - 1, hashes.__getitem__, new)
-    count, last = tail or (0, None)
-    return check_append(where, count - 1, lambda _seq: last or "", new)
