@@ -63,7 +63,8 @@ class Chat:
                  title: str | None = None, base_url: str | None = None,
                  api_key: str | None = None, client: Any = None,
                  params: Mapping[str, Any] | None = None,
-                 flush_interval: float | None = None, allow_ephemeral: bool = False) -> None:
+                 flush_interval: float | None = None, allow_ephemeral: bool = False,
+                 context_window: int | None = None) -> None:
         if store is None or isinstance(store, str):
             from .stores import open_store
 
@@ -80,6 +81,8 @@ class Chat:
         self.flush_interval = (flush_interval if flush_interval is not None
                                else float(getattr(store, "partial_flush_interval", 0.0)))
         self.id = validate_id(conversation_id) if conversation_id else new_id()
+        self.context_window = context_window  # None: learned, else the built-in table
+        self.last_fit: Any = None  # what the last request sent (context.Fit)
         self._title = title
         self._system = system
         self.conversation = self._load()
@@ -249,23 +252,53 @@ class Chat:
             self.store.set_header(self.id, title=title)
             self.conversation.title = title
 
-    def _history(self) -> list[dict[str, str]]:
-        # The model never sees cut-off replies as if they were its final words.
-        return [m.to_openai() for m in self.conversation.messages if m.status == "complete"]
+    def _history(self, model: str | None = None,
+                 params: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+        # The model never sees cut-off replies as if they were its final words (fit()
+        # sends complete messages only), and the request is fitted to the context window.
+        from . import context
+
+        conv = self.conversation
+        window = context.resolve_window(self.context_window, conv.metadata, model)
+        reserve = (params or {}).get("max_completion_tokens", (params or {}).get("max_tokens"))
+        self.last_fit = context.fit(conv, window, reply_reserve=reserve)
+        return [m.to_openai() for m in self.last_fit.messages]
+
+    def _learn_window(self, model: str | None, window: int) -> bool:
+        """Keep the window a provider named in its 400; True if the next request changes."""
+        from . import context
+
+        conv = self.conversation
+        before = context.resolve_window(self.context_window, conv.metadata, model)
+        metadata = context.with_learned(conv.metadata, model, window)
+        self.store.set_header(self.id, metadata=metadata)
+        conv.metadata = metadata
+        log.info("%s: learned context window %d for model %s", self.id, window, model)
+        return context.resolve_window(self.context_window, metadata, model) != before
+
+    def _call(self, model: str | None, params: dict[str, Any], streaming: bool) -> Any:
+        from .context import call_fitted, peek
+
+        def call(history: list[dict[str, str]]) -> Any:
+            if streaming:
+                return peek(self.adapter.stream(history, model=model, params=params or None))
+            return self.adapter.complete(history, model=model, params=params or None)
+        return call_fitted(lambda: self._history(model, params), call,
+                           lambda window: self._learn_window(model, window))
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:
         """Generator: call the model, persist, then yield. The only place a turn is written."""
         from .adapter import Completion
 
-        history, model = self._history(), params.pop("model", None) or self.model
+        model = params.pop("model", None) or self.model
         if not streaming:
-            done = self.adapter.complete(history, model=model, params=params or None)
+            done = self._call(model, params, streaming)
             yield self._commit(turn_id, done)
             return
         shown, pending, last_flush = "", "", time.monotonic()
         try:
-            for event in self.adapter.stream(history, model=model, params=params or None):
+            for event in self._call(model, params, streaming):
                 if isinstance(event, Completion):
                     rest = self._commit(turn_id, event, shown)
                     pending = ""  # committed whole: nothing is left to keep as partial

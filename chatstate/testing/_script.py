@@ -58,6 +58,9 @@ class Options:
     """Filler words after "Echo: <last user content>"."""
     model: str = "fake-model"
     """Model name in replies when the request names none, and in /v1/models."""
+    context_window: int | None = None
+    """Prompt tokens (counted as ``usage`` counts them) past which a request gets the
+    OpenAI-style 400 "maximum context length is N tokens"; None: no limit."""
 
 
 @dataclass
@@ -169,7 +172,7 @@ class Controls(ABC):
                                    "retry_after": retry_after, "message": message})
 
     def configure(self, **options: Any) -> None:
-        """Change latency, chunk_delay, reply_words or model for the requests that follow."""
+        """Change latency, chunk_delay, reply_words, model or context_window from now on."""
         self._command("configure", dict(options))
 
     def reset(self) -> None:
@@ -183,7 +186,7 @@ class Controls(ABC):
         Keys: time (epoch seconds at arrival), method, path, body (the JSON
         request), messages, model, stream, authorization (whether the header
         was present; never its value), status, behaviour (ok, fail, rule, cut,
-        hang, malformed).
+        hang, malformed, context: past the context window).
         """
         log: list[dict[str, Any]] = self._command("log", {})
         return log

@@ -1,0 +1,131 @@
+"""Printing a reply as it becomes durable: plain text, or Markdown on a terminal.
+
+``ReplyPrinter`` gets only the deltas the session yields, and the session
+yields a delta only once the store holds it, so nothing printed here is ever
+ahead of the store. In Markdown mode the finished blocks of the reply (split
+at blank lines outside code fences) are printed once, for good; the block
+still growing is re-rendered in place (a rich ``Live`` region) as its text
+grows. Every piece of model text is neutralised before rich sees it, so a
+reply cannot smuggle control sequences through the renderer either.
+
+rich is imported here only, and this module only when Markdown is on, so
+`chatstate --help` and `ask` to a pipe never load it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from typing import Any
+
+from .render import neutralise
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def split_done(text: str) -> int:
+    """Index where the last finished block ends (after a blank line outside a fence), or 0."""
+    end, fence, pos = 0, None, 0
+    for line in text.splitlines(keepends=True):
+        pos += len(line)
+        opening = _FENCE.match(line)
+        if opening and fence is None:
+            fence = opening.group(1)[0]
+        elif opening and fence == opening.group(1)[0]:
+            fence = None
+            end = pos if line.endswith("\n") else end  # a closed fence ends its block
+        elif fence is None and not line.strip() and line.endswith("\n") and pos > 1:
+            end = pos
+    return end
+
+
+class ReplyPrinter:
+    """Prints one reply's durable deltas; ``close`` (also on Ctrl-C) leaves the screen sane."""
+
+    def __init__(self, *, markdown: bool, prefix: str = "") -> None:
+        self.markdown = markdown
+        self.tty = sys.stdout.isatty()
+        self.text = ""
+        self.started = time.monotonic()
+        self._done = 0  # characters of self.text printed for good
+        self._live: Any = None
+        if markdown:
+            from rich.console import Console
+
+            self.console = Console(highlight=False, soft_wrap=False)
+        else:
+            sys.stdout.write(prefix)
+
+    def feed(self, delta: str) -> None:
+        if not delta:
+            return
+        self.text += delta
+        if not self.markdown:
+            sys.stdout.write(neutralise(delta) if self.tty else delta)
+            sys.stdout.flush()
+            return
+        cut = split_done(self.text)
+        if cut > self._done:
+            self._show(self.text[self._done:cut])
+            self._end_block()
+            self._done = cut
+        if self.text[self._done:].strip():
+            self._show(self.text[self._done:])
+
+    def close(self) -> None:
+        """End the reply: the growing block is printed as it stands, the cursor shown."""
+        if not self.markdown:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            return
+        if self._live is None and self.text[self._done:].strip():
+            self._show(self.text[self._done:])
+        self._end_block()
+
+    def abort(self) -> None:
+        """Ctrl-C or an error mid-reply: what is shown stays, the cursor comes back."""
+        if self.markdown:
+            self._end_block()
+
+    def _show(self, block: str) -> None:
+        from rich.live import Live
+        from rich.markdown import Markdown
+
+        view = Markdown(neutralise(block), code_theme="monokai")
+        if self._live is None:
+            self._live = Live(view, console=self.console, auto_refresh=False,
+                              vertical_overflow="visible", redirect_stdout=False,
+                              redirect_stderr=False)
+            self._live.start(refresh=True)
+        else:
+            self._live.update(view, refresh=True)
+
+    def _end_block(self) -> None:
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()  # leaves the last render on screen and shows the cursor again
+
+    def stats(self, usage: dict[str, int] | None) -> str | None:
+        """"42 tokens · 118.3 tokens/s" when the provider reported usage, else None."""
+        tokens = (usage or {}).get("completion_tokens")
+        if not isinstance(tokens, int):
+            return None
+        spent = time.monotonic() - self.started  # from the request to the end of the reply
+        speed = f" · {tokens / spent:.1f} tokens/s" if spent > 0 and tokens else ""
+        return f"{tokens} tokens{speed}"
+
+
+def print_stats(line: str | None) -> None:
+    """The dim line after a reply, on stderr (stdout carries only replies)."""
+    if line:
+        sys.stderr.write(f"\x1b[2m{line}\x1b[0m\n")
+        sys.stderr.flush()
+
+
+def print_markdown(text: str) -> None:
+    """Render a whole stored text (replay, /history) as Markdown on stdout."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    Console(highlight=False).print(Markdown(neutralise(text), code_theme="monokai"))
