@@ -207,11 +207,11 @@ class Chat:
         self.store.set_header(self.id, title=title)
         self.conversation.title = title
 
-    def add_system(self, text: str) -> Message:
-        """Append a system message (a new instruction from here on)."""
+    def add_system(self, text: str, *, params: dict[str, Any] | None = None) -> Message:
+        """Append a system message (a new instruction from here on; a summary if marked)."""
         self._ensure_created()
         self._settle_partial()
-        msg = self._seal(role="system", content=text, turn_id=new_turn_id())
+        msg = self._seal(role="system", content=text, turn_id=new_turn_id(), params=params)
         self._append([msg])
         return msg
 
