@@ -137,7 +137,8 @@ def test_compact_fork_and_edit_in_the_repl(local_store_url: str, tmp_path: Path,
     edit_id = re.search(r"now in (c-[\w-]+)", out).group(1)  # type: ignore[union-attr]
     edited = replay_json(s, edit_id)
     assert edited["metadata"]["forked_from"]["id"] == fork_id
-    assert len(edited["messages"]) == 11 and edited["messages"][9]["content"] == "in the fork, edited"
+    assert len(edited["messages"]) == 11
+    assert edited["messages"][9]["content"] == "in the fork, edited"
     assert edited["messages"][10]["content"].startswith("Echo: in the fork, edited")
     assert len(replay_json(s, fork_id)["messages"]) == 11  # the fork it came from is intact
     assert repl.eof() == 0
