@@ -12,7 +12,6 @@ from cli_helpers import API_KEY, CHATSTATE, cli_env, invoke, replay_json
 
 from chatstate import templates
 from chatstate.compact import compact
-from chatstate.fork import fork
 from chatstate.session import Chat
 from chatstate.stores import open_store
 from chatstate.testing import FakeModel
@@ -190,10 +189,10 @@ def test_parse_since() -> None:
 def test_ask_to_a_pipe_prints_plain_text_and_never_loads_rich(tmp_path: Path,
                                                               local_store_url: str) -> None:
     """No Markdown off a terminal: exactly the stored text; and rich is not even imported."""
-    code = ("import sys, runpy; sys.argv = ['chatstate', '--store', %r, 'ask', '--model', "
-            "'fake', '**x**']\ntry:\n    runpy.run_module('chatstate', run_name='__main__')\n"
-            "except SystemExit:\n    pass\nprint('RICH' if 'rich' in sys.modules else 'NO-RICH')"
-            % local_store_url)
+    argv = ["chatstate", "--store", local_store_url, "ask", "--model", "fake", "**x**"]
+    code = (f"import sys, runpy; sys.argv = {argv!r}\ntry:\n    runpy.run_module('chatstate', "
+            "run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('RICH' if 'rich' in sys.modules else 'NO-RICH')")
     python = str(Path(CHATSTATE).with_name("python"))
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True,
                           env=cli_env(tmp_path), timeout=60, check=False)
