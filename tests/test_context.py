@@ -189,3 +189,18 @@ def test_bad_context_window_env_is_a_clear_error(local_store_url: str, raw: str)
     result = invoke(["ask", "--model", "fake", "hi"], store=local_store_url,
                     env={"CHATSTATE_CONTEXT_WINDOW": raw})
     assert result.code == 1 and "CHATSTATE_CONTEXT_WINDOW" in result.err
+
+
+def test_the_long_conversation_example_runs(local_store_url: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "long_conversation.py"
+    result = subprocess.run([sys.executable, str(example), local_store_url], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1] == "request: 2002 messages -> HTTP 400"
+    assert lines[2].startswith("request: ") and lines[2].endswith("-> HTTP 200")
+    assert "learned: {'fake-model': 4096}" in lines
+    assert lines[-1] == "stored: 2003 messages (nothing was dropped)"

@@ -175,3 +175,18 @@ def test_replay_renders_markdown_on_a_terminal_and_raw_turns_it_off(
         out = child.before
         assert ("\x1b[1mstrong\x1b[0m" in out) is styled
         assert ("**strong** words" in out) is not styled
+
+
+def test_the_repl_says_once_that_older_messages_are_left_out(
+        local_store_url: str, tmp_path: Path, sessions: list[ReplSession]) -> None:
+    repl = start(sessions, local_store_url, cli_env(tmp_path), "--id", "n",
+                 "--context-window", "80", markdown=False)
+    seen = ""
+    for n in range(6):
+        repl.child.sendline(f"question {n}")
+        seen += repl.prompt()
+    notes = re.findall(r"sending the last (\d+) of (\d+) messages \(context window 80\)", seen)
+    assert len(notes) == 1, seen
+    sent, total = map(int, notes[0])
+    assert sent < total and sent % 2 == 1  # whole turns, ending with the new question
+    assert len(replay_json(local_store_url, "n")["messages"]) == 12  # the store keeps all
