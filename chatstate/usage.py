@@ -11,6 +11,7 @@ only from a price table the user supplies, since bundled prices go stale::
 
 A model with no entry (matched exactly, else by the longest name prefix) has
 no cost, and is named in ``Report.unpriced`` rather than counted as free.
+The messages a fork copied are counted once, in the conversation they came from.
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ def _replies(store: Any, report: Report) -> Iterable[tuple[str, Any]]:
         except CorruptTranscriptError as exc:  # one damaged transcript does not hide the rest
             report.skipped.append(f"{summary.id}: {exc}")
             continue
-        for message in conv.messages:
+        origin = conv.metadata.get("forked_from")
+        copied = origin.get("seq", -1) if isinstance(origin, dict) else -1
+        for message in conv.messages[copied + 1:]:  # a fork's copies count in the original
             if message.role == "assistant" and message.usage:
                 yield conv.id, message

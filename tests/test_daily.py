@@ -152,6 +152,7 @@ def test_usage_totals_by_model_conversation_and_day(local_store_url: str,
     s = local_store_url
     for cid, text in (("u1", "one two"), ("u1", "three"), ("u2", "four")):
         assert invoke(["ask", "--model", "fake", "--id", cid, text], store=s).code == 0
+    assert invoke(["fork", "u1", "--new-id", "u1-fork"], store=s).code == 0  # counted once
     store = open_store(s)
     replies = [m for c in ("u1", "u2") for m in store.load(c).messages if m.role == "assistant"]
     report = collect(store, by="conversation")

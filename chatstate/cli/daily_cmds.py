@@ -135,7 +135,7 @@ def usage(env: Env, since: str | None, by: str, as_json: bool, prices: Path | No
     click.echo(f"{by:<{width}}  {'replies':>7}  {'prompt':>10}  {'completion':>10}"
                + ("  cost (USD)" if prices else ""))
     for r in report.rows:
-        cost = "" if not prices else ("  ?" if r.cost is None else f"  {r.cost:.4f}")
+        cost = "" if not prices else ("  ?" if r.cost is None else f"  {r.cost:.6f}")
         click.echo(f"{neutralise(r.key):<{width}}  {r.replies:>7}  {r.prompt_tokens:>10}  "
                    f"{r.completion_tokens:>10}{cost}")
     if not report.rows:

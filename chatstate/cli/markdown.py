@@ -67,8 +67,9 @@ class ReplyPrinter:
             return
         cut = split_done(self.text)
         if cut > self._done:
-            self._show(self.text[self._done:cut])
-            self._end_block()
+            if self.text[self._done:cut].strip():  # blank lines only separate blocks
+                self._show(self.text[self._done:cut])
+                self._end_block()
             self._done = cut
         if self.text[self._done:].strip():
             self._show(self.text[self._done:])
@@ -94,6 +95,8 @@ class ReplyPrinter:
 
         view = Markdown(neutralise(block), code_theme="monokai")
         if self._live is None:
+            if self._done and self.text[:self._done].strip():  # as whole Markdown renders
+                self.console.line()
             self._live = Live(view, console=self.console, auto_refresh=False,
                               vertical_overflow="visible", redirect_stdout=False,
                               redirect_stderr=False)
