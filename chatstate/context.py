@@ -32,6 +32,7 @@ said so.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -64,6 +65,7 @@ _WINDOW_PATTERNS = (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("chatstate.context")
 
 
 # -- counting ------------------------------------------------------------------------------
@@ -241,6 +243,27 @@ def _reserve(window: int, explicit: int | None) -> int:
     if explicit is not None and explicit > 0:
         return min(explicit, window // 2)
     return min(window // 8, REPLY_RESERVE_MAX)
+
+
+def request_for(chat: Any, model: str | None,
+                params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The message list for ``chat``'s next request; the Fit is kept as ``chat.last_fit``."""
+    conv = chat.conversation
+    window = resolve_window(chat.context_window, conv.metadata, model)
+    reserve = (params or {}).get("max_completion_tokens", (params or {}).get("max_tokens"))
+    chat.last_fit = fit(conv, window, reply_reserve=reserve)
+    return [m.to_openai() for m in chat.last_fit.messages]
+
+
+def learn(chat: Any, model: str | None, window: int) -> bool:
+    """Store the window a provider named in its 400; True if the next request differs."""
+    conv = chat.conversation
+    before = resolve_window(chat.context_window, conv.metadata, model)
+    metadata = with_learned(conv.metadata, model, window)
+    chat.store.set_header(chat.id, metadata=metadata)
+    conv.metadata = metadata
+    log.info("%s: learned context window %d for model %s", chat.id, window, model)
+    return resolve_window(chat.context_window, metadata, model) != before
 
 
 def call_fitted(build: Callable[[], list[dict[str, Any]]],

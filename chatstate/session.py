@@ -254,37 +254,22 @@ class Chat:
 
     def _history(self, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
-        # The model never sees cut-off replies as if they were its final words (fit()
-        # sends complete messages only), and the request is fitted to the context window.
-        from . import context
+        # Complete messages only (the model never sees a cut-off reply as its final
+        # words), fitted to the context window; the fit is kept as self.last_fit.
+        from .context import request_for
 
-        conv = self.conversation
-        window = context.resolve_window(self.context_window, conv.metadata, model)
-        reserve = (params or {}).get("max_completion_tokens", (params or {}).get("max_tokens"))
-        self.last_fit = context.fit(conv, window, reply_reserve=reserve)
-        return [m.to_openai() for m in self.last_fit.messages]
-
-    def _learn_window(self, model: str | None, window: int) -> bool:
-        """Keep the window a provider named in its 400; True if the next request changes."""
-        from . import context
-
-        conv = self.conversation
-        before = context.resolve_window(self.context_window, conv.metadata, model)
-        metadata = context.with_learned(conv.metadata, model, window)
-        self.store.set_header(self.id, metadata=metadata)
-        conv.metadata = metadata
-        log.info("%s: learned context window %d for model %s", self.id, window, model)
-        return context.resolve_window(self.context_window, metadata, model) != before
+        return request_for(self, model, params)
 
     def _call(self, model: str | None, params: dict[str, Any], streaming: bool) -> Any:
-        from .context import call_fitted, peek
+        """The adapter call, refitted and retried once if the provider names its window."""
+        from .context import call_fitted, learn, peek
 
         def call(history: list[dict[str, str]]) -> Any:
             if streaming:
                 return peek(self.adapter.stream(history, model=model, params=params or None))
             return self.adapter.complete(history, model=model, params=params or None)
         return call_fitted(lambda: self._history(model, params), call,
-                           lambda window: self._learn_window(model, window))
+                           lambda window: learn(self, model, window))
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:
