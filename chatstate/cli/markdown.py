@@ -24,20 +24,27 @@ from .render import neutralise
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
 
-def split_done(text: str) -> int:
-    """Index where the last finished block ends (after a blank line outside a fence), or 0."""
+def scan(text: str) -> tuple[int, str | None]:
+    """(index where the last finished block ends, or 0; the opening line of an open fence).
+
+    A block ends at a blank line outside a code fence, or where a fence closes.
+    """
     end, fence, pos = 0, None, 0
     for line in text.splitlines(keepends=True):
         pos += len(line)
-        opening = _FENCE.match(line)
-        if opening and fence is None:
-            fence = opening.group(1)[0]
-        elif opening and fence == opening.group(1)[0]:
+        marker = _FENCE.match(line)
+        if marker and fence is None:
+            fence = line
+        elif marker and fence is not None and marker.group(1)[0] == fence.lstrip()[0]:
             fence = None
-            end = pos if line.endswith("\n") else end  # a closed fence ends its block
+            end = pos if line.endswith("\n") else end
         elif fence is None and not line.strip() and line.endswith("\n") and pos > 1:
             end = pos
-    return end
+    return end, fence
+
+
+def split_done(text: str) -> int:
+    return scan(text)[0]
 
 
 class ReplyPrinter:
@@ -49,6 +56,7 @@ class ReplyPrinter:
         self.text = ""
         self.started = time.monotonic()
         self._done = 0  # characters of self.text printed for good
+        self._reopen = ""  # the fence line of a code block split because it was too tall
         self._live: Any = None
         if markdown:
             from rich.console import Console
@@ -68,11 +76,28 @@ class ReplyPrinter:
         cut = split_done(self.text)
         if cut > self._done:
             if self.text[self._done:cut].strip():  # blank lines only separate blocks
-                self._show(self.text[self._done:cut])
+                self._show(self._reopen + self.text[self._done:cut])
                 self._end_block()
-            self._done = cut
+            self._done, self._reopen = cut, ""
+        self._split_tall()
         if self.text[self._done:].strip():
-            self._show(self.text[self._done:])
+            self._show(self._reopen + self.text[self._done:])
+
+    def _split_tall(self) -> None:
+        """A block taller than the screen cannot be redrawn in place: print its finished
+        lines for good (a code block is closed there and reopened with the same fence)."""
+        pending = self._reopen + self.text[self._done:]
+        if pending.count("\n") < max(self.console.size.height - 3, 5):
+            return
+        upto = self.text.rindex("\n") + 1
+        if upto <= self._done:
+            return
+        fence = scan(self.text[:upto])[1]
+        marker = _FENCE.match(fence) if fence else None
+        closing = marker.group(1) if marker else ""
+        self._show(self._reopen + self.text[self._done:upto] + closing)
+        self._end_block()
+        self._done, self._reopen = upto, fence or ""
 
     def close(self) -> None:
         """End the reply: the growing block is printed as it stands, the cursor shown."""
@@ -81,7 +106,7 @@ class ReplyPrinter:
             sys.stdout.flush()
             return
         if self._live is None and self.text[self._done:].strip():
-            self._show(self.text[self._done:])
+            self._show(self._reopen + self.text[self._done:])
         self._end_block()
 
     def abort(self) -> None:
