@@ -46,6 +46,7 @@ def compact(chat: Any, *, keep_turns: int = 2) -> Message | None:
     request = [m.to_openai() for m in context.fit(ask, window).messages]
     request.append({"role": "user", "content": PROMPT})
     done = chat.adapter.complete(request, model=chat.model)
+    # the summary's own cost is kept with it, so `chatstate usage` counts it too
     summary: Message = chat.add_system(done.text, params={"summary": {
-        "covers_to_seq": covers, "model": done.model}})
+        "covers_to_seq": covers, "model": done.model, "usage": done.usage}})
     return summary

@@ -78,7 +78,6 @@ def _tiktoken() -> Any:
         import tempfile
 
         import tiktoken  # type: ignore[import-not-found, unused-ignore]
-        from tiktoken_ext import openai_public  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return None
     url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
@@ -86,7 +85,6 @@ def _tiktoken() -> Any:
              or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
     if not os.path.exists(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())):
         return None  # get_encoding would download it: never at run time
-    del openai_public
     try:
         return tiktoken.get_encoding("o200k_base")
     except Exception:  # a damaged cache file: fall back to the estimate

@@ -1,7 +1,8 @@
 """Usage: the token counts the provider reported, totalled from the store.
 
 Every stored reply carries the usage its provider reported (``usage`` on the
-message). ``collect`` totals them by model, conversation or day. Costs come
+message); a /compact summary keeps the usage of the call that wrote it.
+``collect`` totals them by model, conversation or day. Costs come
 only from a price table the user supplies, since bundled prices go stale::
 
     # prices.toml: US dollars per million tokens
@@ -105,14 +106,12 @@ def collect(store: Any, *, by: str = "model", since: datetime | None = None,
     report = Report(by=by, since=since.isoformat() if since else None)
     rows: dict[str, Row] = {}
     unpriced: set[str] = set()
-    for conv_id, message in _replies(store, report):
-        created = datetime.fromisoformat(message.created_at.replace("Z", "+00:00"))
+    for conv_id, created_at, model, used in _replies(store, report):
+        created = datetime.fromisoformat(created_at.replace("Z", "+00:00"))
         if since is not None and created < since:
             continue
-        model = message.model or "(unknown)"
         key = {"model": model, "conversation": conv_id, "day": created.date().isoformat()}[by]
         row = rows.setdefault(key, Row(key, cost=0.0 if prices is not None else None))
-        used = message.usage or {}
         prompt, completion = used.get("prompt_tokens", 0), used.get("completion_tokens", 0)
         row.replies += 1
         row.prompt_tokens += prompt
@@ -129,7 +128,8 @@ def collect(store: Any, *, by: str = "model", since: datetime | None = None,
     return report
 
 
-def _replies(store: Any, report: Report) -> Iterable[tuple[str, Any]]:
+def _replies(store: Any, report: Report) -> Iterable[tuple[str, str, str, dict[str, int]]]:
+    """(conversation, created_at, model, usage) of every reply and /compact summary."""
     for summary in store.list_conversations():
         try:
             conv = store.load(summary.id)
@@ -140,4 +140,8 @@ def _replies(store: Any, report: Report) -> Iterable[tuple[str, Any]]:
         copied = origin.get("seq", -1) if isinstance(origin, dict) else -1
         for message in conv.messages[copied + 1:]:  # a fork's copies count in the original
             if message.role == "assistant" and message.usage:
-                yield conv.id, message
+                yield conv.id, message.created_at, message.model or "(unknown)", message.usage
+            summary = (message.params or {}).get("summary") if message.role == "system" else None
+            if isinstance(summary, dict) and isinstance(summary.get("usage"), dict):
+                yield (conv.id, message.created_at, str(summary.get("model") or "(unknown)"),
+                       summary["usage"])

@@ -129,6 +129,8 @@ def test_compact_sends_the_summary_instead_of_the_turns_it_covers(tmp_path: Path
         assert [m["content"] for m in sent][:2] == ["be brief", summary.content]
         assert [m["content"] for m in sent][2::2] == ["q3", "q4"]
         assert len(chat.store.load("c").messages) == 12  # every original stays in the chain
+        usage = collect(chat.store, by="conversation").rows[0]
+        assert usage.replies == 6  # five replies and the summary, whose call cost tokens too
         chat.store.close()
 
 
