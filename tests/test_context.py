@@ -204,3 +204,32 @@ def test_the_long_conversation_example_runs(local_store_url: str, tmp_path: Path
     assert lines[2].startswith("request: ") and lines[2].endswith("-> HTTP 200")
     assert "learned: {'fake-model': 4096}" in lines
     assert lines[-1] == "stored: 2003 messages (nothing was dropped)"
+
+
+def test_the_fake_enforces_its_window_as_openai_does() -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    def post(fake: FakeModel, words: int) -> tuple[int, dict[str, Any]]:
+        body = json.dumps({"model": "m", "messages": [
+            {"role": "user", "content": " ".join(["w"] * words)}]}).encode()
+        request = urllib.request.Request(f"{fake.base_url}/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    with FakeModel(context_window=5) as fake:
+        assert post(fake, 5)[0] == 200
+        status, body = post(fake, 6)
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+        assert body["error"]["message"].startswith(
+            "This model's maximum context length is 5 tokens. However, your messages "
+            "resulted in 6 tokens.")
+        assert [e["behaviour"] for e in fake.request_log] == ["ok", "context"]
+        fake.configure(context_window=None)
+        assert post(fake, 6)[0] == 200

@@ -113,6 +113,7 @@ class Repl(ForkCommands):
 
     def show(self, m: Any) -> None:
         tag = " (partial)" if m.status == "partial" else ""
+        tag += " (summary)" if (m.params or {}).get("summary") and m.role == "system" else ""
         click.echo(f"{m.role}{tag}> {neutralise(m.content)}")
 
     def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:
