@@ -58,6 +58,7 @@ class ReplyPrinter:
         self._done = 0  # characters of self.text printed for good
         self._reopen = ""  # the fence line of a code block split because it was too tall
         self._live: Any = None
+        self._printed = False  # a block is on screen: the next one gets a blank line first
         if markdown:
             from rich.console import Console
 
@@ -76,27 +77,26 @@ class ReplyPrinter:
         cut = split_done(self.text)
         if cut > self._done:
             if self.text[self._done:cut].strip():  # blank lines only separate blocks
-                self._show(self._reopen + self.text[self._done:cut])
-                self._end_block()
+                self._commit(self._reopen + self.text[self._done:cut])
             self._done, self._reopen = cut, ""
         self._split_tall()
         if self.text[self._done:].strip():
             self._show(self._reopen + self.text[self._done:])
 
     def _split_tall(self) -> None:
-        """A block taller than the screen cannot be redrawn in place: print its finished
-        lines for good (a code block is closed there and reopened with the same fence)."""
+        """A live region cannot redraw above the top of the screen: once the growing block
+        nears half the screen, its finished lines are printed for good (a code block is
+        closed there and reopened with the same fence). Half leaves room for wrapping."""
         pending = self._reopen + self.text[self._done:]
-        if pending.count("\n") < max(self.console.size.height - 3, 5):
+        if pending.count("\n") < max(self.console.size.height // 2, 4):
             return
         upto = self.text.rindex("\n") + 1
         if upto <= self._done:
             return
         fence = scan(self.text[:upto])[1]
         marker = _FENCE.match(fence) if fence else None
-        closing = marker.group(1) if marker else ""
-        self._show(self._reopen + self.text[self._done:upto] + closing)
-        self._end_block()
+        self._commit(self._reopen + self.text[self._done:upto] + (marker.group(1) if marker
+                                                                   else ""))
         self._done, self._reopen = upto, fence or ""
 
     def close(self) -> None:
@@ -105,34 +105,46 @@ class ReplyPrinter:
             sys.stdout.write("\n")
             sys.stdout.flush()
             return
-        if self._live is None and self.text[self._done:].strip():
-            self._show(self._reopen + self.text[self._done:])
-        self._end_block()
+        if self.text[self._done:].strip():
+            self._commit(self._reopen + self.text[self._done:])
 
     def abort(self) -> None:
         """Ctrl-C or an error mid-reply: what is shown stays, the cursor comes back."""
-        if self.markdown:
-            self._end_block()
-
-    def _show(self, block: str) -> None:
-        from rich.live import Live
-        from rich.markdown import Markdown
-
-        view = Markdown(neutralise(block), code_theme="monokai")
-        if self._live is None:
-            if self._done and self.text[:self._done].strip():  # as whole Markdown renders
-                self.console.line()
-            self._live = Live(view, console=self.console, auto_refresh=False,
-                              vertical_overflow="visible", redirect_stdout=False,
-                              redirect_stderr=False)
-            self._live.start(refresh=True)
-        else:
-            self._live.update(view, refresh=True)
-
-    def _end_block(self) -> None:
         live, self._live = self._live, None
         if live is not None:
             live.stop()  # leaves the last render on screen and shows the cursor again
+
+    def _view(self, block: str) -> Any:
+        from rich.markdown import Markdown
+
+        return Markdown(neutralise(block), code_theme="monokai")
+
+    def _show(self, block: str) -> None:
+        """(Re-)render the growing block in place."""
+        from rich.live import Live
+
+        if self._live is not None:
+            self._live.update(self._view(block), refresh=True)
+            return
+        if self._printed and not self._reopen:  # a blank line between blocks, as whole
+            self.console.line()                  # Markdown renders; none in a split block
+        self._printed = True
+        self._live = Live(self._view(block), console=self.console, auto_refresh=False,
+                          vertical_overflow="visible", redirect_stdout=False,
+                          redirect_stderr=False)
+        self._live.start(refresh=True)
+
+    def _commit(self, block: str) -> None:
+        """Print a finished block for good. Its live render (if any) is erased first, and
+        the block printed plainly, so a block of any height is never redrawn in place."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.transient = True
+            live.stop()
+        elif self._printed and not self._reopen:
+            self.console.line()
+        self._printed = True
+        self.console.print(self._view(block))
 
     def stats(self, usage: dict[str, int] | None) -> str | None:
         """"42 tokens · 118.3 tokens/s" when the provider reported usage, else None."""
