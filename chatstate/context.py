@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -212,9 +212,13 @@ def turns(messages: Sequence[Message]) -> list[list[Message]]:
 
 
 def fit(conversation: Conversation, window: int | None, *,
-        reply_reserve: int | None = None) -> Fit:
-    """What to send for the next request of ``conversation`` under ``window``."""
-    complete = [m for m in conversation.messages if m.status == "complete"]
+        reply_reserve: int | None = None, exclude: Collection[int] = ()) -> Fit:
+    """What to send for the next request of ``conversation`` under ``window``.
+
+    ``exclude``: seqs never to send (e.g. unanswered user messages of earlier turns).
+    """
+    complete = [m for m in conversation.messages
+                if m.status == "complete" and m.seq not in exclude]
     summaries = [m for m in complete if summary_covers(m) is not None]
     summary = summaries[-1] if summaries else None
     covered = summary_covers(summary) if summary is not None else -1
@@ -243,13 +247,13 @@ def _reserve(window: int, explicit: int | None) -> int:
     return min(window // 8, REPLY_RESERVE_MAX)
 
 
-def request_for(chat: Any, model: str | None,
-                params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def request_for(chat: Any, model: str | None, params: Mapping[str, Any] | None = None,
+                exclude: Collection[int] = ()) -> list[dict[str, Any]]:
     """The message list for ``chat``'s next request; the Fit is kept as ``chat.last_fit``."""
     conv = chat.conversation
     window = resolve_window(chat.context_window, conv.metadata, model)
     reserve = (params or {}).get("max_completion_tokens", (params or {}).get("max_tokens"))
-    chat.last_fit = fit(conv, window, reply_reserve=reserve)
+    chat.last_fit = fit(conv, window, reply_reserve=reserve, exclude=exclude)
     return [m.to_openai() for m in chat.last_fit.messages]
 
 

@@ -157,6 +157,7 @@ def test_a_summary_stands_in_for_the_turns_it_covers() -> None:
     conv = Conversation(id="x", messages=msgs)
     sent = fit(conv, None).messages
     assert [m.content for m in sent] == ["be brief", "summary of u1", "u2", "r2", "u3"]
+    assert "u2" not in [m.content for m in fit(conv, None, exclude={3}).messages]
     # with a tiny window the newest turn still goes, whole
     tiny = fit(conv, 40).messages
     assert [m.content for m in tiny][-1] == "u3" and "summary of u1" in [m.content for m in tiny]
