@@ -63,15 +63,16 @@ class ReplyPrinter:
             from rich.console import Console
 
             self.console = Console(highlight=False, soft_wrap=False)
-        else:
-            sys.stdout.write(prefix)
+        self._prefix = "" if markdown else prefix  # written with the first text (after a
+        #                                          "waiting" spinner has gone), or at close
 
     def feed(self, delta: str) -> None:
         if not delta:
             return
         self.text += delta
         if not self.markdown:
-            sys.stdout.write(neutralise(delta) if self.tty else delta)
+            sys.stdout.write(self._prefix + (neutralise(delta) if self.tty else delta))
+            self._prefix = ""
             sys.stdout.flush()
             return
         cut = split_done(self.text)
@@ -102,7 +103,7 @@ class ReplyPrinter:
     def close(self) -> None:
         """End the reply: the growing block is printed as it stands, the cursor shown."""
         if not self.markdown:
-            sys.stdout.write("\n")
+            sys.stdout.write(self._prefix + "\n")
             sys.stdout.flush()
             return
         if self.text[self._done:].strip():
