@@ -71,7 +71,8 @@ class Chat:
                  title: str | None = None, base_url: str | None = None,
                  api_key: str | None = None, client: Any = None,
                  params: Mapping[str, Any] | None = None,
-                 flush_interval: float | None = None, allow_ephemeral: bool = False) -> None:
+                 flush_interval: float | None = None, allow_ephemeral: bool = False,
+                 context_window: int | None = None) -> None:
         if store is None or isinstance(store, str):
             from .stores import open_store
 
@@ -88,6 +89,8 @@ class Chat:
         self.flush_interval = (flush_interval if flush_interval is not None
                                else float(getattr(store, "partial_flush_interval", 0.0)))
         self.id = validate_id(conversation_id) if conversation_id else new_id()
+        self.context_window = context_window  # None: learned, else the built-in table
+        self.last_fit: Any = None  # what the last request sent (context.Fit)
         self._title = title
         self._system = system
         self.conversation = self._load()
@@ -225,11 +228,11 @@ class Chat:
         self.store.set_header(self.id, title=title)
         self.conversation.title = title
 
-    def add_system(self, text: str) -> Message:
-        """Append a system message (a new instruction from here on)."""
+    def add_system(self, text: str, *, params: dict[str, Any] | None = None) -> Message:
+        """Append a system message (a new instruction from here on; a summary if marked)."""
         self._ensure_created()
         self._settle_partial()
-        msg = self._seal(role="system", content=text, turn_id=new_turn_id())
+        msg = self._seal(role="system", content=text, turn_id=new_turn_id(), params=params)
         self._append([msg])
         return msg
 
@@ -275,26 +278,45 @@ class Chat:
             self.store.set_header(self.id, title=title)
             self.conversation.title = title
 
-    def _history(self, turn_id: str) -> list[dict[str, str]]:
-        history, left_out = sendable(self.conversation.messages, turn_id)
+    def _history(self, turn_id: str, model: str | None = None,
+                 params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        # Complete messages only (the model never sees a cut-off reply as its final
+        # words), less unanswered user messages of earlier failed turns (strict chat
+        # templates reject two user messages in a row), fitted to the context window;
+        # the fit is kept as self.last_fit.
+        from .context import request_for
+
+        _, left_out = sendable(self.conversation.messages, turn_id)
         if left_out:
             log.info("%s: not sending unanswered user message(s) at seq %s", self.id,
                      ", ".join(map(str, left_out)))
-        return history
+        return request_for(self, model, params, exclude=left_out)
+
+    def _call(self, turn_id: str, model: str | None, params: dict[str, Any],
+              streaming: bool) -> Any:
+        """The adapter call, refitted and retried once if the provider names its window."""
+        from .context import call_fitted, learn, peek
+
+        def call(history: list[dict[str, Any]]) -> Any:
+            if streaming:
+                return peek(self.adapter.stream(history, model=model, params=params or None))
+            return self.adapter.complete(history, model=model, params=params or None)
+        return call_fitted(lambda: self._history(turn_id, model, params), call,
+                           lambda window: learn(self, model, window))
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:
         """Generator: call the model, persist, then yield. The only place a turn is written."""
         from .adapter import Completion
 
-        history, model = self._history(turn_id), params.pop("model", None) or self.model
+        model = params.pop("model", None) or self.model
         if not streaming:
-            done = self.adapter.complete(history, model=model, params=params or None)
+            done = self._call(turn_id, model, params, streaming)
             yield self._commit(turn_id, done, "", model)
             return
         shown, pending, last_flush = "", "", time.monotonic()
         try:
-            for event in self.adapter.stream(history, model=model, params=params or None):
+            for event in self._call(turn_id, model, params, streaming):
                 if isinstance(event, Completion):
                     rest = self._commit(turn_id, event, shown, model)
                     pending = ""  # committed whole: nothing is left to keep as partial

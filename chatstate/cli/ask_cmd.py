@@ -12,7 +12,7 @@ import click
 from ..errors import ChatstateError, ModelError
 from . import waiting
 from .common import Env, fail
-from .render import neutralise
+from .daily import Daily, daily_options
 from .turns import conversation_options, open_chat, valid_text
 
 
@@ -24,10 +24,11 @@ from .turns import conversation_options, open_chat, valid_text
               help="Print one JSON object: conversation id, seqs, reply, usage.")
 @click.option("--retry", is_flag=True, help="Complete the interrupted turn of --id/-c "
               "instead of sending a new prompt.")
+@daily_options
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
-        no_stream: bool, as_json: bool, retry: bool) -> None:
+        no_stream: bool, as_json: bool, retry: bool, daily: Daily) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
     The user message is durable before the request is sent, and each piece of
@@ -35,13 +36,15 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
     creates it. Exit status: 0 ok, 1 failure, 2 usage.
     """
     text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
+    system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as chat:
+        daily.configure(chat, params)
         click.echo(f"conversation {chat.id}", err=True)
         note_before(chat, retry=retry)
         try:
             reply = one_turn(chat, text, stream=not (as_json or no_stream),
-                             show=not as_json)
+                             show=not as_json, daily=daily)
         except (KeyboardInterrupt, BrokenPipeError) as exc:
             # Ctrl-C, or the reader of stdout went away (`| head`): the partial is kept
             if chat.interrupted is not None:
@@ -64,7 +67,8 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
                 "user_seq": user.seq if user else None, "reply_seq": reply.seq,
                 "reply": reply.content, "model": reply.model, "usage": reply.usage,
                 "requested_model": reply.requested_model or reply.model,
-                "finish_reason": reply.finish_reason or "stop"}))
+                "finish_reason": reply.finish_reason or "stop",
+                "sent_messages": len(chat.last_fit.messages) if chat.last_fit else None}))
 
 
 def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
@@ -87,21 +91,32 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
     return text
 
 
-def one_turn(chat: Any, text: str, *, stream: bool, show: bool) -> Any:
+def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily) -> Any:
     """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
-    tty, spin = sys.stdout.isatty(), waiting.enabled()
+    from .markdown import ReplyPrinter, print_stats
+
+    spin = waiting.enabled()
     if not stream:
         with waiting.waiting(spin):
             reply = chat.send(text) if text else chat.retry()
-        if show:
-            click.echo(neutralise(reply.content) if tty else reply.content)
-        return reply
-    deltas = chat.stream(text) if text else chat.retry_stream()
-    for delta in waiting.until_first(deltas, spin):
-        sys.stdout.write(neutralise(delta) if tty else delta)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    return chat.messages[-1]
+        if not show:
+            return reply
+        printer = ReplyPrinter(markdown=daily.markdown())
+        printer.feed(reply.text)
+    else:
+        printer = ReplyPrinter(markdown=daily.markdown())
+        try:
+            deltas = chat.stream(text) if text else chat.retry_stream()
+            for delta in waiting.until_first(deltas, spin):
+                printer.feed(delta)
+        except BaseException:
+            printer.abort()
+            raise
+        reply = chat.messages[-1]
+    printer.close()
+    if printer.markdown and not daily.quiet:
+        print_stats(printer.stats(reply.usage))
+    return reply
 
 
 def retry_hint(cid: str, exc: BaseException | None = None) -> str:

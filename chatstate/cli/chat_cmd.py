@@ -17,7 +17,9 @@ import click
 
 from . import waiting
 from .common import Env
+from .daily import Daily, daily_options
 from .render import clip, neutralise
+from .repl_fork import ForkCommands
 from .turns import conversation_options, open_chat, valid_text
 
 HELP = """commands:
@@ -30,6 +32,9 @@ HELP = """commands:
   /system TEXT     add a system instruction
   /title [TEXT]    show or set the conversation title
   /export FILE     write the conversation as JSON
+  /compact         summarise the older turns (they stay stored; requests send the summary)
+  /fork            continue in a copy of this conversation (this one stays as it is)
+  /edit TEXT       ask again with TEXT instead of your last message, in a fork
   /exit            leave (or Ctrl-D)
 Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 
@@ -37,19 +42,25 @@ Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 @click.command()
 @conversation_options
 @click.option("--no-stream", is_flag=True, help="Print each reply whole.")
+@daily_options
 @click.pass_obj
 def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
-         offline: bool, base_url: str | None, system: str | None, no_stream: bool) -> None:
+         offline: bool, base_url: str | None, system: str | None, no_stream: bool,
+         daily: Daily) -> None:
     """The chat REPL."""
+    system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as session:
-        Repl(session, stream=not no_stream).run()
+        daily.configure(session, params)
+        Repl(session, stream=not no_stream, daily=daily).run()
 
 
-class Repl:
-    def __init__(self, session: Any, *, stream: bool) -> None:
+class Repl(ForkCommands):
+    def __init__(self, session: Any, *, stream: bool, daily: Daily | None = None) -> None:
         self.chat = session
         self.stream = stream
+        self.daily = daily or Daily()
+        self.told_fit: set[str] = set()  # conversations whose trimming was announced
         self.read = make_reader()
         # A shell starts background jobs with SIGINT ignored, and that is inherited; the
         # REPL's Ctrl-C (cancel the reply in flight, keep the partial) needs it back.
@@ -110,36 +121,32 @@ class Repl:
     def show(self, m: Any, *, whole: bool = False) -> None:
         """One message; long ones clipped (``chatstate replay`` prints them whole)."""
         tag = " (partial)" if m.status == "partial" else ""
+        tag += " (summary)" if (m.params or {}).get("summary") and m.role == "system" else ""
         text = m.content if isinstance(m.content, str) else str(m.content)
         text = text if whole else clip(text, f"chatstate replay {self.chat.id}")
         click.echo(f"{m.role}{tag}> {neutralise(text)}")
 
     def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:
         from ..errors import ChatstateError
+        from .markdown import ReplyPrinter, print_stats
 
         spin = waiting.enabled()
+        printer = ReplyPrinter(markdown=self.daily.markdown(), prefix="assistant> ")
         try:
             if self.stream:
-                started = False
                 for delta in waiting.until_first(streamer(), spin):
-                    if not started:  # after the spinner has gone
-                        sys.stdout.write("assistant> ")
-                        started = True
-                    sys.stdout.write(neutralise(delta))
-                    sys.stdout.flush()
-                sys.stdout.write("\n" if started else "assistant> \n")
+                    printer.feed(delta)
             else:
                 with waiting.waiting(spin):
                     reply = sender()
-                self.show(reply, whole=True)
-            self.note_cut()
+                printer.feed(reply.text)
         except KeyboardInterrupt:
-            sys.stdout.write("\n")
+            self._abort(printer)
             self.say("[interrupted: the partial reply is kept; /retry completes the turn]")
         except ChatstateError as exc:
             from ..errors import ModelError
 
-            sys.stdout.write("\n")
+            self._abort(printer)
             self.say(f"error: {exc}")
             if self.chat.interrupted is None:
                 return
@@ -149,6 +156,25 @@ class Repl:
                          "a new message (the unanswered one is kept but not sent again)]")
             else:
                 self.say("[your message is stored; /retry completes the turn]")
+        else:
+            printer.close()
+            if printer.markdown and not self.daily.quiet:
+                print_stats(printer.stats(self.chat.messages[-1].usage))
+            self.note_cut()
+        self.tell_fit()
+
+    def _abort(self, printer: Any) -> None:
+        printer.abort()
+        if not printer.markdown:
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    def tell_fit(self) -> None:
+        """Once per conversation: that older messages were left out of the request."""
+        fit = self.chat.last_fit
+        if fit is not None and fit.trimmed and self.chat.id not in self.told_fit:
+            self.told_fit.add(self.chat.id)
+            self.say(fit.describe())
 
     def note_cut(self) -> None:
         from ..sendable import CUT_REASONS
@@ -232,7 +258,8 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "/help": ("do_help", None), "/new": ("do_new", None), "/history": ("do_history", None),
     "/retry": ("do_retry", None), "/continue": ("do_continue", None), "/model": ("do_model", None),
     "/system": ("do_system", "TEXT"), "/title": ("do_title", None),
-    "/export": ("do_export", "FILE"),
+    "/export": ("do_export", "FILE"), "/compact": ("do_compact", None),
+    "/fork": ("do_fork", None), "/edit": ("do_edit", "TEXT"),
 }
 
 

@@ -37,9 +37,14 @@ def list_cmd(env: Env, as_json: bool, limit: int | None) -> None:
               default="text", show_default=True)
 @click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 naming the first "
               "bad seq.")
+@click.option("--raw", is_flag=True, help="Plain text even on a terminal (no Markdown).")
 @click.pass_obj
-def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
-    """Print a stored transcript (a partial reply shows as status partial)."""
+def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) -> None:
+    """Print a stored transcript (a partial reply shows as status partial).
+
+    On a terminal the text format is rendered as Markdown, unless --raw, NO_COLOR
+    or TERM=dumb.
+    """
     from ..errors import CorruptTranscriptError
     from ..transfer import render
 
@@ -48,8 +53,15 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
     except CorruptTranscriptError as exc:
         where = f" at seq {exc.position}" if exc.position is not None else ""
         fail(f"verification failed{where}: {exc}")
-    text = render(conv, fmt)
-    click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
+    from .daily import use_markdown
+
+    if fmt == "text" and use_markdown(raw):
+        from .markdown import print_markdown
+
+        print_markdown(render(conv, "markdown"))
+    else:
+        text = render(conv, fmt)
+        click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
     if verify:
         bad = conv.verify()
         if bad is not None:

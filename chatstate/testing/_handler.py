@@ -23,6 +23,7 @@ from ._replies import (
     completion_body,
     default_error_message,
     error_body,
+    prompt_tokens,
     reply_chunks,
     usage,
 )
@@ -135,6 +136,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         last_user = next((str(m.get("content")) for m in reversed(messages)
                           if m.get("role") == "user"), "")
+        if self._over_window(body, messages):
+            return
         act = self.server.script.next_behaviour(last_user)
         failing = act is not None and act.kind in ("fail", "rule")
         self.server.script.record(self._entry(
@@ -152,6 +155,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(reply, act, include)
         else:
             self._complete(reply, act)
+
+    def _over_window(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+        """Answer 400 as OpenAI does when the prompt is past the scripted context window."""
+        window = self.server.script.options.context_window
+        tokens = prompt_tokens(messages)
+        if window is None or tokens <= window:
+            return False
+        self.server.script.record(self._entry(body, status=400, behaviour="context"))
+        self._json(400, {"error": {
+            "message": f"This model's maximum context length is {window} tokens. However, "
+                       f"your messages resulted in {tokens} tokens. Please reduce the length "
+                       "of the messages.",
+            "type": "invalid_request_error", "param": "messages",
+            "code": "context_length_exceeded"}})
+        return True
 
     def _reply(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> _Reply:
         options = self.server.script.options

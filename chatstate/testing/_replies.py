@@ -52,9 +52,14 @@ def reply_text(messages: Sequence[Mapping[str, Any]], reply_words: int = 8,
     return "".join(reply_chunks(messages, reply_words, max_tokens)[0])
 
 
+def prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The fake's tokenizer: one token per whitespace-separated word of each content."""
+    return sum(len(_content(m).split()) for m in messages)
+
+
 def usage(messages: Sequence[Mapping[str, Any]], chunks: Sequence[str]) -> dict[str, int]:
     """Token counts: one token per whitespace-separated word in, one per chunk out."""
-    prompt = sum(len(_content(m).split()) for m in messages)
+    prompt = prompt_tokens(messages)
     return {"prompt_tokens": prompt, "completion_tokens": len(chunks),
             "total_tokens": prompt + len(chunks)}
 

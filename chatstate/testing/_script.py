@@ -61,6 +61,9 @@ class Options:
     strict_roles: bool = False
     """Reject (400) a request whose user/assistant messages do not alternate, as the strict
     chat templates of Mistral or Gemma do under llama.cpp's jinja engine."""
+    context_window: int | None = None
+    """Prompt tokens (counted as ``usage`` counts them) past which a request gets the
+    OpenAI-style 400 "maximum context length is N tokens"; None: no limit."""
 
 
 @dataclass
@@ -172,8 +175,8 @@ class Controls(ABC):
                                    "retry_after": retry_after, "message": message})
 
     def configure(self, **options: Any) -> None:
-        """Change latency, chunk_delay, reply_words, model or strict_roles for the requests
-        that follow."""
+        """Change latency, chunk_delay, reply_words, model, strict_roles or context_window
+        for the requests that follow."""
         self._command("configure", dict(options))
 
     def reset(self) -> None:
@@ -187,7 +190,7 @@ class Controls(ABC):
         Keys: time (epoch seconds at arrival), method, path, body (the JSON
         request), messages, model, stream, authorization (whether the header
         was present; never its value), status, behaviour (ok, fail, rule, cut,
-        hang, malformed, strict).
+        hang, malformed, strict, context: past the context window).
         """
         log: list[dict[str, Any]] = self._command("log", {})
         return log
