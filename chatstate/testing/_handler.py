@@ -25,6 +25,7 @@ from ._replies import (
     reply_chunks,
     usage,
 )
+from ._parts import received_parts
 from ._script import Fault, Script
 
 
@@ -258,6 +259,7 @@ class _Handler(BaseHTTPRequestHandler):
         return {
             "time": time.time(), "method": self.command, "path": self.path,
             "body": body or None, "messages": body.get("messages"), "model": body.get("model"),
+            "parts": received_parts(body.get("messages") or []),
             "stream": bool(body.get("stream")),
             # Presence only: the value is a credential and must never be recorded.
             "authorization": "Authorization" in self.headers,
