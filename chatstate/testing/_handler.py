@@ -17,6 +17,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
+from ._parts import received_parts
 from ._replies import (
     chunk_body,
     completion_body,
@@ -25,7 +26,6 @@ from ._replies import (
     reply_chunks,
     usage,
 )
-from ._parts import received_parts
 from ._script import Fault, Script
 
 
