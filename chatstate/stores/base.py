@@ -293,7 +293,7 @@ def check_stored_blobs(where: str, messages: Sequence[Message],
         if held is None or held != size:
             what = "is missing" if held is None else f"has {held} bytes, not {size}"
             raise CorruptTranscriptError(
-                f"{blob_where(sha)}: blob {sha} named by message seq {seq} of {where} {what}; "
+                f"{blob_where(sha)}: the blob named by message seq {seq} of {where} {what}; "
                 "nothing was changed. Restore the blob from a backup.",
                 where=blob_where(sha), position=seq)
 
