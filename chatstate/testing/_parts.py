@@ -41,7 +41,7 @@ def describe(part: Mapping[str, Any]) -> dict[str, Any]:
 
 def received_parts(messages: Sequence[Any]) -> list[dict[str, Any]]:
     """Every non-string content part of the request, with its message index and role."""
-    out = []
+    out: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         content = message.get("content") if isinstance(message, Mapping) else None
         if isinstance(content, list):
