@@ -183,7 +183,8 @@ class Repl:
         from ..transfer import export_json
 
         path = Path(target).expanduser().absolute()
-        atomic_write(path, export_json(self.chat.store.load(self.chat.id)).encode())
+        atomic_write(path, export_json(self.chat.store.load(self.chat.id),
+                                       self.chat.store).encode())
         self.say(f"exported to {path}")
 
 
