@@ -43,7 +43,9 @@ def part_text(part: dict[str, Any]) -> str:
     if url.startswith("data:"):
         media = url[5:].split(";", 1)[0]
         name = inner.get("filename") or media
-        return f"[{label}: {name}, {size_text(len(url.split(',', 1)[-1]) * 3 // 4)}, inline]"
+        payload = url.split(",", 1)[-1]
+        size = len(payload) * 3 // 4 - len(payload) + len(payload.rstrip("="))
+        return f"[{label}: {name}, {size_text(size)}, inline]"
     return f"[{label}: {url or '?'}]"
 
 

@@ -84,7 +84,7 @@ def _media(conv: Conversation, sha: str) -> str:
     return str(refs[0].get("media_type") or "application/octet-stream")
 
 
-def dumps(data: Any, *, indent: int | None = None) -> str:
+def dumps(data: Any, *, indent: int | None = None, sort_keys: bool = False) -> str:
     """JSON that keeps non-ASCII text readable but escapes DEL, C1 and the bidi overrides.
 
     json.dumps already escapes C0 controls (ESC included); with ensure_ascii off it
@@ -93,7 +93,7 @@ def dumps(data: Any, *, indent: int | None = None) -> str:
     inside JSON strings, so escaped the document decodes to exactly the same data.
     """
     return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}",
-                       json.dumps(data, ensure_ascii=False, indent=indent))
+                       json.dumps(data, ensure_ascii=False, indent=indent, sort_keys=sort_keys))
 
 
 def export_json(conv: Conversation, store: Any = None) -> str:
@@ -112,10 +112,12 @@ def openai_messages(conv: Conversation, store: Any = None) -> list[dict[str, Any
 
 
 def export_openai(conv: Conversation, store: Any = None, *, jsonl: bool = False) -> str:
+    """Keys sorted: the sqlite store keeps a message's canonical JSON, so key order is not
+    a property of the message, and the same transcript exports the same text anywhere."""
     messages = openai_messages(conv, store)
     if jsonl:
-        return "".join(dumps(m) + "\n" for m in messages)
-    return dumps(messages, indent=2) + "\n"
+        return "".join(dumps(m, sort_keys=True) + "\n" for m in messages)
+    return dumps(messages, indent=2, sort_keys=True) + "\n"
 
 
 def render(conv: Conversation, fmt: str) -> str:
@@ -145,6 +147,8 @@ def read_import(path: Path) -> Imported:
         data = _jsonl(raw, where)
     if isinstance(data, dict) and "schema" in data:
         return _from_export(data, where)
+    if isinstance(data, dict) and "role" in data:
+        data = [data]  # jsonl of one message
     items = data.get("messages") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items or not all(_is_message(m) for m in items):
         raise ChatstateError(f"{where}: cannot import: not a chatstate export and not an "
@@ -219,7 +223,8 @@ def _from_export(data: dict[str, Any], where: str) -> Imported:
     if bad is not None:
         raise CorruptTranscriptError(f"{where}: hash chain broken at seq {bad}; not imported",
                                      where=where, position=bad)
-    return Imported(conv, messages, _export_blobs(data, _all(conv), where))
+    named = messages + ([conv.partial] if conv.partial is not None else [])
+    return Imported(conv, messages, _export_blobs(data, named, where))
 
 
 def _export_blobs(data: dict[str, Any], messages: list[Message],

@@ -51,12 +51,19 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
     text = render(conv, fmt)
     click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
     if verify:
+        from ..stores.base import verify_blobs
+
         bad = conv.verify()
         if bad is not None:
             fail(f"hash chain broken at seq {bad}")
+        try:
+            blobs = verify_blobs(env.store(), conv)
+        except CorruptTranscriptError as exc:
+            fail(f"verification failed: {exc}")
         tip = conv.last.hash[:16] if conv.last else "-"
-        click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)",
-                   err=True)
+        checked = f", {blobs} blob(s) match their sha256" if blobs else ""
+        click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)"
+                   f"{checked}", err=True)
     if conv.partial is not None or (conv.last and conv.last.role == "user"):
         click.echo("note: the last turn was interrupted; `chatstate ask --id "
                    f"{conv.id} --retry` completes it", err=True)
