@@ -42,7 +42,7 @@ def part_text(part: dict[str, Any]) -> str:
     url = str(inner.get("url") or inner.get("file_data") or "")
     if url.startswith("data:"):
         media = url[5:].split(";", 1)[0]
-        name = inner.get("filename") or media
+        name = part.get("name") or inner.get("filename") or media
         payload = url.split(",", 1)[-1]
         size = len(payload) * 3 // 4 - len(payload) + len(payload.rstrip("="))
         return f"[{label}: {name}, {size_text(size)}, inline]"

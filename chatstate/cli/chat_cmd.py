@@ -15,9 +15,10 @@ from typing import Any
 
 import click
 
+from ..replay_text import content_text
 from .common import Env
 from .render import neutralise
-from .turns import conversation_options, open_chat, valid_text
+from .turns import attach_option, attachments, conversation_options, open_chat, valid_text
 
 HELP = """commands:
   /help            this help
@@ -28,6 +29,7 @@ HELP = """commands:
   /system TEXT     add a system instruction
   /title [TEXT]    show or set the conversation title
   /export FILE     write the conversation as JSON
+  /attach PATH     attach an image or file (or an image URL) to your next message
   /exit            leave (or Ctrl-D)
 Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 
@@ -35,13 +37,18 @@ Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 @click.command()
 @conversation_options
 @click.option("--no-stream", is_flag=True, help="Print each reply whole.")
+@attach_option
 @click.pass_obj
 def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
-         offline: bool, base_url: str | None, system: str | None, no_stream: bool) -> None:
-    """The chat REPL."""
+         offline: bool, base_url: str | None, system: str | None, no_stream: bool,
+         attach: tuple[str, ...]) -> None:
+    """The chat REPL. --attach goes with the first message you send."""
+    parts = attachments(attach)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as session:
-        Repl(session, stream=not no_stream).run()
+        repl = Repl(session, stream=not no_stream)
+        repl.pending = parts
+        repl.run()
 
 
 class Repl:
@@ -49,6 +56,7 @@ class Repl:
         self.chat = session
         self.stream = stream
         self.read = make_reader()
+        self.pending: list[dict[str, Any]] = []  # /attach: parts for the next message
         # A shell starts background jobs with SIGINT ignored, and that is inherited; the
         # REPL's Ctrl-C (cancel the reply in flight, keep the partial) needs it back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -79,7 +87,9 @@ class Repl:
             text = valid_text(line, "that input")
             if text.startswith("/"):
                 return self.command(text.strip())
-            self.render(partial(self.chat.stream, text), partial(self.chat.send, text))
+            more, self.pending = {"attach": self.pending} if self.pending else {}, []
+            self.render(partial(self.chat.stream, text, **more),
+                        partial(self.chat.send, text, **more))
         except KeyboardInterrupt:
             self.say("[interrupted]")
         except (ChatstateError, click.UsageError, OSError) as exc:
@@ -102,7 +112,7 @@ class Repl:
 
     def show(self, m: Any) -> None:
         tag = " (partial)" if m.status == "partial" else ""
-        click.echo(f"{m.role}{tag}> {neutralise(m.content)}")
+        click.echo(f"{m.role}{tag}> {neutralise(content_text(m.content))}")
 
     def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:
         from ..errors import ChatstateError
@@ -162,6 +172,13 @@ class Repl:
         else:
             self.render(self.chat.retry_stream, self.chat.retry)
 
+    def do_attach(self, arg: str) -> None:
+        from ..replay_text import part_text
+
+        (part,) = attachments([arg])
+        self.pending.append(part)
+        self.say(f"attached {part_text(part)}; it goes with your next message")
+
     def do_model(self, arg: str) -> None:
         if arg:
             self.chat.model = arg
@@ -193,7 +210,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "/help": ("do_help", None), "/new": ("do_new", None), "/history": ("do_history", None),
     "/retry": ("do_retry", None), "/model": ("do_model", None),
     "/system": ("do_system", "TEXT"), "/title": ("do_title", None),
-    "/export": ("do_export", "FILE"),
+    "/export": ("do_export", "FILE"), "/attach": ("do_attach", "PATH"),
 }
 
 
