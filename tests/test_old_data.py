@@ -121,3 +121,21 @@ def test_chat_continues_an_old_conversation_with_an_image(
     assert [m.role for m in conv.messages] == ["user", "assistant", "assistant", "user",
                                                "assistant"]
     assert conv.messages[1].status == "partial" and conv.verify() is None
+
+
+def test_migrate_copies_old_and_rich_conversations_with_their_blobs(
+        old_store: Any, tmp_path: Path) -> None:
+    from chatstate.migrate import migrate
+
+    conv = old_store.load("old-plain")
+    old_store.append("old-plain", seal_kind(old_store, "image-large", conv.last))
+    dst = open_store(f"sqlite://{tmp_path}/copy.db")
+    try:
+        report = migrate(old_store, dst)
+        assert report.ok and report.blobs_copied == 1
+        copy = dst.load("old-plain")
+        assert copy.messages == old_store.load("old-plain").messages
+        assert verify_blobs(dst, copy) == 1
+        assert migrate(old_store, dst).blobs_copied == 0  # a rerun copies nothing
+    finally:
+        dst.close()
