@@ -167,3 +167,49 @@ def test_plain_messages_stay_in_the_0_1_format(local_store_url: str, tmp_path: P
                                              "hash"}
     finally:
         store.close()
+
+
+def test_json_open_removes_a_dead_blob_writers_temp_file(tmp_path: Path) -> None:
+    from chatstate.stores import open_store
+
+    url = f"json://{tmp_path}/s"
+    store = open_store(url)
+    ref = store.put_blob(PNG_1MIB, media_type="image/png")
+    store.close()
+    blobs = tmp_path / "s" / "blobs"
+    assert (blobs.stat().st_mode & 0o777, (blobs / ref["sha256"]).stat().st_mode & 0o777) \
+        == (0o700, 0o600)
+    stray = blobs / f".{ref['sha256']}.tmp-0123456789abcdef"
+    stray.write_bytes(b"half a blob")
+    store = open_store(url)
+    try:
+        assert not stray.exists() and any("blobs/" + stray.name in r for r in store.recovery)
+        assert store.get_blob(ref["sha256"]) == PNG_1MIB
+    finally:
+        store.close()
+
+
+def test_a_blob_that_cannot_be_made_durable_stores_no_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection (json: its fsyncs are Python's): the blob write fails, nothing stays."""
+    import errno
+    import os
+
+    from chatstate.stores import open_store
+
+    store = open_store(f"json://{tmp_path}/s")
+    try:
+        new_conversation(store, "c1", 2)
+
+        def failing_fsync(fd: int) -> None:
+            raise OSError(errno.EIO, "injected I/O error")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fsync", failing_fsync)
+            with pytest.raises(ChatstateError, match="injected I/O error"):
+                seal_kind(store, "image-large", store.load("c1").last)
+        assert len(store.load("c1").messages) == 2
+        assert not store.has_blob(hashlib.sha256(PNG_1MIB).hexdigest())
+        assert [p.name for p in (tmp_path / "s" / "blobs").iterdir()] == []  # no temp left
+    finally:
+        store.close()
