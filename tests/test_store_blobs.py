@@ -97,13 +97,16 @@ def test_append_refuses_a_blob_the_store_lacks(store: Any) -> None:
 
 
 def _damage(store: Any, url: str, sha: str, how: str) -> str:
-    """Remove or alter the stored blob; return the name the error must give."""
+    """Remove, alter or truncate the stored blob; return the name the error must give."""
+    def damaged(data: bytes) -> bytes:
+        return data[:1000] if how == "truncated" else b"X" + data[1:]
+
     if scheme(url) == "json":
         path = local_path(url) / "blobs" / sha
         if how == "missing":
             path.unlink()
         else:
-            path.write_bytes(b"X" + path.read_bytes()[1:])
+            path.write_bytes(damaged(path.read_bytes()))
         return str(path)
     if scheme(url) == "sqlite":
         db = sqlite3.connect(local_path(url))
@@ -112,14 +115,14 @@ def _damage(store: Any, url: str, sha: str, how: str) -> str:
                 db.execute("DELETE FROM blobs WHERE sha256=?", (sha,))
             else:
                 data = db.execute("SELECT data FROM blobs WHERE sha256=?", (sha,)).fetchone()[0]
-                db.execute("UPDATE blobs SET data=? WHERE sha256=?", (b"X" + data[1:], sha))
+                db.execute("UPDATE blobs SET data=? WHERE sha256=?", (damaged(data), sha))
         db.close()
         return f"blob {sha}"
     key = f"blobs/{sha}"
     if how == "missing":
         store.io.delete([key])
     else:
-        store.io.put(key, b"X" + store.io.get(key).data[1:])
+        store.io.put(key, damaged(store.io.get(key).data))
     return key
 
 
@@ -167,6 +170,21 @@ def test_plain_messages_stay_in_the_0_1_format(local_store_url: str, tmp_path: P
                                              "hash"}
     finally:
         store.close()
+
+
+def test_a_truncated_blob_is_never_overwritten(store: Any, store_url: str) -> None:
+    new_conversation(store, "c1")
+    rich = seal_kind(store, "image-large")
+    store.append("c1", rich)
+    sha = rich[0].blob_refs()[0]["sha256"]
+    name = _damage(store, store_url, sha, "truncated")
+    with pytest.raises(CorruptTranscriptError, match="has 1000 bytes, not 1048584") as exc:
+        store.load("c1")
+    assert name in str(exc.value)
+    with pytest.raises(CorruptTranscriptError, match=r"stored with 1000 bytes.*left as it is"):
+        store.put_blob(PNG_1MIB, media_type="image/png")
+    with pytest.raises(CorruptTranscriptError, match="was altered"):
+        store.get_blob(sha)  # still the damaged bytes: nothing wrote over them
 
 
 def test_json_open_removes_a_dead_blob_writers_temp_file(tmp_path: Path) -> None:

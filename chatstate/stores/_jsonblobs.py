@@ -22,7 +22,7 @@ from ._files import (
     remove_durably,
     sync_durably,
 )
-from .base import blob_ref, checked_blob, valid_digest
+from .base import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
 
 
 class JsonBlobs:
@@ -47,10 +47,12 @@ class JsonBlobs:
         path = self.blob_path(ref["sha256"])
         ensure_dir(self._blobs)
         with locked(self._blob_lock()):
-            if self._blob_size(ref["sha256"]) == len(data):
-                sync_durably(path)  # a writer killed before its fsync may have left it
-            else:  # absent, or damaged by hand: a blob's bytes are fixed by its name
+            held = self._blob_size(ref["sha256"])
+            refuse_damaged_blob(str(path), ref["sha256"], held, len(data))
+            if held is None:
                 atomic_write(path, data)
+            else:
+                sync_durably(path)  # a writer killed before its fsync may have left it
         return ref
 
     def get_blob(self, sha256: str) -> bytes:

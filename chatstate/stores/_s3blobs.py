@@ -9,14 +9,13 @@ size; the digest is checked whenever the bytes are read.
 
 from __future__ import annotations
 
-from contextlib import suppress
 from typing import Any
 
 import obstore
 
 from ._s3base import S3StoreBase
 from ._s3io import Exists
-from .base import blob_ref, checked_blob, valid_digest
+from .base import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
 
 BLOBS = "blobs"
 
@@ -31,8 +30,11 @@ class S3Blobs(S3StoreBase):
     def put_blob(self, data: bytes, *, media_type: str | None = None,
                  name: str | None = None) -> dict[str, Any]:
         ref = blob_ref(data, media_type, name)
-        with suppress(Exists):  # content-addressed: whoever wrote it wrote these bytes
+        try:
             self.io.put(blob_key(ref["sha256"]), data, create=True, action="store a blob at")
+        except Exists:  # content-addressed: fine, unless it was damaged since
+            refuse_damaged_blob(self._blob_where(ref["sha256"]), ref["sha256"],
+                                self._blob_size(ref["sha256"]), len(data))
         return ref
 
     def get_blob(self, sha256: str) -> bytes:

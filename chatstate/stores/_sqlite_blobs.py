@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._sqlite_conn import SqliteConnection
-from .base import blob_ref, checked_blob, valid_digest
+from .base import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
 
 
 class SqliteBlobs(SqliteConnection):
@@ -21,8 +21,14 @@ class SqliteBlobs(SqliteConnection):
                  name: str | None = None) -> dict[str, Any]:
         ref = blob_ref(data, media_type, name)
         with self._tx("store a blob in") as db:
-            db.execute("INSERT OR IGNORE INTO blobs (sha256, data) VALUES (?, ?)",
-                       (ref["sha256"], data))
+            row = db.execute("SELECT length(data) FROM blobs WHERE sha256=?",
+                             (ref["sha256"],)).fetchone()
+            if row is None:
+                db.execute("INSERT INTO blobs (sha256, data) VALUES (?, ?)",
+                           (ref["sha256"], data))
+            else:
+                refuse_damaged_blob(self._blob_where(ref["sha256"]), ref["sha256"], row[0],
+                                    len(data))
         return ref
 
     def get_blob(self, sha256: str) -> bytes:

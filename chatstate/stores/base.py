@@ -250,6 +250,15 @@ def checked_blob(where: str, sha256: str, data: bytes | None) -> bytes:
     return data
 
 
+def refuse_damaged_blob(where: str, sha256: str, held: int | None, size: int) -> None:
+    """``put_blob`` found this digest stored with another size: damaged, never overwritten."""
+    if held is not None and held != size:
+        raise CorruptTranscriptError(
+            f"{where}: blob {sha256} is stored with {held} bytes, not {size}: it was damaged. "
+            "It was left as it is; move it aside (or restore it) and store the bytes again.",
+            where=where)
+
+
 def named_blobs(messages: Sequence[Message]) -> dict[str, tuple[int, int]]:
     """digest -> (size, seq of the first message naming it), for blob checks."""
     out: dict[str, tuple[int, int]] = {}
