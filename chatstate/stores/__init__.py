@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
-from .base import CheckReport, Location, Store
+from .base import BlobStore, CheckReport, Location, Store, verify_blobs
 
 log = logging.getLogger("chatstate.stores")
 
-__all__ = ["CheckReport", "Location", "Store", "default_store_url", "guard", "open_store",
-           "store_class"]
+__all__ = ["BlobStore", "CheckReport", "Location", "Store", "default_store_url", "guard",
+           "open_store", "store_class", "verify_blobs"]
 
 ENTRY_POINT_GROUP = "chatstate.stores"
 BUILTIN = {

@@ -45,7 +45,11 @@ class CheckReport:
 
 @runtime_checkable
 class Store(Protocol):
-    """A transcript store. Implementations: JsonStore, SqliteStore, S3Store."""
+    """A transcript store. Implementations: JsonStore, SqliteStore, S3Store.
+
+    A store that keeps images and files also implements ``BlobStore`` (all three
+    built-in stores do); one without it can hold only messages that name no blob.
+    """
 
     url: str
     recovery: list[str]
