@@ -19,17 +19,23 @@ it places its turn after it; if that turn is half done (no complete reply
 yet) it raises ConflictError and writes nothing, never splitting the turn. A
 partial reply is settled only if the store still holds exactly that partial:
 one that changed since it was loaded belongs to a live writer.
+
+With ``tools=[...]`` a turn runs the tool loop (chatstate.toolloop): a turn
+whose calls lack results, or whose results have no reply after them, is
+interrupted too, and ``interrupted.pending_calls`` names the calls.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import toolloop
 from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
+from .toolloop import PendingCall
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
 
 log = logging.getLogger("chatstate.session")
@@ -42,8 +48,15 @@ class Interrupted:
     turn_id: str
     user_message: Message | None
     partial: Message | None  # the stored in-progress reply, if any
+    pending_calls: tuple[PendingCall, ...] = ()  # tool calls still without a result
 
     def describe(self) -> str:
+        if self.pending_calls:
+            names = ", ".join(f"{c.name} ({c.id}{', started' if c.started else ''})"
+                              for c in self.pending_calls)
+            return f"turn {self.turn_id} has tool calls without results: {names}"
+        if self.partial is not None and self.partial.role == "tool":
+            return f"turn {self.turn_id} was running a tool"
         if self.partial is not None:
             return (f"the reply to turn {self.turn_id} was cut off after "
                     f"{len(self.partial.content)} characters (kept as partial)")
@@ -63,7 +76,9 @@ class Chat:
                  title: str | None = None, base_url: str | None = None,
                  api_key: str | None = None, client: Any = None,
                  params: Mapping[str, Any] | None = None,
-                 flush_interval: float | None = None, allow_ephemeral: bool = False) -> None:
+                 flush_interval: float | None = None, allow_ephemeral: bool = False,
+                 max_tool_rounds: int = 8,
+                 on_tool: Callable[[Message], None] | None = None) -> None:
         if store is None or isinstance(store, str):
             from .stores import open_store
 
@@ -77,6 +92,9 @@ class Chat:
         self.adapter = adapter
         self.model = model or getattr(adapter, "model", None)
         self.params: dict[str, Any] = dict(params or {})
+        self.max_tool_rounds = max_tool_rounds
+        self.on_tool = on_tool
+        """Called with each tool-call message and each tool result, once it is stored."""
         self.flush_interval = (flush_interval if flush_interval is not None
                                else float(getattr(store, "partial_flush_interval", 0.0)))
         self.id = validate_id(conversation_id) if conversation_id else new_id()
@@ -107,6 +125,11 @@ class Chat:
         """The turn left without a complete reply, if the conversation ends in one."""
         conv = self.conversation
         last = conv.last
+        asking = toolloop.calls_message(conv)
+        if asking is not None:  # tool calls without results, or results without a reply
+            streaming = conv.partial if conv.partial and conv.partial.role != "tool" else None
+            return Interrupted(asking.turn_id, _user_of(conv, asking.turn_id), streaming,
+                               tuple(toolloop.pending_calls(conv)))
         if conv.partial is not None:
             return Interrupted(conv.partial.turn_id, _user_of(conv, conv.partial.turn_id),
                                conv.partial)
@@ -173,8 +196,8 @@ class Chat:
         text that writer has already shown (the store would clear its newer partial).
         """
         partial = self.conversation.partial
-        if partial is None:
-            return
+        if partial is None or partial.role == "tool":
+            return  # a tool's "started" marker is the tool loop's to settle
         current: Conversation = self.store.load(self.id)
         if (current.last_seq != self.conversation.last_seq or current.partial is None
                 or current.partial.hash != partial.hash):
@@ -184,20 +207,31 @@ class Chat:
         self._append([partial])
 
     # -- public API --------------------------------------------------------------------
-    def send(self, text: str, **params: Any) -> Message:
-        """One turn, not streamed. Returns the reply, already durable."""
-        return self._consume(self._turn(text, params, streaming=False))
+    def send(self, text: str, *, tools: Sequence[Any] | None = None,
+             **params: Any) -> Message:
+        """One turn, not streamed. Returns the reply, already durable.
 
-    def stream(self, text: str, **params: Any) -> Generator[str, None, None]:
+        ``tools``: functions (or ``@chatstate.tool``s) the model may call; the turn
+        runs the tool loop until a reply without calls (see chatstate.toolloop).
+        """
+        return self._consume(self._turn(text, params, streaming=False, tools=tools))
+
+    def stream(self, text: str, *, tools: Sequence[Any] | None = None,
+               **params: Any) -> Generator[str, None, None]:
         """One streamed turn. Each delta is durable in the store before it is yielded."""
-        return self._turn(text, params, streaming=True)
+        return self._turn(text, params, streaming=True, tools=tools)
 
-    def retry(self, **params: Any) -> Message:
-        """Complete the interrupted turn under the same turn id (no second user message)."""
-        return self._consume(self._retry(params, streaming=False))
+    def retry(self, *, tools: Sequence[Any] | None = None, **params: Any) -> Message:
+        """Complete the interrupted turn under the same turn id (no second user message).
 
-    def retry_stream(self, **params: Any) -> Generator[str, None, None]:
-        return self._retry(params, streaming=True)
+        Pending tool calls are run with ``tools`` first, except a non-idempotent one
+        that may have started: it is answered "outcome unknown" and not run again.
+        """
+        return self._consume(self._retry(params, streaming=False, tools=tools))
+
+    def retry_stream(self, *, tools: Sequence[Any] | None = None,
+                     **params: Any) -> Generator[str, None, None]:
+        return self._retry(params, streaming=True, tools=tools)
 
     def set_title(self, title: str) -> None:
         self._ensure_created()
@@ -220,18 +254,19 @@ class Chat:
         assert last is not None and last.role == "assistant"
         return last
 
-    def _turn(self, text: str, params: dict[str, Any], *,
-              streaming: bool) -> Generator[str, None, None]:
+    def _turn(self, text: str, params: dict[str, Any], *, streaming: bool,
+              tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
         self._ensure_created()
+        toolloop.abandon(self)  # calls left pending by an interrupted turn get their results
         self._settle_partial()
         merged = {**self.params, **params}
         user = self._append_user(text, merged)
         if not self.conversation.title and self._title is None:
             self._auto_title(text)
-        return self._reply(user.turn_id, merged, streaming)
+        return self._reply(user.turn_id, merged, streaming, tools)
 
-    def _retry(self, params: dict[str, Any], *,
-               streaming: bool) -> Generator[str, None, None]:
+    def _retry(self, params: dict[str, Any], *, streaming: bool,
+               tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
         if self.interrupted is None:
             raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
         self._settle_partial()
@@ -241,7 +276,7 @@ class Chat:
                                 "interrupted turn meanwhile; there is nothing to retry")
         merged = {**self.params, **(turn.user_message.params or {} if turn.user_message
                                     else {}), **params}
-        return self._reply(turn.turn_id, merged, streaming)
+        return self._reply(turn.turn_id, merged, streaming, tools)
 
     def _auto_title(self, text: str) -> None:
         title = " ".join(text.split())[:60]
@@ -249,13 +284,24 @@ class Chat:
             self.store.set_header(self.id, title=title)
             self.conversation.title = title
 
-    def _history(self) -> list[dict[str, str]]:
-        # The model never sees cut-off replies as if they were its final words.
-        return [m.to_openai() for m in self.conversation.messages if m.status == "complete"]
+    def _history(self) -> list[dict[str, Any]]:
+        # The model never sees cut-off replies as if they were its final words; tool
+        # results that failed (error) or may not have run (unknown) it must see.
+        return toolloop.well_formed([m.to_openai() for m in self.conversation.messages
+                                     if m.status != "partial"])
 
-    def _reply(self, turn_id: str, params: dict[str, Any],
-               streaming: bool) -> Generator[str, None, None]:
-        """Generator: call the model, persist, then yield. The only place a turn is written."""
+    def _reply(self, turn_id: str, params: dict[str, Any], streaming: bool,
+               tools: Sequence[Any] | None) -> Generator[str, None, None]:
+        """Generator: the turn's model and tool rounds. The only place a turn is written."""
+        return toolloop.drive(self, turn_id, params, streaming, tools)
+
+    def _notify(self, message: Message) -> None:
+        if self.on_tool is not None:
+            self.on_tool(message)
+
+    def _model_round(self, turn_id: str, params: dict[str, Any],
+                     streaming: bool) -> Generator[str, None, None]:
+        """Generator: call the model, persist, then yield."""
         from .adapter import Completion
 
         history, model = self._history(), params.pop("model", None) or self.model
@@ -301,7 +347,9 @@ class Chat:
     def _commit(self, turn_id: str, done: Any, shown: str = "") -> str:
         """Append the complete reply; return the part of it not yet yielded."""
         reply = self._seal(role="assistant", content=done.text, turn_id=turn_id,
-                           model=done.model, usage=done.usage)
+                           model=done.model, usage=done.usage,
+                           tool_calls=getattr(done, "tool_calls", None),
+                           extra=getattr(done, "extra", None))
         self._append([reply])
         return done.text[len(shown):] if done.text.startswith(shown) else ""
 
