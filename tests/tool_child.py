@@ -43,7 +43,7 @@ def say(obj: object) -> None:
 
 
 def pause(step: str) -> None:
-    if STEP == step:
+    if step == STEP:
         say({"at": step})
         time.sleep(60)
 
