@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import click
 
 from ..errors import ChatstateError
 from .common import Env, fail
+from .functions import functions_option, load_functions, tool_printer
 from .render import neutralise
 from .turns import conversation_options, open_chat, valid_text
 
@@ -23,23 +25,27 @@ from .turns import conversation_options, open_chat, valid_text
               help="Print one JSON object: conversation id, seqs, reply, usage.")
 @click.option("--retry", is_flag=True, help="Complete the interrupted turn of --id/-c "
               "instead of sending a new prompt.")
+@functions_option
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
-        no_stream: bool, as_json: bool, retry: bool) -> None:
+        no_stream: bool, as_json: bool, retry: bool, functions: tuple[Path, ...]) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
     The user message is durable before the request is sent, and each piece of
     the reply is durable before it is printed. `--id ID` continues ID or
-    creates it. Exit status: 0 ok, 1 failure, 2 usage.
+    creates it. With --functions, each tool call and its result is described
+    on stderr once stored. Exit status: 0 ok, 1 failure, 2 usage.
     """
     text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
+    tools = load_functions(functions)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as chat:
         click.echo(f"conversation {chat.id}", err=True)
+        chat.on_tool = tool_printer(lambda line: click.echo(line, err=True))
         try:
             reply = one_turn(chat, text, stream=not (as_json or no_stream),
-                             show=not as_json)
+                             show=not as_json, tools=tools or None)
         except (KeyboardInterrupt, BrokenPipeError) as exc:
             # Ctrl-C, or the reader of stdout went away (`| head`): the partial is kept
             if chat.interrupted is not None:
@@ -82,15 +88,16 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
     return text
 
 
-def one_turn(chat: Any, text: str, *, stream: bool, show: bool) -> Any:
+def one_turn(chat: Any, text: str, *, stream: bool, show: bool,
+             tools: list[Any] | None = None) -> Any:
     """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
     tty = sys.stdout.isatty()
     if not stream:
-        reply = chat.send(text) if text else chat.retry()
+        reply = chat.send(text, tools=tools) if text else chat.retry(tools=tools)
         if show:
             click.echo(neutralise(reply.content) if tty else reply.content)
         return reply
-    deltas = chat.stream(text) if text else chat.retry_stream()
+    deltas = chat.stream(text, tools=tools) if text else chat.retry_stream(tools=tools)
     for delta in deltas:
         sys.stdout.write(neutralise(delta) if tty else delta)
         sys.stdout.flush()

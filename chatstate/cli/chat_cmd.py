@@ -11,11 +11,13 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import click
 
 from .common import Env
+from .functions import functions_option, load_functions, tool_printer
 from .render import neutralise
 from .turns import conversation_options, open_chat, valid_text
 
@@ -35,19 +37,25 @@ Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 @click.command()
 @conversation_options
 @click.option("--no-stream", is_flag=True, help="Print each reply whole.")
+@functions_option
 @click.pass_obj
 def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
-         offline: bool, base_url: str | None, system: str | None, no_stream: bool) -> None:
-    """The chat REPL."""
+         offline: bool, base_url: str | None, system: str | None, no_stream: bool,
+         functions: tuple[Path, ...]) -> None:
+    """The chat REPL. With --functions, each tool call and result is shown once stored."""
+    tools = load_functions(functions)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as session:
-        Repl(session, stream=not no_stream).run()
+        Repl(session, stream=not no_stream, tools=tools).run()
 
 
 class Repl:
-    def __init__(self, session: Any, *, stream: bool) -> None:
+    def __init__(self, session: Any, *, stream: bool, tools: list[Any] | None = None) -> None:
         self.chat = session
         self.stream = stream
+        self.tools = tools or None
+        self.midline = False  # a streamed reply is on screen without its newline yet
+        session.on_tool = tool_printer(self.tool_line)
         self.read = make_reader()
         # A shell starts background jobs with SIGINT ignored, and that is inherited; the
         # REPL's Ctrl-C (cancel the reply in flight, keep the partial) needs it back.
@@ -79,7 +87,8 @@ class Repl:
             text = valid_text(line, "that input")
             if text.startswith("/"):
                 return self.command(text.strip())
-            self.render(partial(self.chat.stream, text), partial(self.chat.send, text))
+            self.render(partial(self.chat.stream, text, tools=self.tools),
+                        partial(self.chat.send, text, tools=self.tools))
         except KeyboardInterrupt:
             self.say("[interrupted]")
         except (ChatstateError, click.UsageError, OSError) as exc:
@@ -101,26 +110,41 @@ class Repl:
                 self.say("  partial reply so far: " + neutralise(tail))
 
     def show(self, m: Any) -> None:
-        tag = " (partial)" if m.status == "partial" else ""
-        click.echo(f"{m.role}{tag}> {neutralise(m.content)}")
+        if m.role != "tool" and (m.text or not m.tool_calls):
+            tag = " (partial)" if m.status == "partial" else ""
+            click.echo(f"{m.role}{tag}> {neutralise(m.text)}")
+        if m.tool_calls or m.role == "tool":
+            tool_printer(click.echo)(m)
+
+    def tool_line(self, line: str) -> None:
+        """A tool call or result, printed when it is stored, on a line of its own."""
+        if self.midline:
+            sys.stdout.write("\n")
+            self.midline = False
+        click.echo(line)
 
     def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:
         from ..errors import ChatstateError
 
         try:
             if self.stream:
-                sys.stdout.write("assistant> ")
                 for delta in streamer():
+                    if not self.midline:
+                        sys.stdout.write("assistant> ")
+                        self.midline = True
                     sys.stdout.write(neutralise(delta))
                     sys.stdout.flush()
-                sys.stdout.write("\n")
+                sys.stdout.write("\n" if self.midline else "")
+                self.midline = False
             else:
                 self.show(sender())
         except KeyboardInterrupt:
             sys.stdout.write("\n")
+            self.midline = False
             self.say("[interrupted: the partial reply is kept; /retry completes the turn]")
         except ChatstateError as exc:
             sys.stdout.write("\n")
+            self.midline = False
             self.say(f"error: {exc}")
             if self.chat.interrupted is not None:
                 self.say("[your message is stored; /retry completes the turn]")
@@ -160,7 +184,8 @@ class Repl:
         if self.chat.interrupted is None:
             self.say("nothing to retry: the last turn is complete")
         else:
-            self.render(self.chat.retry_stream, self.chat.retry)
+            self.render(partial(self.chat.retry_stream, tools=self.tools),
+                        partial(self.chat.retry, tools=self.tools))
 
     def do_model(self, arg: str) -> None:
         if arg:

@@ -154,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
         script = self.server.script
         options = script.options
         with script.lock:
-            scripted = tool_reply(messages, list(script.tool_rules))
+            scripted = tool_reply(messages, list(script.tool_rules), _offered(body))
         calls: list[dict[str, Any]] = []
         if scripted is not None:
             text, calls = scripted
@@ -291,6 +291,14 @@ class _Reply(NamedTuple):
     finish: str
     usage: dict[str, int]
     calls: list[dict[str, Any]]
+
+
+def _offered(body: dict[str, Any]) -> list[str]:
+    """The names of the tools a request offers."""
+    tools = body.get("tools")
+    return [str(t["function"]["name"]) for t in tools if isinstance(t, dict) and
+            isinstance(t.get("function"), dict) and "name" in t["function"]] \
+        if isinstance(tools, list) else []
 
 
 def _header_seconds(value: float | str) -> str:

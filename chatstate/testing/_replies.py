@@ -46,27 +46,32 @@ def reply_chunks(messages: Sequence[Mapping[str, Any]], reply_words: int = 8,
     return chunks, "stop"
 
 
-def tool_reply(messages: Sequence[Mapping[str, Any]], rules: Sequence[Any]
-               ) -> tuple[str, list[dict[str, Any]]] | None:
+def tool_reply(messages: Sequence[Mapping[str, Any]], rules: Sequence[Any],
+               offered: Sequence[str] = ()) -> tuple[str, list[dict[str, Any]]] | None:
     """The reply of a turn scripted by tool rules: (text, tool calls), or None for an echo.
 
     While the turn (the messages after the last user message) has had fewer than
     ``rule.rounds`` replies with tool calls, the reply calls the rule's tools; once a
     round is answered, a request ending in ``tool`` messages is answered by reading
     those results back, so a test can see exactly what the model received.
+
+    Without a rule, a user message that writes ``NAME(JSON)`` for a tool the request
+    offers gets that call (once per turn): the offline demo's way to call a tool.
     """
     start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     last_user = _content(messages[start]) if start >= 0 else ""
     rounds = sum(1 for m in messages[start + 1:]
                  if m.get("role") == "assistant" and m.get("tool_calls"))
     rule = next((r for r in rules if r.contains in last_user), None)
-    if rule is not None and rounds < rule.rounds:
+    wanted = rule.calls if rule is not None and rounds < rule.rounds else \
+        _written_calls(last_user, offered) if rule is None and rounds == 0 else []
+    if wanted:
         seed = hashlib.sha256(json.dumps([dict(m) for m in messages], sort_keys=True,
                                          ensure_ascii=True).encode()).hexdigest()
         calls = [{"id": f"call_{seed[:10]}_{i}", "type": "function", "function": {
             "name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str)
-            else json.dumps(c["arguments"])}} for i, c in enumerate(rule.calls)]
-        return rule.text, calls
+            else json.dumps(c["arguments"])}} for i, c in enumerate(wanted)]
+        return (rule.text if rule is not None else ""), calls
     if messages and messages[-1].get("role") == "tool":
         results = []
         for m in reversed(messages):
@@ -75,6 +80,14 @@ def tool_reply(messages: Sequence[Mapping[str, Any]], rules: Sequence[Any]
             results.append(f"{m.get('tool_call_id')}={_content(m)}")
         return "Tool results: " + "; ".join(reversed(results)), []
     return None
+
+
+def _written_calls(text: str, offered: Sequence[str]) -> list[dict[str, Any]]:
+    if not offered:
+        return []
+    names = "|".join(re.escape(n) for n in offered)
+    return [{"name": m.group(1), "arguments": m.group(2).strip() or "{}"}
+            for m in re.finditer(rf"\b({names})\((.*?)\)(?!\S*\))", text)]
 
 
 def reply_text(messages: Sequence[Mapping[str, Any]], reply_words: int = 8,
