@@ -1,6 +1,7 @@
 """SIGKILL the tool loop at every step: no orphaned call, no tool run twice, no ack lost.
 
-``tests/tool_child.py`` forks one writer per round. Each writer opens the
+The drill's tool writer (``chatstate.drill.toolwriter``, a fork server) forks
+one writer per round. Each writer opens the
 conversation (recovery), completes the interrupted turn with
 ``retry(tools=...)`` or starts a new one, and is SIGKILLed: at a named step
 (the calls stored; inside the non-idempotent tool before and after its side
@@ -18,14 +19,7 @@ result without its call.
 
 from __future__ import annotations
 
-import json
-import os
-import queue
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,72 +28,14 @@ from typing import Any
 import pytest
 
 from chatstate import Conversation, ConversationNotFound, open_store
+from chatstate.drill.tooldrill import ToolWriters
 from chatstate.testing import FakeModel
 
-CHILD = Path(__file__).resolve().parent / "tool_child.py"
 KILLS = 50
 STEPS = ["call-stored", "tool-before", "tool-after", "result-stored", "none", "none", "none"]
 CID = "crash-tools"
 
 pytestmark = pytest.mark.slow
-
-
-class ToolServer:
-    """The tool_child process: one JSON object per stdout line, read by a thread."""
-
-    def __init__(self, url: str, base_url: str, effects: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CHATSTATE_", "OPENAI_"))}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), url, base_url, str(effects)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.lines: queue.Queue[Any] = queue.Queue()
-        self.early: list[dict[str, Any]] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        assert self.next(timeout=120) == "ready"
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(json.loads(line))
-        self.lines.put(EOFError)
-
-    def next(self, timeout: float = 60) -> Any:
-        try:
-            item = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"tool_child said nothing for {timeout}s") from None
-        if item is EOFError:
-            self.proc.kill()
-            raise AssertionError(f"tool_child exited: {self.proc.communicate()[1]}")
-        return item
-
-    def go(self, step: str, mode: str) -> int:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"go {CID} {step} {mode}\n")
-        self.proc.stdin.flush()
-        while "pid" not in (item := self.next()):
-            self.early.append(item)
-        return int(item["pid"])
-
-    def until(self, pid: int, *, stop: tuple[str, ...]) -> list[dict[str, Any]]:
-        """Lines until one has a key in ``stop`` (or the writer is reaped)."""
-        out, self.early = self.early, []
-        while not any(k in line for line in out for k in stop):
-            item = self.next()
-            out.append(item)
-            if item.get("reaped") == pid:
-                break
-        return out
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def fresh_load(url: str) -> Conversation:
@@ -154,7 +90,7 @@ def run_crash_loop(url: str, tmp_path: Path, kills: int, seed: int) -> dict[str,
             {"name": "get_weather", "arguments": {"city": "Oslo"}},
             {"name": "record", "arguments": {"note": "visited"}}])
         fake.configure(arg_chunk=3)
-        server = ToolServer(url, fake.base_url, effects)
+        server = ToolWriters(url, fake.base_url, effects, writer_timeout=60)
         acked: dict[int, str] = {}
         typical = 0.2
         try:
@@ -163,15 +99,14 @@ def run_crash_loop(url: str, tmp_path: Path, kills: int, seed: int) -> dict[str,
             for step in schedule:
                 mode = rng.choice(["send", "stream"])
                 started = time.monotonic()
-                pid = server.go(step, mode)
+                pid = server.go(CID, step, mode)
                 if step == "none":
                     time.sleep(rng.uniform(0, typical))
                     lines = server.early
                     server.early = []
                 else:
                     lines = server.until(pid, stop=("at", "end", "error"))
-                os.kill(pid, signal.SIGKILL)
-                lines += server.until(pid, stop=("reaped",))
+                lines += server.kill(pid)
                 errors = [line["error"] for line in lines if "error" in line]
                 assert not errors, f"the writer failed before it was killed: {errors}"
                 if any("end" in line for line in lines):
@@ -191,10 +126,9 @@ def run_crash_loop(url: str, tmp_path: Path, kills: int, seed: int) -> dict[str,
                 assert not dup, f"a non-idempotent tool ran twice: {dup}"
 
             # One last writer, left to finish: everything is answered.
-            pid = server.go("none", "send")
+            pid = server.go(CID, "none", "send")
             lines = server.until(pid, stop=("end", "error"))
-            os.kill(pid, signal.SIGKILL)
-            lines += server.until(pid, stop=("reaped",))
+            lines += server.kill(pid)
             assert not [line for line in lines if "error" in line], lines
         finally:
             server.close()

@@ -1,0 +1,307 @@
+"""The tool-loop drill: SIGKILL a tool-loop writer at every step, prove three things.
+
+    result = run_tool_drill("sqlite:///home/me/drill.db", trials=50, seed=7)
+    result.ok, result.to_dict()
+
+Each trial forks a writer (``toolwriter``) that completes the interrupted turn
+or starts a new one, and kills it at a step of the loop (the calls stored;
+inside the non-idempotent tool, before or after its side effect; a result
+stored, before the next call or model request) or at a random moment. After
+every kill a fresh open is checked; at the end one writer finishes the turn.
+Then:
+
+- **no orphaned call**: no stored call lacks its result (but the last round
+  while a turn is interrupted), no result lacks its call, and no request the
+  model received carried either;
+- **no non-idempotent tool run twice**: the tool appends its call id to a
+  file, and no id is there twice; a call whose tool ran is answered
+  ``complete`` or ``unknown``, never "not run";
+- **every acknowledged message is still there**, and the chain verifies.
+
+The drill's conversation is ``drill-tools-<run id>`` and is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._common import reopen
+from .toolwriter import STEPS
+
+SCHEDULE = (*STEPS, "none", "none", "none")
+
+
+@dataclass
+class ToolDrillResult:
+    store: str
+    seed: int
+    requested: int
+    kills: int = 0
+    calls: int = 0
+    tool_runs: int = 0
+    duplicates: int = 0
+    orphans: int = 0
+    unknown: int = 0
+    lost: int = 0
+    requests: int = 0
+    steps: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.problems or self.duplicates or self.orphans or self.lost)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+class ToolWriters:
+    """The ``toolwriter`` fork server: one JSON object per stdout line, read by a thread."""
+
+    def __init__(self, url: str, base_url: str, effects: Path, writer_timeout: int) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_",))}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chatstate.drill.toolwriter", url, base_url, str(effects),
+             str(writer_timeout)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        self.lines: queue.Queue[Any] = queue.Queue()
+        self.early: list[dict[str, Any]] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        if self.next(timeout=120) != "ready":
+            raise RuntimeError("the tool drill's writer did not start")
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+        self.lines.put(EOFError)
+
+    def next(self, timeout: float = 60) -> Any:
+        try:
+            item = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"the tool drill's writer said nothing for {timeout} s") from None
+        if item is EOFError:
+            self.proc.kill()
+            raise RuntimeError(f"the tool drill's writer exited: {self.proc.communicate()[1]}")
+        return item
+
+    def go(self, cid: str, step: str, mode: str) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"go {cid} {step} {mode}\n")
+        self.proc.stdin.flush()
+        while "pid" not in (item := self.next()):
+            self.early.append(item)
+        return int(item["pid"])
+
+    def until(self, pid: int, *, stop: tuple[str, ...], timeout: float = 60
+              ) -> list[dict[str, Any]]:
+        """What the writer said until a line has a key in ``stop`` (or it was reaped)."""
+        out, self.early = self.early, []
+        deadline = time.monotonic() + timeout
+        while not any(k in line for line in out for k in stop):
+            item = self.next(timeout=max(deadline - time.monotonic(), 0.01))
+            out.append(item)
+            if item.get("reaped") == pid:
+                break
+        return out
+
+    def kill(self, pid: int) -> list[dict[str, Any]]:
+        """SIGKILL the writer; everything it said, once the server has reaped it."""
+        os.kill(pid, signal.SIGKILL)
+        return self.until(pid, stop=("reaped",))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def orphans(messages: list[dict[str, Any]], *, allow_open_tail: bool) -> list[str]:
+    """Calls without results and results without calls, in chat-completions order.
+
+    With ``allow_open_tail`` the calls of the last non-tool message may lack results
+    (an interrupted round, which recovery completes).
+    """
+    found: list[str] = []
+    open_calls: set[str] = set()
+    for i, m in enumerate(messages):
+        if m["role"] == "tool":
+            if m.get("tool_call_id") not in open_calls:
+                found.append(f"result without its call at {i} ({m.get('tool_call_id')})")
+            open_calls.discard(m.get("tool_call_id"))
+            continue
+        if open_calls:
+            found.append(f"calls without results before {i}: {sorted(open_calls)}")
+        open_calls = {c["id"] for c in m.get("tool_calls") or ()}
+    if open_calls and not allow_open_tail:
+        found.append(f"calls without results at the end: {sorted(open_calls)}")
+    return found
+
+
+def effect_counts(effects: Path) -> Counter[str]:
+    if not effects.exists():
+        return Counter()
+    return Counter(line.split()[0] for line in effects.read_text().splitlines() if line)
+
+
+def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
+                   trial_timeout: float = 20.0,
+                   progress: Callable[[ToolDrillResult], None] | None = None
+                   ) -> ToolDrillResult:
+    """Run the tool-loop drill against ``url`` (which must already pass the guard)."""
+    from ..testing import FakeModel
+
+    seed = seed if seed is not None else random.randrange(1 << 31)
+    result = ToolDrillResult(store=url, seed=seed, requested=trials)
+    cid, scratch = f"drill-tools-{secrets.token_hex(4)}", Path(tempfile.mkdtemp())
+    started = time.monotonic()
+    try:
+        with FakeModel(chunk_delay=0.001) as fake:
+            fake.add_tool_rule(contains="tool turn", rounds=2, text="Let me look. ", calls=[
+                {"name": "get_weather", "arguments": {"city": "Oslo"}},
+                {"name": "record", "arguments": {"note": "visited"}}])
+            fake.configure(arg_chunk=3)
+            writers = ToolWriters(url, fake.base_url, scratch / "effects",
+                                  int(trial_timeout) + 30)
+            try:
+                _trials(writers, url, cid, scratch / "effects", random.Random(seed),
+                        trial_timeout, result, progress)
+            finally:
+                writers.close()
+            requests = [e["messages"] for e in fake.request_log
+                        if e["path"] == "/v1/chat/completions"]
+        _final_checks(url, cid, scratch / "effects", requests, result)
+    finally:
+        _delete(url, cid)
+        shutil.rmtree(scratch, ignore_errors=True)
+        result.seconds = time.monotonic() - started
+    return result
+
+
+def _trials(writers: ToolWriters, url: str, cid: str, effects: Path, rng: random.Random,
+            trial_timeout: float, result: ToolDrillResult,
+            progress: Callable[[ToolDrillResult], None] | None) -> None:
+    acked: dict[int, str] = {}
+    typical = 0.2  # seconds a whole turn takes, as last seen: the random kills' window
+    schedule = list(SCHEDULE * (result.requested // len(SCHEDULE) + 1))[:result.requested]
+    rng.shuffle(schedule)  # every step gets its share of the kills, in a random order
+    steps: Counter[str] = Counter()
+    for step in schedule:
+        began = time.monotonic()
+        pid = writers.go(cid, step, rng.choice(["send", "stream"]))
+        if step == "none":
+            time.sleep(rng.uniform(0, typical))
+            lines = []
+        else:
+            try:
+                lines = writers.until(pid, stop=("at", "end", "error"), timeout=trial_timeout)
+            except TimeoutError:
+                lines = []
+                result.problems.append(f"a writer did not reach {step} in {trial_timeout} s")
+        lines += writers.kill(pid)
+        result.kills += 1
+        ended = any("end" in line for line in lines)
+        if ended:
+            typical = 0.8 * typical + 0.2 * (time.monotonic() - began)
+        at = next((line["at"] for line in lines if "at" in line), None)
+        steps[at or ("after the turn" if ended else "random")] += 1
+        result.problems += [f"writer failed: {line['error']}" for line in lines if "error" in line]
+        acked.update({line["ack"]: line["hash"] for line in lines if "ack" in line})
+        _check_after_kill(url, cid, effects, acked, result)
+        if progress is not None:
+            progress(result)
+    result.steps = dict(steps)
+    pid = writers.go(cid, "none", "send")  # one last writer, left to finish the turn
+    lines = writers.until(pid, stop=("end", "error"), timeout=trial_timeout)
+    lines += writers.kill(pid)
+    result.problems += [f"writer failed: {line['error']}" for line in lines if "error" in line]
+    acked.update({line["ack"]: line["hash"] for line in lines if "ack" in line})
+    _check_after_kill(url, cid, effects, acked, result)
+
+
+def _load(url: str, cid: str) -> Any:
+    from ..errors import ConversationNotFound
+    from ..transcript import Conversation
+
+    store = reopen(url)
+    try:
+        return store.load(cid)
+    except ConversationNotFound:  # the first writer died before creating it
+        return Conversation(id=cid)
+    finally:
+        store.close()
+
+
+def _check_after_kill(url: str, cid: str, effects: Path, acked: dict[int, str],
+                      result: ToolDrillResult) -> None:
+    try:
+        conv = _load(url, cid)
+    except Exception as exc:  # a corrupt transcript is a finding, not a crash of the drill
+        result.problems.append(f"kill {result.kills}: {type(exc).__name__}: {exc}")
+        return
+    if conv.verify() is not None:
+        result.problems.append(f"kill {result.kills}: the chain breaks at {conv.verify()}")
+    result.lost = sum(1 for seq, digest in acked.items()
+                      if seq >= len(conv.messages) or conv.messages[seq].hash != digest)
+    stored = orphans([m.to_openai() for m in conv.messages], allow_open_tail=True)
+    result.problems += [f"kill {result.kills}: {o}" for o in stored]
+    result.orphans += len(stored)
+    result.duplicates = sum(n - 1 for n in effect_counts(effects).values() if n > 1)
+
+
+def _final_checks(url: str, cid: str, effects: Path, requests: list[Any],
+                  result: ToolDrillResult) -> None:
+    conv = _load(url, cid)
+    stored = orphans([m.to_openai() for m in conv.messages], allow_open_tail=False)
+    sent = [o for r in requests for o in orphans(r, allow_open_tail=False)]
+    result.problems += [f"at the end: {o}" for o in stored] + [f"sent: {o}" for o in sent]
+    result.orphans += len(stored) + len(sent)
+    result.requests = len(requests)
+    ran = effect_counts(effects)
+    answers = {m.tool_call_id: m for m in conv.messages if m.role == "tool"}
+    calls = [c for m in conv.messages for c in m.tool_calls or ()]
+    result.calls, result.tool_runs = len(calls), sum(ran.values())
+    result.unknown = sum(1 for m in answers.values() if m.status == "unknown")
+    for call_id in ran:
+        answer = answers.get(call_id)
+        if answer is None or answer.status not in ("complete", "unknown"):
+            result.problems.append(f"call {call_id} ran but is answered "
+                                   f"{answer.status if answer else 'nothing'}")
+    if not conv.messages or conv.messages[-1].role != "assistant" or conv.partial is not None:
+        result.problems.append("the last writer did not finish the turn")
+
+
+def _delete(url: str, cid: str) -> None:
+    from ..errors import ChatstateError
+
+    try:
+        store = reopen(url)
+        try:
+            store.delete(cid)
+        finally:
+            store.close()
+    except (ChatstateError, KeyError):
+        pass  # never created, or the store is gone: nothing of ours is left to remove
