@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("chatstate.tools")
 
 UNKNOWN = "interrupted: the tool may or may not have run; it was not run again"
-NOT_RUN = "not run: the turn was interrupted before this tool started"
+ABANDONED = ("interrupted: the turn was left unfinished and a new message sent; the tool "
+             "may or may not have run")
 
 
 @dataclass(frozen=True)
@@ -153,11 +154,13 @@ def invoke(tool: Tool | None, call: dict[str, Any],
 
 
 def abandon(chat: Chat) -> None:
-    """Answer the pending calls of an interrupted turn that a new turn leaves behind."""
-    pending = pending_calls(chat.conversation)
-    for call in pending:
-        _append_result(chat, call, UNKNOWN if call.started else NOT_RUN,
-                       "unknown" if call.started else "error")
+    """Answer the pending calls of an interrupted turn that a new turn leaves behind.
+
+    Without the tools at hand there is no telling whether an unmarked call was an
+    idempotent tool already running, so every such call is answered ``unknown``.
+    """
+    for call in pending_calls(chat.conversation):
+        _append_result(chat, call, ABANDONED, "unknown")
 
 
 def _answer_all(chat: Chat, pending: list[PendingCall], text: str) -> None:

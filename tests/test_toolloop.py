@@ -257,9 +257,9 @@ def test_a_new_turn_answers_the_abandoned_calls_first(store_url: str, fake: Fake
     chat = chat_for(store_url, fake, conversation_id="conv-a")
     chat.send("never mind")
     conv = fresh(store_url, "conv-a")
-    assert shape(conv)[3:] == [("tool", "error"), ("tool", "error"), ("user", "complete"),
+    assert shape(conv)[3:] == [("tool", "unknown"), ("tool", "unknown"), ("user", "complete"),
                                ("assistant", "complete")]
-    assert all(m.content.startswith("not run") for m in conv.messages[3:5])
+    assert all("may or may not have run" in m.content for m in conv.messages[3:5])
     assert requests(fake)[-1] == [m.to_openai() for m in conv.messages[:6]]
 
 
