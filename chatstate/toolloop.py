@@ -142,9 +142,13 @@ def invoke(tool: Tool | None, call: dict[str, Any],
         return f"error: the arguments are not valid JSON ({exc}): {raw[:200]!r}", "error"
     if not isinstance(args, dict):
         return f"error: the arguments must be a JSON object, not {raw[:200]!r}", "error"
+    try:
+        kwargs = tool.parse_args(args)
+    except ValueError as exc:
+        return f"error: the arguments do not fit {name}'s parameters: {exc}", "error"
     token = _CALL_ID.set(str(call["id"]))
     try:
-        result = tool.fn(**args)
+        result = tool.fn(**kwargs)
     except Exception as exc:  # the model sees the failure and may try again differently
         log.info("tool %s raised %s", name, type(exc).__name__)
         return f"error: {type(exc).__name__}: {exc}", "error"

@@ -51,13 +51,29 @@ class Tool:
         doc = inspect.getdoc(fn) or ""
         self.description = description if description is not None else _summary(doc)
         self.idempotent = idempotent
-        self.parameters = _schema(fn, _arg_docs(doc))
+        self._args = _args_model(fn, _arg_docs(doc))
+        self.parameters = _schema(self._args)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r}, idempotent={self.idempotent})"
+
+    def parse_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments for the function, validated and converted by the schema.
+
+        Raises ValueError saying which argument is wrong.
+        """
+        from pydantic import ValidationError
+
+        try:
+            parsed = self._args.model_validate(args)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "arguments"
+            raise ValueError(f"{where}: {first['msg']}") from None
+        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
     def spec(self) -> dict[str, Any]:
         """The chat-completions ``tools`` entry for this tool."""
@@ -115,9 +131,9 @@ def _arg_docs(doc: str) -> dict[str, str]:
     return found
 
 
-def _schema(fn: Callable[..., Any], docs: dict[str, str]) -> dict[str, Any]:
-    """The JSON schema of ``fn``'s parameters, built by pydantic from the type hints."""
-    from pydantic import Field, create_model
+def _args_model(fn: Callable[..., Any], docs: dict[str, str]) -> Any:
+    """A pydantic model of ``fn``'s parameters (unknown arguments are refused)."""
+    from pydantic import ConfigDict, Field, create_model
 
     hints = _hints(fn)
     fields: dict[str, Any] = {}
@@ -128,7 +144,11 @@ def _schema(fn: Callable[..., Any], docs: dict[str, str]) -> dict[str, Any]:
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (hints.get(param.name, Any),
                               Field(default, description=docs.get(param.name)))
-    model = create_model(f"{fn.__name__}_args", **fields)
+    return create_model(f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def _schema(model: Any) -> dict[str, Any]:
+    """The JSON schema the model is shown, without pydantic's titles."""
     schema: dict[str, Any] = model.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():

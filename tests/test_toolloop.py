@@ -158,7 +158,7 @@ def test_errors_reach_the_model_as_error_results(store_url: str, fake: FakeModel
     assert "no tool named 'no_such_tool'" in texts[1] and "boom" in texts[1]
     assert "not valid JSON" in texts[2]
     assert "must be a JSON object" in texts[3]
-    assert texts[4].startswith("error: TypeError")
+    assert texts[4].startswith("error: the arguments do not fit boom's parameters: ")
     # the model received every error result
     assert [m["content"] for m in requests(fake)[-1] if m["role"] == "tool"] == texts
     assert all(str(t) in str(reply.content) for t in texts)
@@ -346,7 +346,14 @@ def test_tool_schema_from_hints_and_docstring() -> None:
     assert params["properties"]["query"] == {"type": "string", "description": "what to look for"}
     assert params["properties"]["limit"]["type"] == "integer"
     assert params["properties"]["limit"]["default"] == 5
+    assert params["additionalProperties"] is False
     assert find("x", limit=2) == ["x", "x"]  # still callable
+    assert find.parse_args({"query": "q", "limit": "3"}) == {"query": "q", "limit": 3,
+                                                           "exact": None}
+    with pytest.raises(ValueError, match="limit: Input should be a valid integer"):
+        find.parse_args({"query": "q", "limit": "many"})
+    with pytest.raises(ValueError, match="other: Extra inputs are not permitted"):
+        find.parse_args({"query": "q", "other": 1})
     assert tool(len).idempotent is True
     def variadic(*notes: str) -> None: ...
 
