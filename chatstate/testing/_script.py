@@ -208,8 +208,13 @@ class Controls(ABC):
         self._command("configure", dict(options))
 
     def reset(self) -> None:
-        """Forget queued faults, rules and the request log (options stay)."""
+        """Forget queued faults, rules, tool rules and the request log (options stay)."""
         self._command("reset", {})
+
+    def state(self) -> dict[str, Any]:
+        """The fake's options, queued faults, rules and tool rules."""
+        result: dict[str, Any] = self._command("state", {})
+        return result
 
     @property
     def request_log(self) -> list[dict[str, Any]]:
