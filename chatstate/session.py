@@ -55,8 +55,6 @@ class Interrupted:
             names = ", ".join(f"{c.name} ({c.id}{', started' if c.started else ''})"
                               for c in self.pending_calls)
             return f"turn {self.turn_id} has tool calls without results: {names}"
-        if self.partial is not None and self.partial.role == "tool":
-            return f"turn {self.turn_id} was running a tool"
         if self.partial is not None:
             return (f"the reply to turn {self.turn_id} was cut off after "
                     f"{len(self.partial.content)} characters (kept as partial)")
@@ -127,8 +125,7 @@ class Chat:
         last = conv.last
         asking = toolloop.calls_message(conv)
         if asking is not None:  # tool calls without results, or results without a reply
-            streaming = conv.partial if conv.partial and conv.partial.role != "tool" else None
-            return Interrupted(asking.turn_id, _user_of(conv, asking.turn_id), streaming,
+            return Interrupted(asking.turn_id, _user_of(conv, asking.turn_id), conv.partial,
                                tuple(toolloop.pending_calls(conv)))
         if conv.partial is not None:
             return Interrupted(conv.partial.turn_id, _user_of(conv, conv.partial.turn_id),
@@ -196,8 +193,8 @@ class Chat:
         text that writer has already shown (the store would clear its newer partial).
         """
         partial = self.conversation.partial
-        if partial is None or partial.role == "tool":
-            return  # a tool's "started" marker is the tool loop's to settle
+        if partial is None:
+            return
         current: Conversation = self.store.load(self.id)
         if (current.last_seq != self.conversation.last_seq or current.partial is None
                 or current.partial.hash != partial.hash):

@@ -4,20 +4,24 @@ Order, always (each step is one compare-and-append, so two writers never
 both win a step):
 
 1. the assistant message with its ``tool_calls`` is committed like any reply;
-2. before a non-idempotent tool runs, a "started" marker (a ``tool`` message
-   with status ``partial``) goes into the store's partial slot;
+2. before a non-idempotent tool runs, a "started" marker is appended: a
+   ``tool`` message for that call with status ``partial`` and content
+   ``started``. It goes into the chain, not the partial slot, so it is a
+   compare-and-append too: of two writers completing the same turn at once,
+   only one can mark the call started, so only one runs it;
 3. the tool runs and its result is appended as a ``tool`` message (status
    ``complete``, or ``error`` when the tool raised, is unknown, or its
-   arguments are not a JSON object); that append clears the marker;
+   arguments do not fit);
 4. only when every call of the message has its result is the model called
    again.
 
 A killed process leaves a call without a result: an interrupted turn
 (``pending_calls``). Completing it runs a call again unless it is
 non-idempotent and its marker says it may have started; then the result is
-status ``unknown`` and says so, and the model is told. ``well_formed``
-guards every request: a call without its result, or a result without its
-call, never reaches a model.
+status ``unknown`` and says so, and the model is told. A marker is never
+sent to a model (it is ``partial``), and ``well_formed`` guards every
+request: a call without its result, or a result without its call, never
+reaches a model.
 """
 
 from __future__ import annotations
@@ -74,10 +78,10 @@ def pending_calls(conv: Conversation) -> list[PendingCall]:
     asking = calls_message(conv)
     if asking is None or asking.tool_calls is None:
         return []
-    answered = {m.tool_call_id for m in conv.messages[asking.seq + 1:]}
-    marker = conv.partial if conv.partial is not None and conv.partial.role == "tool" else None
-    return [PendingCall(call, asking.turn_id, marker is not None and
-                        marker.tool_call_id == call["id"])
+    after = conv.messages[asking.seq + 1:]
+    answered = {m.tool_call_id for m in after if m.status != "partial"}
+    started = {m.tool_call_id for m in after if m.status == "partial"}
+    return [PendingCall(call, asking.turn_id, call["id"] in started)
             for call in asking.tool_calls if call["id"] not in answered]
 
 
@@ -119,12 +123,10 @@ def run_call(chat: Chat, pending: PendingCall, tool: Tool | None,
         return _append_result(chat, pending, UNKNOWN, "unknown")
     if tool is not None and not tool.idempotent:
         # Durable before the tool runs: after a crash this marker is the only sign that
-        # a side effect may have happened, and it is what stops a second run.
-        marker = Message.seal(chat.conversation.last, role="tool", content="",
-                              turn_id=pending.turn_id, status="partial",
-                              tool_call_id=pending.id)
-        chat.store.save_partial(chat.id, marker)
-        chat.conversation.partial = marker
+        # a side effect may have happened, and it is what stops a second run. Appended
+        # (compare-and-append), so a second writer racing for the same call loses here.
+        chat._append([chat._seal(role="tool", content="started", turn_id=pending.turn_id,
+                                 status="partial", tool_call_id=pending.id)])
     text, status = invoke(tool, pending.call, available)
     return _append_result(chat, pending, text, status)
 

@@ -80,7 +80,8 @@ def test_ask_runs_the_functions_and_describes_each_call(local_store_url: str,
                      "tool result> sunny in Paris", "tool result> sent to ann@x.org"]
     assert [(m.role, m.status) for m in conv.messages] == [
         ("user", "complete"), ("assistant", "complete"), ("tool", "complete"),
-        ("tool", "complete"), ("assistant", "complete")]
+        ("tool", "partial"), ("tool", "complete"), ("assistant", "complete")]
+    assert conv.messages[3].content == "started"  # send_email is not idempotent
 
 
 def test_the_tools_offered_are_the_files_public_functions(local_store_url: str,

@@ -98,13 +98,13 @@ def test_tools(local_store_url: str, tmp_path: Path) -> None:
     assert "  tool call   get_weather(" in out and "  tool call   send_email(" in out
     assert "(interrupted while send_email ran)" in out
     assert "send_email (call_" in out and ", started)" in out
-    assert "10 messages, chain intact: True" in out
+    assert "12 messages, chain intact: True" in out
     (conv,) = conversations(local_store_url)
-    tools = [("tool", "complete")] * 2
+    tools = [("tool", "complete"), ("tool", "partial")]  # a result; send_email's marker
     assert shape(conv) == [("user", "complete"), ("assistant", "complete"), *tools,
-                           ("assistant", "complete"), ("user", "complete"),
-                           ("assistant", "complete"), ("tool", "complete"), ("tool", "unknown"),
-                           ("assistant", "complete")]
+                           ("tool", "complete"), ("assistant", "complete"),
+                           ("user", "complete"), ("assistant", "complete"), *tools,
+                           ("tool", "unknown"), ("assistant", "complete")]
     assert conv.messages[-1].content.endswith("may or may not have run; it was not run again")
 
 

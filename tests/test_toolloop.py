@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,24 +118,27 @@ def test_calls_stored_then_run_then_result_stored_then_model_again(
         reply = asyncio.run(run())
     conv = fresh(store_url, chat.id)
     assert shape(conv) == [("user", "complete"), ("assistant", "complete"),
-                           ("tool", "complete"), ("tool", "complete"), ("assistant", "complete")]
+                           ("tool", "complete"), ("tool", "partial"), ("tool", "complete"),
+                           ("assistant", "complete")]
     asking = conv.messages[1]
     assert asking.content == "Checking. " and asking.tool_calls is not None
     assert [c["function"]["name"] for c in asking.tool_calls] == ["get_weather", "send_email"]
     assert json.loads(asking.tool_calls[0]["function"]["arguments"]) == {"city": "Paris"}
     ids = [c["id"] for c in asking.tool_calls]
-    assert [m.tool_call_id for m in conv.messages[2:4]] == ids
-    assert [m.content for m in conv.messages[2:4]] == ["sunny in Paris", "sent to ann@example.com"]
-    # each tool ran once, in order, with its call id, after the calls were durable
+    assert [m.tool_call_id for m in conv.messages[2:5]] == [ids[0], ids[1], ids[1]]
+    assert [m.content for m in conv.messages[2:5]] == ["sunny in Paris", "started",
+                                                       "sent to ann@example.com"]
+    # each tool ran once, in order, with its call id, after the calls were durable; the
+    # non-idempotent one only after its "started" marker was durable too
     assert tools.runs == [("get_weather", ids[0]), ("send_email", ids[1])]
-    assert tools.seen_lengths == [2, 3]  # the first result was durable before the 2nd tool ran
+    assert tools.seen_lengths == [2, 4]
     assert reply.content == (f"Tool results: {ids[0]}=sunny in Paris; "
                              f"{ids[1]}=sent to ann@example.com")
     first, second = requests(fake)
     assert [t["function"]["name"] for t in fake.request_log[-1]["body"]["tools"]] == \
         ["get_weather", "send_email"]
     assert first == [{"role": "user", "content": "weather and mail"}]
-    assert second == [m.to_openai() for m in conv.messages[:4]]
+    assert second == [m.to_openai() for m in conv.messages[:5] if m.status != "partial"]
     assert chat.interrupted is None
 
 
@@ -202,26 +206,23 @@ def call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": name, "arguments": json.dumps(args)}}
 
 
-def interrupted_turn(url: str, cid: str) -> list[dict[str, Any]]:
+def interrupted_turn(url: str, cid: str, more: list[dict[str, Any]] | None = None
+                     ) -> list[dict[str, Any]]:
     calls = [call("c1", "get_weather", {"city": "Rome"}),
              call("c2", "send_email", {"to": "bo@example.com", "body": "x"}),
              call("c3", "get_weather", {"city": "Oslo"})]
     seed(url, cid, [{"role": "user", "content": "weather and mail"},
                     {"role": "assistant", "content": "", "tool_calls": calls},
-                    {"role": "tool", "content": "sunny in Rome", "tool_call_id": "c1"}])
+                    {"role": "tool", "content": "sunny in Rome", "tool_call_id": "c1"},
+                    *(more or [])])
     return calls
 
 
 def test_recovery_reruns_idempotent_and_never_reruns_a_started_side_effect(
         store_url: str, fake: FakeModel) -> None:
-    interrupted_turn(store_url, "conv-r")
-    s = open_store(store_url)
-    try:  # the killed writer had stored its "started" marker for c2
-        last = s.load("conv-r").last
-        s.save_partial("conv-r", Message.seal(last, role="tool", content="", turn_id="t-1",
-                                              status="partial", tool_call_id="c2"))
-    finally:
-        s.close()
+    # the killed writer had stored its "started" marker for c2
+    interrupted_turn(store_url, "conv-r", [{"role": "tool", "content": "started",
+                                            "status": "partial", "tool_call_id": "c2"}])
     chat = chat_for(store_url, fake, conversation_id="conv-r")
     turn = chat.interrupted
     assert turn is not None and turn.turn_id == "t-1"
@@ -232,12 +233,13 @@ def test_recovery_reruns_idempotent_and_never_reruns_a_started_side_effect(
     reply = chat.retry(tools=tools.all)
     assert tools.runs == [("get_weather", "c3")]  # send_email was not run again
     conv = fresh(store_url, "conv-r")
-    assert shape(conv)[3:] == [("tool", "unknown"), ("tool", "complete"),
+    assert shape(conv)[3:] == [("tool", "partial"), ("tool", "unknown"), ("tool", "complete"),
                                ("assistant", "complete")]
-    assert conv.messages[3].content.startswith("interrupted: the tool may or may not have run")
+    assert conv.messages[4].content.startswith("interrupted: the tool may or may not have run")
     assert conv.partial is None
     assert "c2=interrupted: the tool may or may not have run" in reply.content  # model told
-    assert requests(fake)[-1][2:] == [m.to_openai() for m in conv.messages[2:5]]
+    sent = [m.to_openai() for m in conv.messages[2:6] if m.status != "partial"]
+    assert requests(fake)[-1][2:] == sent  # the marker is never sent
 
 
 def test_recovery_runs_a_side_effect_that_never_started(store_url: str,
@@ -249,7 +251,7 @@ def test_recovery_runs_a_side_effect_that_never_started(store_url: str,
     chat.retry(tools=tools.all)
     assert tools.runs == [("send_email", "c2"), ("get_weather", "c3")]
     assert [m.status for m in fresh(store_url, "conv-n").messages if m.role == "tool"] == \
-        ["complete"] * 3
+        ["complete", "partial", "complete", "complete"]  # c2 marked started before it ran
 
 
 def test_a_new_turn_answers_the_abandoned_calls_first(store_url: str, fake: FakeModel) -> None:
@@ -323,6 +325,45 @@ def test_two_writers_compare_and_append_every_loop_message(store_url: str,
     assert shape(conv)[2:] == [("user", "complete"), ("assistant", "complete"),
                                ("system", "complete")]
     assert not [m for m in conv.messages if m.role == "tool"]
+
+
+def test_two_writers_completing_one_turn_never_run_a_side_effect_twice(
+        store_url: str, fake: FakeModel) -> None:
+    interrupted_turn(store_url, "conv-2w")
+    first = chat_for(store_url, fake, conversation_id="conv-2w")
+    second = chat_for(store_url, fake, conversation_id="conv-2w")  # both loaded, no marker
+    inside, release = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    @tool(idempotent=False)
+    def send_email(to: str, body: str) -> str:
+        runs.append(threading.current_thread().name)
+        inside.set()
+        assert release.wait(30)
+        return "sent"
+
+    tools = [Tools().get_weather, send_email]
+    errors: list[BaseException] = []
+
+    def complete_first() -> None:
+        try:
+            first.retry(tools=tools)
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=complete_first, name="first")
+    worker.start()
+    try:
+        assert inside.wait(30)  # the first writer's marker is stored and its tool runs
+        with pytest.raises(ConflictError):
+            second.retry(tools=tools)  # its marker for the same call loses
+    finally:
+        release.set()
+        worker.join(30)
+    assert errors == [] and runs == ["first"]
+    conv = fresh(store_url, "conv-2w")
+    assert [(m.tool_call_id, m.status) for m in conv.messages if m.role == "tool"] == [
+        ("c1", "complete"), ("c2", "partial"), ("c2", "complete"), ("c3", "complete")]
 
 
 def test_tool_schema_from_hints_and_docstring() -> None:

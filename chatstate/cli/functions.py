@@ -81,6 +81,8 @@ def tool_printer(write: Callable[[str], None]) -> Callable[[Any], None]:
             for call in message.tool_calls or ():
                 function = call["function"]
                 write(f"tool call> {function['name']}({_brief(function['arguments'])})")
+        elif message.status == "partial":  # the marker stored before a side effect ran
+            write(f"tool started> {message.tool_call_id}")
         else:
             status = "" if message.status == "complete" else f" ({message.status})"
             write(f"tool result{status}> {_brief(message.text)}")

@@ -209,7 +209,7 @@ def _trials(writers: ToolWriters, url: str, cid: str, effects: Path, rng: random
     schedule = list(SCHEDULE * (result.requested // len(SCHEDULE) + 1))[:result.requested]
     rng.shuffle(schedule)  # every step gets its share of the kills, in a random order
     steps: Counter[str] = Counter()
-    for step in schedule:
+    for index, step in enumerate(schedule):
         began = time.monotonic()
         pid = writers.go(cid, step, rng.choice(["send", "stream"]))
         if step == "none":
@@ -227,6 +227,9 @@ def _trials(writers: ToolWriters, url: str, cid: str, effects: Path, rng: random
         if ended:
             typical = 0.8 * typical + 0.2 * (time.monotonic() - began)
         at = next((line["at"] for line in lines if "at" in line), None)
+        if step != "none" and at != step and "none" in schedule[index + 1:]:
+            # that writer's turn had no such step left: a later random kill aims at it
+            schedule[schedule.index("none", index + 1)] = step
         steps[at or ("after the turn" if ended else "random")] += 1
         result.problems += [f"writer failed: {line['error']}" for line in lines if "error" in line]
         acked.update({line["ack"]: line["hash"] for line in lines if "ack" in line})
@@ -266,7 +269,7 @@ def _check_after_kill(url: str, cid: str, effects: Path, acked: dict[int, str],
         result.problems.append(f"kill {result.kills}: the chain breaks at {conv.verify()}")
     result.lost = sum(1 for seq, digest in acked.items()
                       if seq >= len(conv.messages) or conv.messages[seq].hash != digest)
-    stored = orphans([m.to_openai() for m in conv.messages], allow_open_tail=True)
+    stored = orphans(_sendable(conv), allow_open_tail=True)
     result.problems += [f"kill {result.kills}: {o}" for o in stored]
     result.orphans += len(stored)
     result.duplicates = sum(n - 1 for n in effect_counts(effects).values() if n > 1)
@@ -275,13 +278,14 @@ def _check_after_kill(url: str, cid: str, effects: Path, acked: dict[int, str],
 def _final_checks(url: str, cid: str, effects: Path, requests: list[Any],
                   result: ToolDrillResult) -> None:
     conv = _load(url, cid)
-    stored = orphans([m.to_openai() for m in conv.messages], allow_open_tail=False)
+    stored = orphans(_sendable(conv), allow_open_tail=False)
     sent = [o for r in requests for o in orphans(r, allow_open_tail=False)]
     result.problems += [f"at the end: {o}" for o in stored] + [f"sent: {o}" for o in sent]
     result.orphans += len(stored) + len(sent)
     result.requests = len(requests)
     ran = effect_counts(effects)
-    answers = {m.tool_call_id: m for m in conv.messages if m.role == "tool"}
+    answers = {m.tool_call_id: m for m in conv.messages
+               if m.role == "tool" and m.status != "partial"}
     calls = [c for m in conv.messages for c in m.tool_calls or ()]
     result.calls, result.tool_runs = len(calls), sum(ran.values())
     result.unknown = sum(1 for m in answers.values() if m.status == "unknown")
@@ -292,6 +296,11 @@ def _final_checks(url: str, cid: str, effects: Path, requests: list[Any],
                                    f"{answer.status if answer else 'nothing'}")
     if not conv.messages or conv.messages[-1].role != "assistant" or conv.partial is not None:
         result.problems.append("the last writer did not finish the turn")
+
+
+def _sendable(conv: Any) -> list[dict[str, Any]]:
+    """The transcript as a model would be sent it: "started" markers are not sent."""
+    return [m.to_openai() for m in conv.messages if m.status != "partial"]
 
 
 def _delete(url: str, cid: str) -> None:
