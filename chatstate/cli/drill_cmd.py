@@ -84,7 +84,7 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
             _guard(env, url)
             left = max_seconds - sum(r.seconds for r in results)
             if tools:
-                results.append(_tool_drill(url, trials, seed, trial_timeout))
+                results.append(_tool_drill(url, trials, seed, trial_timeout, max(left, 1.0)))
                 continue
             opts = DrillOptions(trials=trials, seed=seed, trial_timeout=trial_timeout,
                                 max_seconds=max(left, 1.0))
@@ -166,7 +166,8 @@ def _print(results: list[Any], as_json: bool, all_stores: bool) -> None:
     render(results, console)
 
 
-def _tool_drill(url: str, trials: int, seed: int | None, trial_timeout: float) -> Any:
+def _tool_drill(url: str, trials: int, seed: int | None, trial_timeout: float,
+                max_seconds: float) -> Any:
     from ..drill.tooldrill import run_tool_drill
 
     def show(result: Any) -> None:
@@ -174,7 +175,7 @@ def _tool_drill(url: str, trials: int, seed: int | None, trial_timeout: float) -
             click.echo(f"drill --tools {result.store}: {result.kills}/{trials} kills, "
                        f"{len(result.problems)} problems", err=True)
     return run_tool_drill(url, trials=trials, seed=seed, trial_timeout=trial_timeout,
-                          progress=show)
+                          max_seconds=max_seconds, progress=show)
 
 
 def _print_tools(results: list[Any], as_json: bool, all_stores: bool) -> None:
@@ -191,5 +192,7 @@ def _print_tools(results: list[Any], as_json: bool, all_stores: bool) -> None:
                    f"{r.unknown} outcomes unknown, {r.requests} model requests "
                    f"(seed {r.seed}, {r.seconds:.0f} s)")
         click.echo("  kills by step: " + ", ".join(f"{k} {v}" for k, v in sorted(r.steps.items())))
+        if r.stopped_early:
+            click.echo(f"  stopped early: {r.stopped_early}")
         for problem in r.problems[:20]:
             click.echo(f"  problem: {problem}")

@@ -62,6 +62,7 @@ class ToolDrillResult:
     requests: int = 0
     steps: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    stopped_early: str | None = None
     seconds: float = 0.0
 
     @property
@@ -168,10 +169,13 @@ def effect_counts(effects: Path) -> Counter[str]:
 
 
 def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
-                   trial_timeout: float = 20.0,
+                   trial_timeout: float = 20.0, max_seconds: float = 900.0,
                    progress: Callable[[ToolDrillResult], None] | None = None
                    ) -> ToolDrillResult:
-    """Run the tool-loop drill against ``url`` (which must already pass the guard)."""
+    """Run the tool-loop drill against ``url`` (which must already pass the guard).
+
+    No trial starts after ``max_seconds``; the last writer still finishes the turn.
+    """
     from ..testing import FakeModel
 
     seed = seed if seed is not None else random.randrange(1 << 31)
@@ -188,7 +192,7 @@ def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
                                   int(trial_timeout) + 30)
             try:
                 _trials(writers, url, cid, scratch / "effects", random.Random(seed),
-                        trial_timeout, result, progress)
+                        trial_timeout, started + max_seconds, result, progress)
             finally:
                 writers.close()
             requests = [e["messages"] for e in fake.request_log
@@ -202,7 +206,7 @@ def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
 
 
 def _trials(writers: ToolWriters, url: str, cid: str, effects: Path, rng: random.Random,
-            trial_timeout: float, result: ToolDrillResult,
+            trial_timeout: float, deadline: float, result: ToolDrillResult,
             progress: Callable[[ToolDrillResult], None] | None) -> None:
     acked: dict[int, str] = {}
     typical = 0.2  # seconds a whole turn takes, as last seen: the random kills' window
@@ -210,6 +214,10 @@ def _trials(writers: ToolWriters, url: str, cid: str, effects: Path, rng: random
     rng.shuffle(schedule)  # every step gets its share of the kills, in a random order
     steps: Counter[str] = Counter()
     for index, step in enumerate(schedule):
+        if time.monotonic() > deadline:
+            result.stopped_early = (f"the time cap was reached after {result.kills} of "
+                                    f"{result.requested} kills")
+            break
         began = time.monotonic()
         pid = writers.go(cid, step, rng.choice(["send", "stream"]))
         if step == "none":
