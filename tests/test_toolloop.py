@@ -402,3 +402,25 @@ def test_tool_schema_from_hints_and_docstring() -> None:
         tool(variadic)
     with pytest.raises(ValueError, match="not valid for the API"):
         tool(name="has space")(lambda: None)
+
+
+def test_provider_fields_of_a_reply_are_kept(store_url: str) -> None:
+    from chatstate import Completion
+
+    class Refusing:
+        """An adapter peer whose model refuses, with reasoning (the fake never sends these)."""
+
+        model = "m"
+
+        def complete(self, messages: Any, *, model: str | None = None,
+                     params: Any = None) -> Completion:
+            return Completion("", "m", None, "stop", None,
+                              {"refusal": "I can't help with that.", "reasoning": "policy"})
+
+        def stream(self, messages: Any, **kwargs: Any) -> Iterator[Any]:
+            yield self.complete(messages)
+
+    chat = Chat(store_url, adapter=Refusing())
+    reply = chat.send("something bad")
+    assert reply.extra == {"refusal": "I can't help with that.", "reasoning": "policy"}
+    assert fresh(store_url, chat.id).messages[-1].extra == reply.extra
