@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from chatstate import Conversation, ConversationNotFound, open_store
-from chatstate.drill.tooldrill import ToolWriters
+from chatstate.drill.toolserver import ToolWriters
 from chatstate.testing import FakeModel
 
 KILLS = 50
