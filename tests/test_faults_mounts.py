@@ -18,7 +18,8 @@ process of its own.
   would meet them: root drops every capability first (``setpriv``), so no other
   user needs to reach the checkout or the venv.
 
-Whatever the machine does not allow skips with the reason.
+Whatever the machine does not allow skips with the reason (fails under
+``CHATSTATE_REQUIRE_TIERS=1``, see ``tests/tiers.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 import pytest
 from cli_helpers import CHATSTATE, cli_env
 from faultlib import CID, PYTHON, WRITER, assert_clear_error, require_tool, run
+from tiers import need
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +82,7 @@ def namespace_unavailable() -> str | None:
 @pytest.fixture
 def ns() -> Iterator[Namespace]:
     reason = namespace_unavailable()
-    if reason:
-        pytest.skip(reason=reason)
+    need("mount namespace", reason is None, reason or "")
     space = Namespace()
     try:
         yield space
@@ -110,9 +111,9 @@ def assert_unchanged(ns: Namespace, url: str, before: list[str]) -> None:
 # -- ENOSPC ------------------------------------------------------------------------------
 
 def loop_ext4(ns: Namespace, tmp_path: Path) -> Path:
-    require_tool("mkfs.ext4", "losetup")
-    if not os.path.exists("/dev/loop-control"):
-        pytest.skip(reason="no loop devices (/dev/loop-control missing)")
+    require_tool("mkfs.ext4", "losetup", tier="loop device")
+    need("loop device", os.path.exists("/dev/loop-control"),
+         "no loop devices (/dev/loop-control missing)")
     image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
     mnt.mkdir()
     with open(image, "wb") as fh:
@@ -120,8 +121,8 @@ def loop_ext4(ns: Namespace, tmp_path: Path) -> Path:
     made = run("mkfs.ext4", "-q", "-m", "0", "-F", image)
     assert made.returncode == 0, made.stderr
     mounted = ns.run("mount", "-o", "loop", image, mnt, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(reason=f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()}")
+    need("loop device", mounted.returncode == 0,
+         f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()}")
     return mnt
 
 
@@ -178,8 +179,8 @@ def read_only_view(ns: Namespace, tmp_path: Path) -> tuple[Path, Path]:
 
 def remount_ro(ns: Namespace, view: Path) -> None:
     done = ns.run("mount", "-o", "remount,ro,bind", view, check=False)
-    if done.returncode != 0:
-        pytest.skip(reason=f"cannot remount a bind mount read-only here: {done.stderr.strip()}")
+    need("mount namespace", done.returncode == 0,
+         f"cannot remount a bind mount read-only here: {done.stderr.strip()}")
 
 
 def test_mount_turns_read_only_under_a_running_writer(ns: Namespace, tmp_path: Path) -> None:
@@ -234,7 +235,7 @@ still owns (and so reaches) the checkout and the venv, even inside a 0700 home."
 def as_user(*args: str | Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run a command as an ordinary user would: root drops its capabilities first."""
     if os.geteuid() == 0:
-        require_tool("setpriv")
+        require_tool("setpriv", tier="capability drop")
         return run(*UNPRIVILEGED, *args, env=env)
     return run(*args, env=env)
 
