@@ -71,11 +71,29 @@ def test_json_has_the_fields(places: dict[str, Path]) -> None:
 def test_rows_accumulate_and_the_file_is_private(places: dict[str, Path]) -> None:
     probe_json(places)
     second = probe_json(places)
-    for label in ("$HOME", "cwd", "--path"):
-        assert by_label(second, label)["sqlite"]["rows_before"] == 1, label
-        assert by_label(second, label)["sqlite"]["boots_before"] == 1
+    assert by_label(second, "--path")["sqlite"]["rows_before"] == 1
+    assert by_label(second, "--path")["sqlite"]["boots_before"] == 1
     mode = stat.S_IMODE(os.stat(places["extra"] / PROBE_DB).st_mode)
     assert mode == 0o600
+
+
+def test_only_named_directories_are_written(places: dict[str, Path]) -> None:
+    """/tmp, $HOME and the cwd are inspected, not written: nothing new appears in them."""
+    def tmp_state() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in Path("/tmp").glob(".chatstate-probe*")
+                if p.is_file()}
+
+    before = tmp_state()
+    data = probe_json(places)
+    probe(places)
+    assert tmp_state() == before  # no /tmp/.chatstate-probe.db, no probe file, no new row
+    for label in ("/tmp", "$HOME", "cwd"):
+        entry = by_label(data, label)
+        assert entry["sqlite"]["file"] is None and "not written" in entry["sqlite"]["error"]
+        assert entry["write_probe"] is None, entry
+    assert by_label(data, "$HOME")["writable"] is True  # the permission check alone
+    assert list(places["home"].iterdir()) == [] and list(places["cwd"].iterdir()) == []
+    assert by_label(data, "--path")["sqlite"]["rows_after"] == 1
 
 
 def test_writes_nothing_where_it_was_not_asked(places: dict[str, Path]) -> None:
