@@ -89,3 +89,20 @@ def test_ci_requires_every_tier_and_runs_the_readme_command() -> None:
     lines = [ln.strip() for ln in ci.splitlines() if ln.strip() and not ln.startswith("#")]
     assert "export CHATSTATE_REQUIRE_TIERS=1" in lines
     assert lines[-1] == "make test"
+
+
+def test_a_broken_s3_store_import_fails_the_suite(tmp_path: Path) -> None:
+    """Not "S3 not built yet" skips: an ImportError inside chatstate.stores.s3 is a failure."""
+    tiers.need_s3()  # with the extra missing, there is nothing to break
+    here = Path(__file__).resolve()
+    code = ("import sys, pytest\n"
+            "sys.modules['chatstate.stores.s3'] = None  # importing it now raises ImportError\n"
+            f"sys.exit(pytest.main(['-q', '-n', '0', '-p', 'no:randomly', '-p', "
+            f"'no:cacheprovider', '--basetemp={tmp_path / 'inner'}', "
+            f"'{here.with_name('test_store_contract.py')}', '-k', 'create_then_load']))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode not in (0, 5), out  # 5: nothing collected
+    assert "skipped" not in out and "chatstate.stores.s3" in out, out
