@@ -24,15 +24,39 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:  # tests/ holds helper modules (stores, s3server, ...)
     sys.path.insert(0, str(TESTS_DIR))
 
-from tiers import REQUIRE_ENV, S3_MISSING, need_s3  # noqa: E402
+from tiers import REQUIRE_ENV, REQUIRED, S3_MISSING, need_s3  # noqa: E402
 
 from chatstate.stores import open_store  # noqa: E402
 
 new_bucket_url: Callable[..., str] | None = None
+collect_ignore: list[str] = []
 if S3_MISSING is None:  # a broken import below fails the suite: it is not a missing extra
-    from s3server import moto_endpoint, moto_server, new_bucket_url  # noqa: F401  (fixtures)
+    from s3server import moto_endpoint, moto_server, new_bucket_url
 
     import chatstate.stores.s3  # noqa: F401
+else:
+    collect_ignore.append("test_s3_store.py")  # it imports the store; its reason is below
+
+    @pytest.fixture(scope="session")
+    def moto_server() -> str:
+        need_s3()
+        raise AssertionError("unreachable: need_s3() skips or fails")
+
+    @pytest.fixture
+    def moto_endpoint(moto_server: str) -> str:
+        return moto_server
+
+
+def pytest_report_header() -> list[str]:
+    if S3_MISSING is None:
+        return []
+    return [f"s3 tier skipped (tests/test_s3_store.py not collected): {S3_MISSING}"]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if S3_MISSING is not None and REQUIRED:
+        raise pytest.UsageError(f"the s3 tier cannot run: {S3_MISSING} ({REQUIRE_ENV} is set, "
+                                "so every tier must run)")
 
 SUITE_SWITCHES = (REQUIRE_ENV, "CHATSTATE_TEST_TMP")
 """The suite's own settings: read by the suite, never by chatstate."""

@@ -106,3 +106,34 @@ def test_a_broken_s3_store_import_fails_the_suite(tmp_path: Path) -> None:
     out = done.stdout + done.stderr
     assert done.returncode not in (0, 5), out  # 5: nothing collected
     assert "skipped" not in out and "chatstate.stores.s3" in out, out
+
+
+HIDE_OBSTORE = "import sys\nsys.modules['obstore'] = None  # as if not installed\n"
+
+
+def inner_run_without_obstore(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    here = Path(__file__).resolve()
+    code = HIDE_OBSTORE + (
+        "import pytest\n"
+        f"sys.exit(pytest.main(['-q', '-rs', '-n', '0', '-p', 'no:randomly', '-p', "
+        f"'no:cacheprovider', '--basetemp={tmp_path / 'inner'}', "
+        f"'{here.with_name('test_store_contract.py')}', '-k', 'create_then_load']))\n")
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith("PYTEST_") and k != tiers.REQUIRE_ENV}
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**clean, **env},
+                          capture_output=True, text=True, timeout=180, check=False)
+
+
+def test_without_obstore_the_s3_tier_skips_with_its_reason(tmp_path: Path) -> None:
+    done = inner_run_without_obstore(tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "2 passed, 1 skipped" in out, out  # json and sqlite ran
+    assert "s3 tier: obstore (pip install 'chatstate[s3]') is not installed" in out, out
+
+
+def test_without_obstore_a_required_s3_tier_fails(tmp_path: Path) -> None:
+    done = inner_run_without_obstore(tmp_path, **{tiers.REQUIRE_ENV: "1"})
+    out = done.stdout + done.stderr
+    assert done.returncode not in (0, 5), out
+    assert "the s3 tier cannot run: obstore" in out, out
