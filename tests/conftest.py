@@ -58,6 +58,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(f"the s3 tier cannot run: {S3_MISSING} ({REQUIRE_ENV} is set, "
                                 "so every tier must run)")
 
+
 SUITE_SWITCHES = (REQUIRE_ENV, "CHATSTATE_TEST_TMP")
 """The suite's own settings: read by the suite, never by chatstate."""
 
