@@ -180,3 +180,14 @@ def test_a_server_that_acknowledges_before_flushing_is_refused(shared: tuple[str
     assert "synchronous_commit=off" in result.out + result.err
     assert "--allow-ephemeral" in result.out + result.err
 
+
+
+def test_the_ledger_password_never_shows(moto_endpoint: str) -> None:  # noqa: F811
+    """An unreachable server is a clear error naming the ledger, without its password."""
+    url = new_bucket_url(moto_endpoint, "o")
+    ledger = "postgresql://batch:s3cr3t-pw@127.0.0.1:9/work?schema=summaries"
+    result = invoke(["batch", "status", "--out", url, "--ledger", ledger])
+    assert result.code != 0
+    said = result.out + result.err
+    assert "could not connect to the batch ledger postgresql://batch@127.0.0.1:9/work" in said
+    assert "s3cr3t-pw" not in said
