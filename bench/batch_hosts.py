@@ -37,9 +37,9 @@ def postgres(work: Path) -> Iterator[str]:
     sys.path.insert(0, str(ROOT / "tests"))
     import pgserver
 
-    server = pgserver.start_pg(work / "pg")
+    server = pgserver.start_server(work / "pg")
     try:
-        yield pgserver.new_database_url(server)
+        yield server.new_database()
     finally:
         server.stop()
 

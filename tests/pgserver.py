@@ -2,10 +2,10 @@
 
 Join a test module to the shared server with::
 
-    from tests.pgserver import pg_server, new_database_url  # pg_server is a fixture
+    from pgserver import pg_server  # a fixture
 
     def test_something(pg_server):
-        url = new_database_url(pg_server)  # a fresh database: postgresql://chatstate@127.0.0.1:P/db
+        dsn = pg_server.new_database()  # a fresh database: postgresql://chatstate@127.0.0.1:P/db
 
 ``pg_server`` (session scope) runs ``initdb`` and ``pg_ctl start`` from the
 distribution's packages (``/usr/lib/postgresql/*/bin``, or ``pg_ctl`` on PATH)
@@ -14,7 +14,10 @@ trust authentication for one role, and ``fsync`` on (the ledger refuses a
 server that acknowledges before it flushes). Under root, the server runs as
 ``nobody``: PostgreSQL refuses to run as root, and the tests must too. Without
 the binaries the tests that need them skip, naming ``scripts/test-prereqs``.
-``start_pg()`` gives a dedicated server, for tests that kill or restart it.
+``start_server(root)`` gives a dedicated server, for tests that kill or restart it.
+The interface (``PgServer.dsn``, ``new_database``, ``sql``, ``stop``,
+``kill9``, ``start_server``, the ``pg_server`` fixture) is the one the
+postgresql:// store's branch has, so either module serves both.
 
 The module registers itself as both ``tests.pgserver`` and ``pgserver``.
 """
@@ -43,7 +46,7 @@ for _alias in ("tests.pgserver", "pgserver"):
     sys.modules.setdefault(_alias, sys.modules[__name__])
 
 ROLE = "chatstate"
-__all__ = ["PgServer", "find_bin", "new_database_url", "pg_server", "start_pg"]
+__all__ = ["PgServer", "find_bin", "pg_server", "start_server"]
 
 
 def find_bin() -> Path | None:
@@ -91,8 +94,22 @@ class PgServer:
     def base_url(self) -> str:
         return f"postgresql://{ROLE}@127.0.0.1:{self.port}"
 
-    def url(self, database: str = "postgres") -> str:
-        return f"{self.base_url}/{database}"
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"{self.base_url}/{dbname}"
+
+    def sql(self, statement: str, dbname: str = "postgres") -> list[Any]:
+        """Run one statement as the superuser (autocommit) and return its rows."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
+            cur = conn.execute(statement)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+    def new_database(self) -> str:
+        """A fresh, empty database; returns its DSN."""
+        name = f"db_{uuid.uuid4().hex[:12]}"
+        self.sql(f"CREATE DATABASE {name}")
+        return self.dsn(name)
 
     @property
     def pid(self) -> int | None:
@@ -123,7 +140,7 @@ class PgServer:
             os.kill(pid, signal.SIGKILL)
 
 
-def start_pg(scratch: Path) -> PgServer:
+def start_server(scratch: Path) -> PgServer:
     """initdb in ``scratch/data`` and start it; the caller stops it."""
     bindir = find_bin()
     if bindir is None:
@@ -145,16 +162,6 @@ def start_pg(scratch: Path) -> PgServer:
     return server
 
 
-def new_database_url(server: PgServer) -> str:
-    """Create a fresh, uniquely named database and return its URL."""
-    import psycopg
-
-    name = f"cs_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(server.url(), autocommit=True) as db:
-        db.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
-    return server.url(name)
-
-
 class _Shared:
     lock = threading.Lock()
     server: PgServer | None = None
@@ -165,7 +172,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
     """One PostgreSQL server per pytest process, stopped at the end of the session."""
     with _Shared.lock:
         if _Shared.server is None or _Shared.server.pid is None:
-            _Shared.server = start_pg(tmp_path_factory.mktemp("pgserver"))
+            _Shared.server = start_server(tmp_path_factory.mktemp("pgserver"))
         server = _Shared.server
     try:
         yield server

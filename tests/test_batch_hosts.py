@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from batch_child import PROMPT, calls_by_record, spawn, write_jsonl
 from cli_helpers import cli_env, invoke
-from pgserver import PgServer, new_database_url, pg_server  # noqa: F401  (fixture)
+from pgserver import PgServer, pg_server  # noqa: F401  (fixture)
 from s3server import moto_endpoint, new_bucket_url, object_keys  # noqa: F401  (fixture)
 
 from chatstate.batch import Batch
@@ -70,7 +70,7 @@ def stopped(pid: int) -> bool:
 @pytest.fixture
 def shared(pg_server: PgServer, moto_endpoint: str) -> tuple[str, str]:  # noqa: F811
     """(ledger URL, outputs URL): a fresh database and a fresh bucket."""
-    return new_database_url(pg_server), new_bucket_url(moto_endpoint, "outputs")
+    return pg_server.new_database(), new_bucket_url(moto_endpoint, "outputs")
 
 
 def test_three_hosts_survive_a_kill_and_a_freeze(tmp_path: Path,
@@ -173,8 +173,7 @@ def test_a_server_that_acknowledges_before_flushing_is_refused(shared: tuple[str
                                                                ) -> None:
     ledger_url, out = shared
     name = ledger_url.rsplit("/", 1)[1]
-    with psycopg.connect(pg_server.url(), autocommit=True) as admin:
-        admin.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")  # type: ignore[arg-type]
+    pg_server.sql(f"ALTER DATABASE {name} SET synchronous_commit = off")
     result = invoke(["batch", "status", "--out", out, "--ledger", ledger_url])
     assert result.code != 0
     assert "synchronous_commit=off" in result.out + result.err
