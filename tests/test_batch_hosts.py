@@ -11,6 +11,7 @@ beyond one per record must be at most the requests those two had in flight.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,19 @@ def stopped(pid: int) -> bool:
         return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
+def freeze_holding(proc: subprocess.Popen[str], host: str, ledger_url: str) -> list[str]:
+    """SIGSTOP the worker at a moment it holds records (requests in flight); returns them."""
+    for _ in range(200):
+        proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: stopped(proc.pid), 10, "the SIGSTOP")
+        holding = held(ledger_url).get(host, [])
+        if holding:
+            return holding
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"{host} never held a record when stopped")
+
+
 @pytest.fixture
 def shared(pg_server: PgServer, moto_endpoint: str) -> tuple[str, str]:  # noqa: F811
     """(ledger URL, outputs URL): a fresh database and a fresh bucket."""
@@ -86,14 +100,10 @@ def test_three_hosts_survive_a_kill_and_a_freeze(tmp_path: Path,
         workers = [spawn([*args, "--host-id", f"host-{n}"], env) for n in range(3)]
         try:
             wait_until(lambda: done_count(ledger) >= 12, what="the first dozen records")
-            wait_until(lambda: all(held(ledger).get(f"host-{n}") for n in (0, 1)),
-                       what="hosts 0 and 1 both holding records")
-            workers[0].kill()
+            at_kill = freeze_holding(workers[0], "host-0", ledger)
+            workers[0].kill()  # frozen first, so what it held is exactly what it had in flight
             workers[0].wait(timeout=30)
-            at_kill = held(ledger).get("host-0", [])  # a dead worker's rows no longer change
-            workers[1].send_signal(signal.SIGSTOP)
-            wait_until(lambda: stopped(workers[1].pid), 10, "the SIGSTOP")
-            at_stop = held(ledger).get("host-1", [])
+            at_stop = freeze_holding(workers[1], "host-1", ledger)
             # host-2 must take over both lapsed leases while host-1 is frozen
             wait_until(lambda: not held(ledger).get("host-0") and not held(ledger).get("host-1"),
                        what="host-2 taking over the lapsed leases")
