@@ -83,8 +83,17 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
 
 
 def decode_partial(raw: bytes, where: str) -> Message:
+    """The partial reply in a sidecar: the last complete line of an append-only log.
+
+    Each flush appends one whole record and its newline; a last line without its
+    newline is a write that a crash cut off before it was acknowledged, so the
+    record before it stands. A file of one line without a newline is the older
+    single-document sidecar.
+    """
+    lines = raw.split(b"\n")
+    record = lines[-2] if len(lines) > 1 else lines[0]
     try:
-        doc = json.loads(raw)
+        doc = json.loads(record)
         check_schema(doc.get("schema"), where)
         return Message.model_validate(doc["message"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -93,8 +102,9 @@ def decode_partial(raw: bytes, where: str) -> Message:
 
 
 def encode_partial(conversation_id: str, msg: Message) -> bytes:
+    """One line of the sidecar (see decode_partial)."""
     return json.dumps({"schema": SCHEMA_VERSION, "conversation": conversation_id,
-                       "message": msg.model_dump()}, ensure_ascii=False).encode()
+                       "message": msg.model_dump()}, ensure_ascii=False).encode() + b"\n"
 
 
 def to_conversation(header: dict[str, Any], messages: list[Message],

@@ -1,7 +1,7 @@
 """The json store: one human-readable JSON file per conversation in a directory.
 
     DIR/<id>.json             the conversation (header line + one message per line)
-    DIR/.partials/<id>.json   the in-progress reply, O(reply) to rewrite while streaming
+    DIR/.partials/<id>.json   the in-progress reply: an append-only log, one fsync per flush
     DIR/.locks/<id>.lock      flock guarding every read-modify-write of <id>
     DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
 
@@ -40,6 +40,7 @@ from ._files import (
     sync_durably,
     temp_target,
 )
+from ._sidecar import SidecarLog
 from .base import CheckReport, Location, check_append, check_partial_commit, local_path
 
 Snapshot = tuple[dict[str, Any], list[str], list[Message]]
@@ -55,6 +56,7 @@ class JsonStore:
         self.url = url or f"json://{root}"
         self.recovery: list[str] = []
         self._cache: dict[str, tuple[tuple[int, int, int], Snapshot]] = {}
+        self._sidecar = SidecarLog()
 
     @classmethod
     def from_url(cls, url: str) -> JsonStore:
@@ -221,8 +223,10 @@ class JsonStore:
                 raise ConflictError(f"{self._file(conversation_id)}: partial reply for seq "
                                     f"{partial.seq}, but the next seq is {expected}",
                                     expected_seq=partial.seq - 1, actual_seq=expected - 1)
-            atomic_write(self._partial(conversation_id),
-                         doc.encode_partial(conversation_id, partial))
+            record = doc.encode_partial(conversation_id, partial)
+            if not self._sidecar.append(self._partial(conversation_id), record):
+                atomic_write(self._partial(conversation_id), record)
+                self._sidecar.wrote(self._partial(conversation_id))
 
     def clear_partial(self, conversation_id: str) -> None:
         with locked(self._lock(conversation_id)):
