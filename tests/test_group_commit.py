@@ -10,6 +10,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -62,7 +63,7 @@ def test_slow_writes_are_coalesced_and_every_shown_text_was_stored_first(
     for delta in chat.stream("a long answer"):
         shown += delta
         yields += 1
-        assert store.writes and store.writes[-1] == shown or shown == chat.messages[-1].content
+        assert (store.writes and store.writes[-1] == shown) or shown == chat.messages[-1].content
     elapsed = time.monotonic() - started
     reply = chat.messages[-1]
     assert reply.status == "complete" and shown == reply.content
@@ -72,8 +73,7 @@ def test_slow_writes_are_coalesced_and_every_shown_text_was_stored_first(
     assert elapsed < chunks * WRITE_DELAY * 0.75
     assert yields <= len(store.writes) + 1
     # the writes grow: each carries all that arrived during the one before
-    assert all(b.startswith(a) and len(b) > len(a) for a, b in zip(store.writes,
-                                                                   store.writes[1:]))
+    assert all(b.startswith(a) and len(b) > len(a) for a, b in pairwise(store.writes))
 
 
 def test_async_chat_coalesces_too(local_store_url: str, fake: FakeModel) -> None:
@@ -92,7 +92,7 @@ def test_async_chat_coalesces_too(local_store_url: str, fake: FakeModel) -> None
 
 def test_interrupt_during_a_slow_write_keeps_all_that_arrived(local_store_url: str,
                                                               fake: FakeModel) -> None:
-    chat, store = make_chat(local_store_url, fake)
+    chat, _store = make_chat(local_store_url, fake)
     gen = chat.stream("a long answer")
     shown = next(gen) + next(gen)
     time.sleep(0.1)  # more arrives while nobody reads
@@ -106,8 +106,7 @@ def test_interrupt_during_a_slow_write_keeps_all_that_arrived(local_store_url: s
 
 def events(items: list[object], fail: BaseException | None = None,
            gate: threading.Event | None = None) -> Iterator[object]:
-    for item in items:
-        yield item
+    yield from items
     if gate is not None:
         gate.wait(5)
     if fail is not None:
