@@ -426,3 +426,31 @@ def test_no_api_key_for_the_openai_default_is_a_clear_error_before_any_request(
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ModelError, match=r"no API key .* --model fake"):
         make_adapter()
+
+
+def test_dotenv_syntax_and_empty_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    Path(".env").write_text(
+        "# a comment\n\nexport CHATSTATE_MODEL='quoted model'\n"
+        'CHATSTATE_BASE_URL="http://dotenv.invalid/v1" # trailing comment\n'
+        "chatstate_max_retries=5  # lower-case name, inline comment\n"
+        "OPENAI_API_KEY=\n"  # empty: unset, as in .env.example
+        "not a variable line\n")
+    settings = ModelSettings()
+    assert settings.model == "quoted model"
+    assert settings.base_url == "http://dotenv.invalid/v1"
+    assert settings.max_retries == 5 and settings.api_key is None
+    monkeypatch.setenv("CHATSTATE_MODEL", "")  # empty in the environment: the .env value
+    assert ModelSettings().model == "quoted model"
+    monkeypatch.setenv("chatstate_model", "lower-env")
+    assert ModelSettings(timeout=5).model == "lower-env"
+
+
+def test_a_bad_value_or_unreadable_dotenv_is_a_clear_error() -> None:
+    from pydantic import ValidationError
+
+    Path(".env").write_text("CHATSTATE_MAX_RETRIES=lots\n")
+    with pytest.raises(ValidationError, match="max_retries"):
+        ModelSettings()
+    Path(".env").write_bytes(b"CHATSTATE_MODEL=\xff\xfe\n")
+    with pytest.raises(ValueError, match=r"\.env"):
+        ModelSettings()

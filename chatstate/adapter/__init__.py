@@ -5,8 +5,8 @@
     adapter.complete(messages)  -> Completion
     adapter.stream(messages)    -> str deltas ..., then one Completion
 
-Importing this package is cheap: httpx2, pydantic-settings and openai load
-only when an adapter is made (openai only for an SDK client).
+Importing this package is cheap: httpx2 and openai load only when an adapter
+is made (openai only for an SDK client).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # ModelSettings pulls in pydantic-settings; load it on first use only.
+    # ModelSettings builds a pydantic model; load it on first use only.
     if name == "ModelSettings":
         from .settings import ModelSettings
 

@@ -1,0 +1,62 @@
+"""Read configuration from the environment and a ``.env`` file, without pydantic-settings.
+
+Only what ModelSettings needs: variable names matched case-insensitively, empty
+values treated as unset (``OPENAI_API_KEY=`` in .env.example means "no key"),
+and the real environment ranked above the ``.env`` file as a whole. The
+``.env`` syntax is the common subset: ``KEY=value`` lines, an optional
+``export``, single or double quotes, ``#`` comments.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """The variables of a .env file (upper-cased names); {} if there is none."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"could not read {path.resolve()} ({exc}); fix or remove the file, "
+                         "or set the variables in the environment instead") from exc
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").lstrip()
+        name, sep, value = line.partition("=")
+        if not sep:
+            continue
+        value = value.strip()
+        quote = value[:1]
+        if quote in ("'", '"') and value.find(quote, 1) > 0:
+            value = value[1:value.find(quote, 1)]  # anything after the closing quote is a comment
+            if quote == '"':
+                value = value.replace("\\n", "\n")
+        else:
+            value = value.split(" #", 1)[0].rstrip()
+        out[name.strip().upper()] = value
+    return out
+
+
+def lookup(names: Mapping[str, Sequence[str]], dotenv: Path | None = Path(".env"),
+           environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """field -> value: the first of its variable names set (non-empty) in the
+    environment, else the first set in the .env file (read only if needed)."""
+    env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
+    file_vars: dict[str, str] | None = None
+    found: dict[str, str] = {}
+    for field, variables in names.items():
+        value = next((env[v] for v in variables if env.get(v)), None)
+        if value is None:
+            if file_vars is None:
+                file_vars = read_dotenv(dotenv) if dotenv is not None else {}
+            value = next((file_vars[v] for v in variables if file_vars.get(v)), None)
+        if value is not None:
+            found[field] = value
+    return found
