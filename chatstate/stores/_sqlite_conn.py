@@ -22,7 +22,7 @@ from urllib.parse import quote
 from ..errors import ChatstateError, CorruptTranscriptError, SchemaVersionError, StoreUnavailable
 from ._files import ensure_dir
 from ._sqlite_errors import translate
-from ._sqlite_schema import APPLICATION_ID, MIGRATIONS
+from ._sqlite_schema import APPLICATION_ID, MIGRATIONS, PAGE_SIZE
 
 
 class SqliteConnection:
@@ -109,6 +109,8 @@ class SqliteConnection:
                 self.recovery.append(f"{self.path} is on a network filesystem: WAL is unsafe "
                                      "there, using a rollback journal with synchronous=EXTRA")
             else:
+                if not tables:  # a new file: small pages, see _sqlite_schema (before WAL)
+                    db.execute(f"PRAGMA page_size={PAGE_SIZE}")
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")

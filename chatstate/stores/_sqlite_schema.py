@@ -1,6 +1,13 @@
 """SQLite schema: append-only, named migrations keyed on ``PRAGMA user_version``.
 
 Add a migration by appending a function; never edit one that has shipped.
+A migration's number is its position in MIGRATIONS (``user_version`` counts
+those applied), so merged branches keep their functions in name order.
+
+New databases get 1 KiB pages (``SqliteConnection``, before WAL is switched
+on: the page size of a WAL database is fixed). A turn appends two ~1 KiB rows,
+and SQLite writes every page a commit dirties to the WAL whole, so 4 KiB pages
+cost about three times the bytes per append; older files keep their page size.
 ``application_id`` marks the file as chatstate's, so a foreign database is
 refused instead of being written into.
 """
@@ -11,6 +18,7 @@ import sqlite3
 from collections.abc import Callable
 
 APPLICATION_ID = 0x43485354  # "CHST"
+PAGE_SIZE = 1024
 
 
 def m001_initial(db: sqlite3.Connection) -> None:
@@ -58,5 +66,12 @@ def m003_search_lazily(db: sqlite3.Connection) -> None:
                    "FROM message_text GROUP BY conversation_id")
 
 
+def m005_append_at_the_floor(db: sqlite3.Connection) -> None:
+    # Every append updated updated_at, so this index dirtied a page (a WAL frame,
+    # fsynced) per message; listing sorts the few conversation rows without it.
+    # Independent of m004 (blobs): it may run before or after it.
+    db.execute("DROP INDEX IF EXISTS conversations_updated")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    m001_initial, m002_search, m003_search_lazily]
+    m001_initial, m002_search, m003_search_lazily, m005_append_at_the_floor]
