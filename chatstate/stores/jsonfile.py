@@ -147,7 +147,9 @@ class JsonStore:
         if raw is None:
             raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
         header, messages = doc.decode(raw, str(path))
-        snap = (header, [doc.message_line(m) for m in messages], messages)
+        # the verified lines as read, when laid out as written: no re-serialising
+        lines = doc.stored_lines(raw, len(messages)) or [doc.message_line(m) for m in messages]
+        snap = (header, lines, messages)
         self._cache[cid] = (key, snap)
         return snap
 
