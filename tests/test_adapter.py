@@ -454,3 +454,24 @@ def test_a_bad_value_or_unreadable_dotenv_is_a_clear_error() -> None:
     Path(".env").write_bytes(b"CHATSTATE_MODEL=\xff\xfe\n")
     with pytest.raises(ValueError, match=r"\.env"):
         ModelSettings()
+
+
+def test_plain_settings_match_the_model_when_nothing_needs_validating(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's text-only configuration skips building ModelSettings; the values,
+    defaults included, are the same as the model's."""
+    from dataclasses import fields
+
+    from chatstate.adapter._env import PlainSettings, resolve
+
+    plain = resolve({"model": "m", "base_url": "http://127.0.0.1:9/v1"})
+    model = ModelSettings(model="m", base_url="http://127.0.0.1:9/v1")
+    assert isinstance(plain, PlainSettings)
+    names = [f.name for f in fields(PlainSettings) if f.name != "model_fields_set"]
+    assert sorted(names) == sorted(ModelSettings.model_fields)
+    assert {n: getattr(plain, n) for n in names} == model.model_dump()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary")
+    keyed = resolve({})
+    assert keyed.api_key.get_secret_value() == "sk-canary" and "sk-canary" not in repr(keyed)
+    monkeypatch.setenv("CHATSTATE_TIMEOUT", "5")  # a number: validated by the model
+    assert isinstance(resolve({}), ModelSettings) and resolve({}).timeout == 5.0

@@ -8,7 +8,9 @@
 The key is a ``SecretStr`` so it never shows in a repr, a log line or a traceback.
 The environment and ``.env`` are read by a small reader of our own (``_env``),
 not pydantic-settings, which cost ~50 ms of every `chatstate ask`'s start-up;
-the values are validated by this model as before.
+the values are validated by this model as before. ``make_adapter`` builds this
+model only when a value needs validating (``_env.resolve``): plain text from
+the CLI (model, base URL, key) goes around it.
 """
 
 from __future__ import annotations
@@ -17,22 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from ._env import lookup
+from ._env import DEFAULT_BASE_URL, DEFAULT_MODEL, VARIABLES, lookup
 
 __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "ModelSettings"]
-
-DEFAULT_MODEL = "gpt-4o-mini"
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
-
-# field -> the variables it is read from, first wins (CHATSTATE_* over OPENAI_*)
-VARIABLES = {
-    "model": ("CHATSTATE_MODEL",),
-    "base_url": ("CHATSTATE_BASE_URL", "OPENAI_BASE_URL"),
-    "api_key": ("CHATSTATE_API_KEY", "OPENAI_API_KEY"),
-    **{name: (f"CHATSTATE_{name.upper()}",) for name in (
-        "timeout", "connect_timeout", "max_retries", "backoff_base", "backoff_max",
-        "retry_after_max")},
-}
 
 
 class ModelSettings(BaseModel):

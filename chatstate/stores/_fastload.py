@@ -16,7 +16,7 @@ anything the exact path would refuse, and never refuse what it accepts.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
 
@@ -53,7 +53,7 @@ def canonical(item: dict[str, Any]) -> bytes | None:
         return None
 
 
-def first_break(messages: Sequence[Message], bodies: Sequence[bytes | None],
+def first_break(messages: Sequence[Message], bodies: Iterable[bytes | None],
                 prev: str | None = None, start: int = 0, *, exact: bool = False) -> int | None:
     """The first position whose seq or chain hash is wrong, else None.
 

@@ -63,7 +63,7 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
         messages = validate_items(items)
     except ValueError:  # pydantic's ValidationError: name the first bad message
         messages = [parse_message(item, where, index) for index, item in enumerate(items)]
-    bodies = [canonical(item) if isinstance(item, dict) else None for item in items]
+    bodies = (canonical(item) if isinstance(item, dict) else None for item in items)
     bad = first_break(messages, bodies)
     if bad is not None:
         raise CorruptTranscriptError(
