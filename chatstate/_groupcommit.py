@@ -47,6 +47,7 @@ class GroupCommit:
         self._ended = False
         self._stop = False
         self._done = False
+        self._waiting = False  # the turn's thread is waiting for text
         self._last_take = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="chatstate-stream-reader",
                                          daemon=True)
@@ -63,7 +64,17 @@ class GroupCommit:
                             self._chunks.append(event)
                     else:
                         self._final = event
-                    self._cond.notify()
+                    self._cond.notify_all()
+                    if self._waiting:
+                        # Hand over now: parsing a stream that is already buffered keeps
+                        # this thread busy, and the GIL would keep the waiting turn from
+                        # starting its write for milliseconds.
+                        self._cond.wait_for(lambda: not self._waiting or self._stop, 0.005)
+                    busy = not self._waiting
+                if busy:
+                    # The turn is writing: once its fsync returns it needs the GIL back,
+                    # which a parsing thread would keep for up to the switch interval.
+                    time.sleep(0)
         except BaseException as exc:  # handed to the turn's thread, which raises it
             with self._cond:
                 self._error = exc
@@ -99,7 +110,7 @@ class GroupCommit:
                         self._taken, self._last_take = len(text), time.monotonic()
                         return text
                     if self._final is None and not self._ended:
-                        self._cond.wait(wait)
+                        self._wait(wait)
                         continue
                 if self._error is not None:
                     self._done = True
@@ -109,8 +120,16 @@ class GroupCommit:
                     return self._final
                 if self._ended:
                     break
-                self._cond.wait()
+                self._wait(None)
             raise StopIteration
+
+    def _wait(self, timeout: float | None) -> None:
+        self._waiting = True
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._waiting = False
+            self._cond.notify_all()  # a reader handing over text waits for this
 
     def close(self) -> None:
         """Stop reading: the reader closes the model's stream at its next event."""
