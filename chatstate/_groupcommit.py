@@ -48,6 +48,7 @@ class GroupCommit:
         self._stop = False
         self._done = False
         self._waiting = False  # the turn's thread is waiting for text
+        self._first_write = False  # the first text was handed out and is being written
         self._last_take = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="chatstate-stream-reader",
                                          daemon=True)
@@ -65,16 +66,14 @@ class GroupCommit:
                     else:
                         self._final = event
                     self._cond.notify_all()
+                    # Parsing a stream that is already buffered keeps this thread busy,
+                    # and the GIL would hold up the turn's thread for milliseconds at
+                    # every step of its write. So: hand text to a waiting turn at once,
+                    # and let the first write run alone (later ones are coalesced).
                     if self._waiting:
-                        # Hand over now: parsing a stream that is already buffered keeps
-                        # this thread busy, and the GIL would keep the waiting turn from
-                        # starting its write for milliseconds.
                         self._cond.wait_for(lambda: not self._waiting or self._stop, 0.005)
-                    busy = not self._waiting
-                if busy:
-                    # The turn is writing: once its fsync returns it needs the GIL back,
-                    # which a parsing thread would keep for up to the switch interval.
-                    time.sleep(0)
+                    if self._first_write:
+                        self._cond.wait_for(lambda: not self._first_write or self._stop, 0.1)
         except BaseException as exc:  # handed to the turn's thread, which raises it
             with self._cond:
                 self._error = exc
@@ -102,15 +101,19 @@ class GroupCommit:
 
     def __next__(self) -> object:
         with self._cond:
+            if self._first_write:  # it is done: the reader may go on
+                self._first_write = False
+                self._cond.notify_all()
             while not self._done:
                 text = self._text()
                 if len(text) > self._taken:
                     wait = self._last_take + self._ceiling - time.monotonic()
                     if wait <= 0:  # what arrived before an error is still written first
+                        self._first_write = self._taken == 0
                         self._taken, self._last_take = len(text), time.monotonic()
                         return text
                     if self._final is None and not self._ended:
-                        self._wait(wait)
+                        self._cond.wait(wait)  # the ceiling: no hand-over wanted
                         continue
                 if self._error is not None:
                     self._done = True
