@@ -5,13 +5,15 @@ directory after the rename). Appending a whole record and its newline to a file
 this process wrote costs one, and a crash mid-append leaves a last line without
 its newline, which the reader ignores (``_jsondoc.decode_partial``). The file is
 rewritten atomically when it is new, when anyone else touched it since our last
-write (its inode, size or mtime differ), after a failed append (which may have
-left a torn tail), and when it grows past ``limit``, so it stays O(reply).
+write (its inode, size or mtime differ), after a failed append (which is cut off
+again, so the previous record stays the last line), and when it grows past
+``limit``, so it stays O(reply).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from pathlib import Path
 
 from ._files import os_error, write_all
@@ -47,13 +49,18 @@ class SidecarLog:
             return False
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-            try:
-                write_all(fd, record)
-                os.fsync(fd)
-                self._known[path] = _key(os.fstat(fd))
-            finally:
-                os.close(fd)
-        except OSError as exc:  # unknown tail: the next flush rewrites the file whole
-            self._known.pop(path, None)
+        except OSError as exc:
             raise os_error(exc, "write", path) from exc
+        try:
+            write_all(fd, record)
+            os.fsync(fd)
+            self._known[path] = _key(os.fstat(fd))
+        except OSError as exc:
+            # Not acknowledged: cut the record off again so the previous one stays the
+            # last line; should that fail too, the next flush rewrites the file whole.
+            with suppress(OSError):
+                os.ftruncate(fd, st.st_size)
+            raise os_error(exc, "write", path) from exc
+        finally:
+            os.close(fd)
         return True
