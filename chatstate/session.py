@@ -251,7 +251,9 @@ class Chat:
 
     def _history(self) -> list[dict[str, str]]:
         # The model never sees cut-off replies as if they were its final words.
-        return [m.to_openai() for m in self.conversation.messages if m.status == "complete"]
+        # Events (a framework's pop or clear) are records of the chain, not conversation.
+        return [m.to_openai() for m in self.conversation.messages
+                if m.status == "complete" and m.role != "event"]
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:

@@ -37,7 +37,9 @@ from .errors import CorruptTranscriptError, InvalidConversationId, SchemaVersion
 
 SCHEMA_VERSION = 1
 
-Role = Literal["system", "user", "assistant", "tool"]
+Role = Literal["system", "user", "assistant", "tool", "event"]
+"""``event`` marks a change to what a framework's session shows (an SDK ``pop_item``, a
+``clear_session``): it is recorded in the chain, never sent to a model."""
 Status = Literal["complete", "partial", "error", "unknown"]
 """``complete`` and ``partial`` (a cut-off reply) for any message; a ``tool`` result is
 ``error`` when the tool raised (or the call was invalid) and ``unknown`` when a
