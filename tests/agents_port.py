@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("agents", reason="the Agents SDK is not installed (chatstate[agents])")
 
-from agents import Runner  # noqa: E402
-from openai.types.responses import ResponseOutputMessage, ResponseOutputText  # noqa: E402
+from agents import Runner
+from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
-from chatstate.integrations.agents import ChatstateSession  # noqa: E402
+from chatstate.integrations.agents import ChatstateSession
 
 try:
     from agents.testing import ScriptedModel

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import cast
 
 import pytest
-from agents_port import get_text_message, make_session, run_agent_async, scripted_model
-
 from agents import Agent, RunConfig
 from agents.items import TResponseInputItem
 from agents.memory import SessionSettings
+from agents_port import get_text_message, make_session, run_agent_async, scripted_model
 
 __all__ = ["make_session"]
 RUNNERS = ["run", "run_sync", "run_streamed"]

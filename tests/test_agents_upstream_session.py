@@ -16,9 +16,9 @@ import asyncio
 from typing import Any
 
 import pytest
+from agents import Agent, RunConfig, SessionSettings, TResponseInputItem
 from agents_port import get_text_message, make_session, run_agent_async, scripted_model
 
-from agents import Agent, RunConfig, SessionSettings, TResponseInputItem  # noqa: E402
 from chatstate.errors import ChatstateError
 
 __all__ = ["make_session"]
@@ -287,7 +287,7 @@ async def test_session_callback_repeating_history_does_not_grow_session(runner_m
     def repeat_first(history, new_input):
         if not history:
             return new_input
-        return history + [history[0]] + new_input
+        return history + [history[0]] + new_input  # noqa: RUF005 (upstream)
 
     try:
         for turn in range(3):
@@ -401,7 +401,7 @@ async def test_session_add_items_exception_propagates_in_streamed(make_session):
         async for _event in result.stream_events():
             pass
 
-    with pytest.raises(RuntimeError, match="Simulated session.add_items failure"):
+    with pytest.raises(RuntimeError, match=r"Simulated session.add_items failure"):
         await asyncio.wait_for(consume_stream(), timeout=30.0)
     session.close()
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from agents import Agent, Runner, TResponseInputItem
 from agents_port import get_text_message, make_session, scripted_model
 
-from agents import Agent, Runner, TResponseInputItem
 from chatstate.errors import CorruptTranscriptError
 from chatstate.integrations.agents import ChatstateSession
 from chatstate.stores import open_store
@@ -273,7 +273,7 @@ async def test_add_items_concurrent_first_access_across_from_url_sessions_cross_
         try:
             barrier.wait(timeout=30)
             asyncio.run(session.add_items([{"role": "user", "content": content}]))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(s, c))

@@ -7,6 +7,7 @@ there first) load again and rebuild. A batch lands whole or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -73,10 +74,8 @@ class ItemLog:
     def _ensure(self, conv: Conversation) -> None:
         if conv.messages:
             return
-        try:
+        with contextlib.suppress(ConflictError):  # it exists: the append decides who wins
             self.store.create(conv)
-        except ConflictError:
-            pass  # it exists (maybe created just now): the append decides who wins
 
     # -- the operations ------------------------------------------------------------
     def add(self, items: Sequence[dict[str, Any]]) -> None:
