@@ -78,12 +78,14 @@ class ItemLog:
             self.store.create(conv)
 
     # -- the operations ------------------------------------------------------------
-    def add(self, items: Sequence[dict[str, Any]]) -> None:
+    def add(self, items: Sequence[dict[str, Any]],
+            derive: _items.Derive = _items.fields_of) -> None:
+        """Append every item in one compare-and-append (nothing if ``items`` is empty)."""
         plain = [_items.plain(item, f"{self.framework} session {self.id!r}") for item in items]
         if not plain:
             return
         turn_id = new_turn_id()
-        self.write(lambda conv: (_items.seal_items(conv.last, plain, turn_id), None))
+        self.write(lambda conv: (_items.seal_items(conv.last, plain, turn_id, derive), None))
 
     def pop(self) -> dict[str, Any] | None:
         def build(conv: Conversation) -> tuple[list[Message], dict[str, Any] | None]:

@@ -14,7 +14,7 @@ Nothing acknowledged is rewritten. Stdlib and chatstate only: no framework impor
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ChatstateError
@@ -76,12 +76,15 @@ def fields_of(item: dict[str, Any]) -> dict[str, Any]:
     return {"role": role, "content": text}
 
 
-def seal_items(prev: Message | None, items: Sequence[dict[str, Any]],
-               turn_id: str) -> list[Message]:
+Derive = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def seal_items(prev: Message | None, items: Sequence[dict[str, Any]], turn_id: str,
+               derive: Derive = fields_of) -> list[Message]:
     """Seal items as messages after ``prev`` (one batch, one append)."""
     out: list[Message] = []
     for item in items:
-        prev = Message.seal(prev, turn_id=turn_id, extra={KEY: item}, **fields_of(item))
+        prev = Message.seal(prev, turn_id=turn_id, extra={KEY: item}, **derive(item))
         out.append(prev)
     return out
 
