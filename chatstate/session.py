@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
+from .events import shown
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
 
 log = logging.getLogger("chatstate.session")
@@ -251,9 +252,9 @@ class Chat:
 
     def _history(self) -> list[dict[str, str]]:
         # The model never sees cut-off replies as if they were its final words.
-        # Events (a framework's pop or clear) are records of the chain, not conversation.
-        return [m.to_openai() for m in self.conversation.messages
-                if m.status == "complete" and m.role != "event"]
+        # Events (a framework's pop or clear) hide messages; they are never sent themselves.
+        return [m.to_openai() for m in shown(self.conversation.messages)
+                if m.status == "complete"]
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import ConflictError, ConversationNotFound
+from ..events import event_message
 from ..transcript import Conversation, Message, new_turn_id, validate_id
 from . import _items
 
@@ -92,7 +93,7 @@ class ItemLog:
             shown = _items.view(conv.messages)
             if not shown or shown[-1].extra is None:
                 return [], None
-            event = _items.seal_event(conv.last, "pop", new_turn_id(), shown[-1].seq)
+            event = event_message(conv.last, "pop", new_turn_id(), shown[-1].seq)
             return [event], shown[-1].extra[_items.KEY]
         return self.write(build)
 
@@ -100,7 +101,7 @@ class ItemLog:
         def build(conv: Conversation) -> tuple[list[Message], None]:
             if not _items.view(conv.messages):
                 return [], None
-            return [_items.seal_event(conv.last, "clear", new_turn_id())], None
+            return [event_message(conv.last, "clear", new_turn_id())], None
         self.write(build)
 
     def open_calls(self) -> list[dict[str, Any]]:

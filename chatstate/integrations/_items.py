@@ -6,8 +6,8 @@ dict) is stored as one Message whose ``extra[KEY]`` holds it verbatim; ``role``,
 search and the tool-loop's pairing, never read back. The item is in the hashed body,
 so kinds chatstate does not know are kept, and covered, all the same.
 
-Removing is appending: ``pop`` and ``clear`` are ``event`` messages naming what they
-remove. The view replays the chain: items in order, minus what events removed.
+Removing is appending: ``pop`` and ``clear`` are events (chatstate.events); the view
+is computed from the chain.
 Nothing acknowledged is rewritten. Stdlib and chatstate only: no framework import.
 """
 
@@ -18,12 +18,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ChatstateError
+from ..events import shown
 from ..transcript import Message, Role
 
 KEY = "item"
 """``extra[KEY]``: the framework's item, verbatim."""
-EVENT = "event"
-"""``extra[EVENT]``: ``{"op": "pop", "seq": N}`` or ``{"op": "clear"}``."""
 
 UNKNOWN_OUTPUT = ("outcome unknown: the process was interrupted before this call's result "
                   "was stored; the call may or may not have run")
@@ -89,27 +88,9 @@ def seal_items(prev: Message | None, items: Sequence[dict[str, Any]], turn_id: s
     return out
 
 
-def seal_event(prev: Message | None, op: str, turn_id: str, seq: int | None = None) -> Message:
-    body: dict[str, Any] = {"op": op} if seq is None else {"op": op, "seq": seq}
-    text = f"{op} item seq {seq}" if seq is not None else f"{op}: every earlier item hidden"
-    return Message.seal(prev, role="event", content=text, turn_id=turn_id,
-                        extra={EVENT: body})
-
-
 def view(messages: Sequence[Message]) -> list[Message]:
-    """The item messages the chain shows now: in order, minus what events removed."""
-    shown: dict[int, Message] = {}
-    for msg in messages:
-        extra = msg.extra or {}
-        if msg.role == "event" and isinstance(extra.get(EVENT), dict):
-            op = extra[EVENT]
-            if op.get("op") == "clear":
-                shown.clear()
-            elif op.get("op") == "pop":
-                shown.pop(op.get("seq", -1), None)
-        elif KEY in extra and msg.status == "complete":
-            shown[msg.seq] = msg
-    return list(shown.values())
+    """The item messages the chain shows now (see chatstate.events)."""
+    return [m for m in shown(messages) if KEY in (m.extra or {}) and m.status == "complete"]
 
 
 def paired(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
