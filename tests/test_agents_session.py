@@ -127,3 +127,19 @@ def test_chat_never_sends_events_to_the_model(tmp_path: Path) -> None:
     assert not any("pop item" in str(m.get("content")) for m in sent)
     assert sent[-1]["content"] == "next"
     session.close()
+
+
+def test_implements_the_sdk_session_protocol(store_url: str) -> None:
+    from agents.memory import session as sdk
+
+    session = ChatstateSession("proto", store=store_url, session_settings={"limit": 2})
+    assert isinstance(session, sdk.Session) and session.session_id == "proto"
+    accepts = getattr(sdk, "_session_accepts_wrapper", None)  # SDKs that pass ``wrapper``
+    if accepts is not None:
+        assert accepts(session)
+    run(session.add_items([{"role": "user", "content": str(i)} for i in range(3)]))
+    assert [i["content"] for i in run(session.get_items(wrapper=object()))] == ["1", "2"]
+    assert run(session.pop_item(wrapper=None)) == {"role": "user", "content": "2"}
+    run(session.clear_session(wrapper=None))
+    assert run(session.get_items(limit=None)) == []
+    session.close()
