@@ -20,6 +20,8 @@ from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
 from chatstate.integrations.agents import ChatstateSession
 
+set_tracing_disabled(True)  # traces would go to api.openai.com; nothing leaves 127.0.0.1
+
 try:
     from agents.testing import ScriptedModel
 except ImportError:  # older SDKs: the same in-process fake, from their own tests
