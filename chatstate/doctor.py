@@ -10,29 +10,24 @@ hostname, DEPLOY_ID of every open): two distinct boot ids mean it has come
 through one reboot.
 
 Nothing here prints a secret: URLs lose their credentials (``redact_url``) and
-any text bound for the user passes through ``scrub``, which removes the values
-of secret-looking environment variables whatever the text is.
+any text bound for the user passes through ``scrub`` (both from ``chatstate.redact``,
+re-exported here).
 """
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .durability import Report, host_identity, inspect
+from .redact import redact_url, scrub
 
 __all__ = ["DoctorReport", "StateRow", "Survived", "check_conversations", "diagnose",
            "history_path", "redact_url", "run", "scrub", "state_table", "survived",
            "unreachable"]
 
 DEFAULT_LIMIT = 1000
-SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|AUTH|PRIVATE", re.I)
-MIN_SECRET = 6  # shorter values are flags and names; replacing them would garble output
-REDACTED = "[redacted]"
 
 
 def history_path() -> Path:
@@ -40,34 +35,6 @@ def history_path() -> Path:
     from platformdirs import user_state_dir
 
     return Path(user_state_dir("chatstate")) / "history"
-
-
-# -- what may be printed --------------------------------------------------------------
-def redact_url(url: str) -> str:
-    """``url`` without a user:password part and without secret-looking query values."""
-    if "://" not in url:
-        return scrub(url)
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return REDACTED
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    query = urlencode([(k, REDACTED if SECRET_NAME.search(k) else v) for k, v in pairs],
-                      safe="/:[]")
-    # built by hand: urlunsplit would turn sqlite:///abs into sqlite:/abs
-    shown = f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-    return scrub(shown + (f"#{parts.fragment}" if parts.fragment else ""))
-
-
-def scrub(text: str) -> str:
-    """``text`` with the value of every secret-looking environment variable removed."""
-    for name, value in os.environ.items():
-        if len(value) >= MIN_SECRET and SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, REDACTED)
-    return text
 
 
 # -- the parts of a report ------------------------------------------------------------
@@ -129,6 +96,8 @@ class DoctorReport:
     recovery: list[str] = field(default_factory=list)
     durability: dict[str, Any] | None = None
     check: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    """The model endpoint check (``model_check.check_model_endpoint``), unless store-only."""
     conversations: ConversationCheck | None = None
     survived: Survived | None = None
     state: list[StateRow] = field(default_factory=list)
@@ -163,6 +132,18 @@ class DoctorReport:
             data["survived"]["reboots"] = self.survived.reboots
             data["survived"]["summary"] = self.survived.sentence()
         return data
+
+    def add_model_check(self, check: dict[str, Any]) -> None:
+        """Fold in ``model_check.check_model_endpoint``: unreachable makes it not ready."""
+        self.model = check
+        if check["configured"] and not check["ok"]:
+            self.problems.append(f"the model endpoint {check['endpoint']} is {check['detail']}"
+                                 "; `doctor --store-only` checks the store alone")
+            self.ready = False
+        elif not check["configured"]:
+            self.warnings.append(f"no model endpoint: {check['detail']}")
+        if check.get("warning"):
+            self.warnings.append(check["warning"])
 
 
 # -- the checks -----------------------------------------------------------------------
@@ -250,8 +231,9 @@ def unreachable(url: str, exc: BaseException) -> DoctorReport:
 
 
 def run(url: str | None = None, *, allow_ephemeral: bool = False,
-        limit: int = DEFAULT_LIMIT) -> DoctorReport:
-    """``chatstate doctor`` as a library call."""
+        limit: int = DEFAULT_LIMIT, store_only: bool = True) -> DoctorReport:
+    """``chatstate doctor`` as a library call; ``store_only=False`` checks the model
+    endpoint of the environment's settings too, as the command does by default."""
     from .errors import ChatstateError
     from .stores import default_store_url, open_store
 
@@ -259,11 +241,17 @@ def run(url: str | None = None, *, allow_ephemeral: bool = False,
     try:
         store = open_store(url, allow_ephemeral=allow_ephemeral)
     except ChatstateError as exc:
-        return unreachable(url, exc)
-    try:
-        return diagnose(store, limit=limit)
-    finally:
-        store.close()
+        report = unreachable(url, exc)
+    else:
+        try:
+            report = diagnose(store, limit=limit)
+        finally:
+            store.close()
+    if not store_only:
+        from .model_check import check_model_endpoint
+
+        report.add_model_check(check_model_endpoint())
+    return report
 
 
 # -- the durability table for chatstate's own state -------------------------------------

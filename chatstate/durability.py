@@ -33,6 +33,13 @@ DURABLE_FSTYPES = {
 NETWORK_FSTYPES = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "sshfs", "fuse.sshfs", "9p",
                    "ceph", "glusterfs", "fuse.glusterfs", "lustre", "afs"}
 EPHEMERAL_PREFIXES = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+PREFIX_WHY = {
+    "/tmp": "which is cleared on reboot on most systems.",
+    "/var/tmp": "which survives a reboot but is a temporary directory: systemd-tmpfiles "
+                "(or tmpreaper) deletes files there that are not used for some days.",
+    "/dev/shm": "which lives in memory and is lost on reboot.",
+    "/run": "which lives in memory and is lost on reboot.",
+}
 MOUNTINFO = "/proc/self/mountinfo"
 
 
@@ -161,7 +168,7 @@ def write_probe(directory: Path) -> str:
 def _path_rule(real: str) -> str | None:
     for prefix in EPHEMERAL_PREFIXES:
         if real == prefix or real.startswith(prefix + "/"):
-            return f"The path {real} is under {prefix}, which is cleared on reboot on most systems."
+            return f"The path {real} is under {prefix}, {PREFIX_WHY[prefix]}"
     return None
 
 

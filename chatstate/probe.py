@@ -28,7 +28,7 @@ from typing import Any
 from .doctor import redact_url, scrub
 from .durability import host_identity, inspect
 from .errors import ChatstateError
-from .stores._files import fsync_dir
+from .stores.fsutil import fsync_dir
 
 __all__ = ["PROBE_DB", "ProbeReportError", "diff", "load_report", "run", "store_dir"]
 

@@ -13,24 +13,37 @@ under the same turn id. A partial reply is never dropped: before a new reply is
 written for that turn (or a new turn starts) it is committed into the chain with
 status ``partial``.
 
+A new message after an interrupted turn is allowed: the unanswered turn stays in
+the transcript but is left out of what is sent, so the model always sees user and
+assistant alternating (strict chat templates reject two user messages in a row).
+A reply the model stopped early (``finish_reason`` "length" or "content_filter")
+is stored complete, with its finish reason; ``retry()`` then asks the model to
+continue, as a new turn.
+
 Two writers on one conversation: appends are compare-and-append, so a writer
 whose view is stale loses and reloads. If the other writer's turn is complete
 it places its turn after it; if that turn is half done (no complete reply
 yet) it raises ConflictError and writes nothing, never splitting the turn. A
 partial reply is settled only if the store still holds exactly that partial:
 one that changed since it was loaded belongs to a live writer.
+
+With ``tools=[...]`` a turn runs the tool loop (chatstate.toolloop): a turn
+whose calls lack results, or whose results have no reply after them, is
+interrupted too, and ``interrupted.pending_calls`` names the calls.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import toolloop
 from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
-from .events import shown
+from .sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
+from .toolloop import PendingCall
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
 
 log = logging.getLogger("chatstate.session")
@@ -43,8 +56,13 @@ class Interrupted:
     turn_id: str
     user_message: Message | None
     partial: Message | None  # the stored in-progress reply, if any
+    pending_calls: tuple[PendingCall, ...] = ()  # tool calls still without a result
 
     def describe(self) -> str:
+        if self.pending_calls:
+            names = ", ".join(f"{c.name} ({c.id}{', started' if c.started else ''})"
+                              for c in self.pending_calls)
+            return f"turn {self.turn_id} has tool calls without results: {names}"
         if self.partial is not None:
             return (f"the reply to turn {self.turn_id} was cut off after "
                     f"{len(self.partial.content)} characters (kept as partial)")
@@ -64,7 +82,9 @@ class Chat:
                  title: str | None = None, base_url: str | None = None,
                  api_key: str | None = None, client: Any = None,
                  params: Mapping[str, Any] | None = None,
-                 flush_interval: float | None = None, allow_ephemeral: bool = False) -> None:
+                 flush_interval: float | None = None, allow_ephemeral: bool = False,
+                 context_window: int | None = None, max_tool_rounds: int = 8,
+                 on_tool: Callable[[Message], None] | None = None) -> None:
         if store is None or isinstance(store, str):
             from .stores import open_store
 
@@ -78,9 +98,14 @@ class Chat:
         self.adapter = adapter
         self.model = model or getattr(adapter, "model", None)
         self.params: dict[str, Any] = dict(params or {})
+        self.max_tool_rounds = max_tool_rounds
+        self.on_tool = on_tool
+        """Called with each tool-call message and each tool result, once it is stored."""
         self.flush_interval = (flush_interval if flush_interval is not None
                                else float(getattr(store, "partial_flush_interval", 0.0)))
         self.id = validate_id(conversation_id) if conversation_id else new_id()
+        self.context_window = context_window  # None: learned, else the built-in table
+        self.last_fit: Any = None  # what the last request sent (context.Fit)
         self._title = title
         self._system = system
         self.conversation = self._load()
@@ -108,6 +133,10 @@ class Chat:
         """The turn left without a complete reply, if the conversation ends in one."""
         conv = self.conversation
         last = conv.last
+        asking = toolloop.calls_message(conv)
+        if asking is not None:  # tool calls without results, or results without a reply
+            return Interrupted(asking.turn_id, _user_of(conv, asking.turn_id), conv.partial,
+                               tuple(toolloop.pending_calls(conv)))
         if conv.partial is not None:
             return Interrupted(conv.partial.turn_id, _user_of(conv, conv.partial.turn_id),
                                conv.partial)
@@ -115,6 +144,15 @@ class Chat:
             return Interrupted(last.turn_id, last, None)
         if last is not None and last.role == "assistant" and last.status == "partial":
             return Interrupted(last.turn_id, _user_of(conv, last.turn_id), None)
+        return None
+
+    @property
+    def cut_short(self) -> Message | None:
+        """The last reply, if the model stopped it early (token limit, content filter)."""
+        last = self.conversation.last
+        if (self.conversation.partial is None and last is not None
+                and last.role == "assistant" and last.finish_reason in CUT_REASONS):
+            return last
         return None
 
     def _ensure_created(self) -> None:
@@ -143,11 +181,12 @@ class Chat:
         if conv.partial is not None and conv.partial.seq <= messages[-1].seq:
             conv.partial = None
 
-    def _append_user(self, text: str, params: dict[str, Any]) -> Message:
+    def _append_user(self, text: str | list[dict[str, Any]],
+                     params: dict[str, Any]) -> Message:
         """Append the user's message; on a conflict, go after the other writer's whole turn."""
         for attempt in (1, 2):
             msg = self._seal(role="user", content=text, turn_id=new_turn_id(),
-                             params=params or None)
+                             params=storable(params) or None)
             try:
                 self._append([msg])
                 return msg
@@ -185,31 +224,48 @@ class Chat:
         self._append([partial])
 
     # -- public API --------------------------------------------------------------------
-    def send(self, text: str, **params: Any) -> Message:
-        """One turn, not streamed. Returns the reply, already durable."""
-        return self._consume(self._turn(text, params, streaming=False))
+    def send(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
+             tools: Sequence[Any] | None = None, **params: Any) -> Message:
+        """One turn, not streamed. Returns the reply, already durable.
 
-    def stream(self, text: str, **params: Any) -> Generator[str, None, None]:
+        ``text`` is a string or a list of content parts (see ``chatstate.content``);
+        ``attach`` adds images and files (paths, URLs, bytes or parts). ``tools``:
+        functions (or ``@chatstate.tool``s) the model may call; the turn runs the tool
+        loop until a reply without calls (see chatstate.toolloop).
+        """
+        return self._consume(self._turn(text, params, streaming=False, attach=attach,
+                                        tools=tools))
+
+    def stream(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
+               tools: Sequence[Any] | None = None, **params: Any) -> Generator[str, None, None]:
         """One streamed turn. Each delta is durable in the store before it is yielded."""
-        return self._turn(text, params, streaming=True)
+        return self._turn(text, params, streaming=True, attach=attach, tools=tools)
 
-    def retry(self, **params: Any) -> Message:
-        """Complete the interrupted turn under the same turn id (no second user message)."""
-        return self._consume(self._retry(params, streaming=False))
+    def retry(self, *, tools: Sequence[Any] | None = None, **params: Any) -> Message:
+        """Complete the interrupted turn under the same turn id (no second user message).
 
-    def retry_stream(self, **params: Any) -> Generator[str, None, None]:
-        return self._retry(params, streaming=True)
+        With no interrupted turn but a reply cut short (``cut_short``), ask the
+        model to continue it: a new turn whose message is ``CONTINUE_PROMPT``.
+
+        Pending tool calls are run with ``tools`` first, except a non-idempotent one
+        that may have started: it is answered "outcome unknown" and not run again.
+        """
+        return self._consume(self._retry(params, streaming=False, tools=tools))
+
+    def retry_stream(self, *, tools: Sequence[Any] | None = None,
+                     **params: Any) -> Generator[str, None, None]:
+        return self._retry(params, streaming=True, tools=tools)
 
     def set_title(self, title: str) -> None:
         self._ensure_created()
         self.store.set_header(self.id, title=title)
         self.conversation.title = title
 
-    def add_system(self, text: str) -> Message:
-        """Append a system message (a new instruction from here on)."""
+    def add_system(self, text: str, *, params: dict[str, Any] | None = None) -> Message:
+        """Append a system message (a new instruction from here on; a summary if marked)."""
         self._ensure_created()
         self._settle_partial()
-        msg = self._seal(role="system", content=text, turn_id=new_turn_id())
+        msg = self._seal(role="system", content=text, turn_id=new_turn_id(), params=params)
         self._append([msg])
         return msg
 
@@ -221,19 +277,27 @@ class Chat:
         assert last is not None and last.role == "assistant"
         return last
 
-    def _turn(self, text: str, params: dict[str, Any], *,
-              streaming: bool) -> Generator[str, None, None]:
+    def _turn(self, text: str | list[dict[str, Any]], params: dict[str, Any], *,
+              streaming: bool, attach: Iterable[Any] = (),
+              tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
+        body = _user_content(text, attach)
         self._ensure_created()
+        toolloop.abandon(self)  # calls left pending by an interrupted turn get their results
         self._settle_partial()
         merged = {**self.params, **params}
-        user = self._append_user(text, merged)
+        user = self._append_user(self._store_blobs(body), merged)
         if not self.conversation.title and self._title is None:
-            self._auto_title(text)
-        return self._reply(user.turn_id, merged, streaming)
+            self._auto_title(user.text or _first_name(body))
+        return self._reply(user.turn_id, merged, streaming, tools)
 
-    def _retry(self, params: dict[str, Any], *,
-               streaming: bool) -> Generator[str, None, None]:
+    def _retry(self, params: dict[str, Any], *, streaming: bool,
+               tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
         if self.interrupted is None:
+            cut = self.cut_short
+            if cut is not None:
+                user = _user_of(self.conversation, cut.turn_id)
+                return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
+                                                    **params}, streaming=streaming, tools=tools)
             raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
         self._settle_partial()
         turn = self.interrupted
@@ -242,7 +306,7 @@ class Chat:
                                 "interrupted turn meanwhile; there is nothing to retry")
         merged = {**self.params, **(turn.user_message.params or {} if turn.user_message
                                     else {}), **params}
-        return self._reply(turn.turn_id, merged, streaming)
+        return self._reply(turn.turn_id, merged, streaming, tools)
 
     def _auto_title(self, text: str) -> None:
         title = " ".join(text.split())[:60]
@@ -250,27 +314,71 @@ class Chat:
             self.store.set_header(self.id, title=title)
             self.conversation.title = title
 
-    def _history(self) -> list[dict[str, str]]:
-        # The model never sees cut-off replies as if they were its final words.
-        # Events (a framework's pop or clear) hide messages; they are never sent themselves.
-        return [m.to_openai() for m in shown(self.conversation.messages)
-                if m.status == "complete"]
+    def _history(self, turn_id: str, model: str | None = None,
+                 params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        # Complete messages only (the model never sees a cut-off reply as its final
+        # words; tool results that failed (error) or may not have run (unknown) it must
+        # see), less unanswered user messages of earlier failed turns (strict chat
+        # templates reject two user messages in a row), fitted to the context window
+        # (the fit is kept as self.last_fit), and never a call without its result or a
+        # result without its call.
+        from .context import keep_reference, request_for
 
-    def _reply(self, turn_id: str, params: dict[str, Any],
-               streaming: bool) -> Generator[str, None, None]:
-        """Generator: call the model, persist, then yield. The only place a turn is written."""
+        _, left_out = sendable(self.conversation.messages, turn_id, keep_reference)
+        if left_out:
+            log.info("%s: not sending unanswered user message(s) at seq %s", self.id,
+                     ", ".join(map(str, left_out)))
+        return toolloop.well_formed(request_for(self, model, params, exclude=left_out,
+                                                blob=self._inline_blob))
+
+    def _call(self, turn_id: str, model: str | None, params: dict[str, Any],
+              streaming: bool) -> Any:
+        """The adapter call, refitted and retried once if the provider names its window."""
+        from .context import call_fitted, learn, peek
+
+        def call(history: list[dict[str, Any]]) -> Any:
+            if streaming:
+                return peek(self.adapter.stream(history, model=model, params=params or None))
+            return self.adapter.complete(history, model=model, params=params or None)
+        return call_fitted(lambda: self._history(turn_id, model, params), call,
+                           lambda window: learn(self, model, window))
+
+    def _store_blobs(self, content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        """Large images and files go to the store's blob area, durably, before the message."""
+        from .content import store_parts
+
+        return store_parts(self.store, content)
+
+    def _inline_blob(self, part: dict[str, Any]) -> dict[str, Any]:
+        """A stored part's blob as a data URL for the request (digest checked)."""
+        from .content import inline_part
+
+        return inline_part(part, self.store.get_blob(part["blob"]["sha256"]))
+
+    def _reply(self, turn_id: str, params: dict[str, Any], streaming: bool,
+               tools: Sequence[Any] | None) -> Generator[str, None, None]:
+        """Generator: the turn's model and tool rounds. The only place a turn is written."""
+        return toolloop.drive(self, turn_id, params, streaming, tools)
+
+    def _notify(self, message: Message) -> None:
+        if self.on_tool is not None:
+            self.on_tool(message)
+
+    def _model_round(self, turn_id: str, params: dict[str, Any],
+                     streaming: bool) -> Generator[str, None, None]:
+        """Generator: call the model, persist, then yield."""
         from .adapter import Completion
 
-        history, model = self._history(), params.pop("model", None) or self.model
+        model = params.pop("model", None) or self.model
         if not streaming:
-            done = self.adapter.complete(history, model=model, params=params or None)
-            yield self._commit(turn_id, done)
+            done = self._call(turn_id, model, params, streaming)
+            yield self._commit(turn_id, done, "", model)
             return
         shown, pending, last_flush = "", "", time.monotonic()
         try:
-            for event in self.adapter.stream(history, model=model, params=params or None):
+            for event in self._call(turn_id, model, params, streaming):
                 if isinstance(event, Completion):
-                    rest = self._commit(turn_id, event, shown)
+                    rest = self._commit(turn_id, event, shown, model)
                     pending = ""  # committed whole: nothing is left to keep as partial
                     if rest:
                         yield rest
@@ -295,18 +403,62 @@ class Chat:
                              status="partial", model=model)
         try:
             self.store.save_partial(self.id, partial)
-        except ChatstateError:
+        except ChatstateError as exc:
             if not quiet:
                 raise
+            log.warning("%s: could not keep the interrupted reply (%d chars at seq %d) as a "
+                        "partial: %s", self.id, len(text), partial.seq, exc)
             return
         self.conversation.partial = partial
 
-    def _commit(self, turn_id: str, done: Any, shown: str = "") -> str:
+    def _commit(self, turn_id: str, done: Any, shown: str = "",
+                requested: str | None = None) -> str:
         """Append the complete reply; return the part of it not yet yielded."""
+        finish = done.finish_reason if done.finish_reason not in (None, "stop") else None
         reply = self._seal(role="assistant", content=done.text, turn_id=turn_id,
-                           model=done.model, usage=done.usage)
+                           model=done.model, usage=done.usage, finish_reason=finish,
+                           requested_model=requested if requested != done.model else None,
+                           tool_calls=getattr(done, "tool_calls", None),
+                           extra=getattr(done, "extra", None))
         self._append([reply])
-        return done.text[len(shown):] if done.text.startswith(shown) else ""
+        if done.text.startswith(shown):
+            return str(done.text[len(shown):])
+        self._note_divergent(reply.seq, len(shown))
+        return ""
+
+    def _note_divergent(self, seq: int, shown_chars: int) -> None:
+        """The final reply does not extend what was shown: say so, and keep the fact."""
+        log.warning("%s: the final reply at seq %d does not extend the %d chars already shown; "
+                    "the stored reply is the final one (see `chatstate replay`)", self.id, seq,
+                    shown_chars)
+        metadata = dict(self.conversation.metadata)
+        metadata["divergent_replies"] = [*metadata.get("divergent_replies", []),
+                                         {"seq": seq, "shown_chars": shown_chars}]
+        try:
+            self.store.set_header(self.id, metadata=metadata)
+        except ChatstateError as exc:  # the reply is stored; only the note is missing
+            log.warning("%s: could not record the divergent reply in the metadata: %s",
+                        self.id, exc)
+            return
+        self.conversation.metadata = metadata
+
+
+def _user_content(text: str | list[dict[str, Any]],
+                  attach: Iterable[Any]) -> str | list[dict[str, Any]]:
+    if isinstance(text, str) and not attach:
+        return text  # the plain-text turn needs no import
+    from .content import content
+
+    return content(text, attach)
+
+
+def _first_name(content: str | list[dict[str, Any]]) -> str:
+    """A title for a turn without text: the first attachment's name."""
+    for part in content if isinstance(content, list) else ():
+        name = part.get("name") or (part.get("file") or {}).get("filename")
+        if name:
+            return str(name)
+    return ""
 
 
 def _user_of(conv: Conversation, turn_id: str) -> Message | None:
@@ -314,3 +466,4 @@ def _user_of(conv: Conversation, turn_id: str) -> Message | None:
         if msg.turn_id == turn_id and msg.role == "user":
             return msg
     return None
+

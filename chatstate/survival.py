@@ -27,7 +27,7 @@ from typing import Any
 
 from .durability import host_identity
 from .errors import ChatstateError
-from .stores._files import fsync_dir, write_all
+from .stores.fsutil import fsync_dir, write_all
 
 __all__ = ["FILE_NAME", "SurvivalError", "SurvivalFileMissing", "Verification", "verify",
            "write"]

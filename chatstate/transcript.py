@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -35,7 +35,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The newest document schema this code reads. A document is written as schema 2 only
+when it holds something 0.1 cannot read (see ``schema_for``); anything else is still
+written as schema 1, so 0.1 keeps reading plain conversations, and refuses rich ones
+with its "written by a newer chatstate" error instead of calling them damaged."""
 
 Role = Literal["system", "user", "assistant", "tool", "event"]
 """``event`` marks a change to what a framework's session shows (an SDK ``pop_item``, a
@@ -48,7 +52,10 @@ non-idempotent tool was interrupted and may or may not have run."""
 Content = str | list[dict[str, Any]]
 
 # Added in 0.2: omitted from the hashed body while None, so old hashes stay valid.
-OPTIONAL_FIELDS = ("tool_calls", "tool_call_id", "name", "extra")
+OPTIONAL_FIELDS = ("tool_calls", "tool_call_id", "name", "extra", "finish_reason",
+                   "requested_model")
+# Token counts, with one level of detail ("prompt_tokens_details": {"cached_tokens": 3}).
+Usage = dict[str, "int | dict[str, int]"]
 
 _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -103,7 +110,7 @@ class Message(BaseModel):
     turn_id: str
     status: Status = "complete"
     model: str | None = None
-    usage: dict[str, int] | None = None
+    usage: Usage | None = None
     params: dict[str, Any] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     """Assistant tool calls as chat-completions sends them:
@@ -115,6 +122,10 @@ class Message(BaseModel):
     extra: dict[str, Any] | None = None
     """Other fields the provider returned that a later request needs (``refusal``,
     ``reasoning``, ...), kept as they came."""
+    finish_reason: str | None = None
+    """Why the model stopped, when it was not a normal stop ("length", "content_filter")."""
+    requested_model: str | None = None
+    """The model the request named, when the server reported a different one in ``model``."""
     hash: str = ""
 
     @field_validator("content")
@@ -143,17 +154,28 @@ class Message(BaseModel):
         unset = {f for f in OPTIONAL_FIELDS if getattr(self, f) is None}
         return canonical_json(self.model_dump(exclude={"hash", *unset}))
 
+    def stored(self) -> dict[str, Any]:
+        """The message as documents store it: the hashed body plus ``hash``."""
+        unset = {f for f in OPTIONAL_FIELDS if getattr(self, f) is None}
+        return self.model_dump(exclude=unset)
+
+    def needs_schema_2(self) -> bool:
+        """Does this message hold anything a 0.1 reader would reject?"""
+        return not isinstance(self.content, str) or self.status in ("error", "unknown") or \
+            any(getattr(self, f) is not None for f in OPTIONAL_FIELDS)
+
     def expected_hash(self, prev_hash: str | None) -> str:
         return chain_hash(prev_hash, self.body())
 
     @classmethod
     def seal(cls, prev: Message | None, *, role: Role, content: Content, turn_id: str,
              status: Status = "complete", model: str | None = None,
-             usage: dict[str, int] | None = None, params: dict[str, Any] | None = None,
+             usage: Usage | None = None, params: dict[str, Any] | None = None,
              created_at: str | None = None, **fields: Any) -> Message:
         """Build the next message after ``prev`` with its seq and chain hash filled in.
 
-        ``fields`` are the 0.2 fields (``tool_calls``, ``tool_call_id``, ``name``, ``extra``).
+        ``fields`` are the OPTIONAL_FIELDS (``tool_calls``, ``tool_call_id``, ``name``,
+        ``extra``, ``finish_reason``, ``requested_model``).
         """
         draft = cls(seq=0 if prev is None else prev.seq + 1, role=role, content=content,
                     created_at=created_at or now_iso(), turn_id=turn_id, status=status,
@@ -253,6 +275,11 @@ def verify_chain(messages: list[Message], prev_hash: str | None = None,
             return position
         prev_hash = msg.hash
     return None
+
+
+def schema_for(messages: Iterable[Message | None]) -> int:
+    """The schema to write a document holding ``messages`` with (1 unless 0.2 fields are used)."""
+    return 2 if any(m is not None and m.needs_schema_2() for m in messages) else 1
 
 
 def check_schema(version: object, where: str) -> None:

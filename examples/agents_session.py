@@ -28,7 +28,7 @@ def get_weather(city: str) -> str:
 
 
 async def main(fake: FakeModel) -> None:
-    if hasattr(fake, "add_tool_rule"): fake.add_tool_rule(contains="weather", calls=[{"name": "get_weather",
+    fake.add_tool_rule(contains="weather", calls=[{"name": "get_weather",
                                                    "arguments": {"city": "Paris"}}])
     client = AsyncOpenAI(base_url=fake.base_url, api_key="offline", max_retries=0)
     agent = Agent(name="weather", instructions="Answer briefly.", tools=[get_weather],

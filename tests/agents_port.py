@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("agents", reason="the Agents SDK is not installed (chatstate[agents])")
 
-from agents import Runner
+from agents import Runner, set_tracing_disabled
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
 from chatstate.integrations.agents import ChatstateSession

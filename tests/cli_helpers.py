@@ -112,13 +112,17 @@ FRESH_PROMPT = re.compile(r"\x1b\[\?2004h[^\n]*?you>")
 
 
 class ReplSession:
-    """``chatstate --store STORE chat --model fake ARGS`` on a pseudo-terminal."""
+    """``chatstate --store STORE chat --model fake ARGS`` on a pseudo-terminal.
+
+    ``--raw`` unless ``markdown``: most tests read the streamed text as it arrives.
+    """
 
     def __init__(self, store: str, env: dict[str, str], *args: str,
-                 timeout: float = 30) -> None:
+                 timeout: float = 30, markdown: bool = False) -> None:
         self.log = io.StringIO()
+        raw = [] if markdown else ["--raw"]
         self.child = pexpect.spawn(CHATSTATE, ["--store", store, "chat", "--model", "fake",
-                                               *args], env=env, encoding="utf-8",
+                                               *raw, *args], env=env, encoding="utf-8",
                                    timeout=timeout, dimensions=(50, 200))
         self.child.logfile_read = self.log
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -90,3 +91,48 @@ def assert_acked_present(messages: Sequence[Message], acks: Sequence[tuple[int, 
         assert seq < len(messages), f"acknowledged seq {seq} lost (store has {len(messages)})"
         assert messages[seq].hash == h, f"acknowledged seq {seq} replaced by another message"
         assert hashes.count(h) == 1, f"acknowledged seq {seq} stored more than once"
+
+
+def tamper(url: str, store: Any, cid: str, seq: int) -> None:
+    """Edit message ``seq``'s content behind the store's back, the way each kind allows.
+
+    Made by ``seal_chain`` (content ``msg <seq>``); its stored hash is left as it was,
+    so the chain no longer verifies at ``seq``.
+    """
+    old, new = f'"msg {seq}"', f'"msg {seq}, edited"'
+    if scheme(url) == "json":
+        file = local_path(url) / f"{cid}.json"
+        text = file.read_text()
+        assert old in text
+        file.write_text(text.replace(old, new, 1))
+    elif scheme(url) == "sqlite":
+        db = sqlite3.connect(local_path(url))
+        with db:
+            changed = db.execute("UPDATE messages SET body=replace(body, ?, ?) WHERE "
+                                 "conversation_id=? AND seq=?", (old, new, cid, seq)).rowcount
+        db.close()
+        assert changed == 1
+    else:
+        key = f"conversations/{cid}/m/{seq:010d}.json"
+        blob = store.io.get(key)
+        assert blob is not None and old.encode() in blob.data
+        store.io.put(key, blob.data.replace(old.encode(), new.encode()))
+
+
+def stored_state(url: str, store: Any) -> dict[str, bytes]:
+    """Everything a conversation write could change (not the open records), to compare."""
+    if scheme(url) == "json":
+        return {k: v for k, v in snapshot(local_path(url)).items() if ".chatstate" not in k}
+    if scheme(url) == "sqlite":
+        db = sqlite3.connect(local_path(url))
+        try:
+            return {table: repr(db.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall())
+                    .encode() for table in ("conversations", "messages", "partials")}
+        finally:
+            db.close()
+    out = {}
+    for prefix in ("conversations", "index"):
+        for key, _ in store.io.keys(prefix):
+            blob = store.io.get(key)
+            out[key] = blob.data if blob is not None else b""
+    return out

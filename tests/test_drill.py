@@ -8,6 +8,7 @@ fake model in a thread here, exactly as a user's ``chatstate drill`` would.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,44 @@ def test_the_writer_imports_no_openai_sdk() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+REPORTING_STORE = '''
+"""A third-party store that reports its own leftovers (the optional Store protocol parts)."""
+import json
+from pathlib import Path
+
+from chatstate.stores.jsonfile import JsonStore
+
+
+class ReportingStore(JsonStore):
+    @classmethod
+    def from_url(cls, url):
+        return cls(Path(url.split("://", 1)[1]), url)
+
+    def leftovers(self, conversation_ids, counts):
+        return [f"reporting store: debris of {cid}" for cid in sorted(conversation_ids)][:1]
+
+    def forget(self, conversation_ids):
+        (self.root.parent / "forgotten.json").write_text(json.dumps(sorted(conversation_ids)))
+'''
+
+
+def test_drill_asks_a_third_party_store_for_its_own_leftovers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "reporting_store.py").write_text(REPORTING_STORE)
+    info = plugin / "reporting_store-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: reporting-store\n"
+                                   "Version: 0.0\n")
+    (info / "entry_points.txt").write_text("[chatstate.stores]\n"
+                                           "reporting = reporting_store:ReportingStore\n")
+    monkeypatch.syspath_prepend(str(plugin))
+    code, doc, err = drill(f"reporting://{tmp_path}/store", "--trials", "2", "--seed", "5",
+                           env={"PYTHONPATH": str(plugin)})
+    assert code == 1, (doc, err)
+    assert any(p.startswith("reporting store: debris of drill-") for p in doc["problems"]), doc
+    forgotten = json.loads((tmp_path / "forgotten.json").read_text())
+    assert forgotten and all(cid.startswith("drill-") for cid in forgotten)

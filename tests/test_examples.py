@@ -123,6 +123,53 @@ def test_every_example_is_short_and_documented(script: str) -> None:
     assert len(text.splitlines()) <= 60, "examples are quoted in docs/: keep them short"
 
 
+def test_vision(local_store_url: str, tmp_path: Path) -> None:
+    out = run("vision.py", local_store_url, cwd=tmp_path).stdout
+    assert "assistant> Echo: What is in this picture? [image/png " in out
+    (conv,) = conversations(local_store_url)
+    assert shape(conv) == TURN * 2
+    ref = conv.messages[0].blob_refs()[0]
+    assert ref["name"] == "noise.png" and ref["size"] > 64 * 1024
+    for number in (1, 2):  # both requests carried the image, whole
+        assert (f"request {number}: the model got image/png, {ref['size']} bytes, "
+                f"sha256 {ref['sha256'][:12]}…") in out
+    assert f"[image: noise.png, {ref['size'] / 1024:.1f} KiB, sha256 {ref['sha256']}]" in out
+    assert "4 messages, hash chain intact: True, 1 blob stored once, digest checked" in out
+
+
+def test_tools(local_store_url: str, tmp_path: Path) -> None:
+    out = run("tools.py", local_store_url, cwd=tmp_path).stdout
+    assert "  tool call   get_weather(" in out and "  tool call   send_email(" in out
+    assert "(interrupted while send_email ran)" in out
+    assert "send_email (call_" in out and ", started)" in out
+    assert "12 messages, chain intact: True" in out
+    (conv,) = conversations(local_store_url)
+    tools = [("tool", "complete"), ("tool", "partial")]  # a result; send_email's marker
+    assert shape(conv) == [("user", "complete"), ("assistant", "complete"), *tools,
+                           ("tool", "complete"), ("assistant", "complete"),
+                           ("user", "complete"), ("assistant", "complete"), *tools,
+                           ("tool", "unknown"), ("assistant", "complete")]
+    assert conv.messages[-1].content.endswith("may or may not have run; it was not run again")
+
+
+def test_the_tools_page_example_runs(local_store_url: str, tmp_path: Path) -> None:
+    """docs/tools.md's first Python block, run as it is written."""
+    page = (EXAMPLES.parent / "docs" / "tools.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "page_example.py"
+    script.write_text(code)
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, env={
+                                **{k: v for k, v in os.environ.items()
+                                   if not k.startswith(("CHATSTATE_", "OPENAI_"))},
+                                "CHATSTATE_STORE": local_store_url})
+    assert result.returncode == 0, result.stderr
+    assert "tool call> get_weather" in result.stdout
+    assert "assistant> Tool results: call_" in result.stdout
+    (conv,) = conversations(local_store_url)
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant"]
+
+
 # -- the pages: README.md and every docs/*.md, code blocks run as a reader would ----------
 #
 # Discovered, not listed: a page added to docs/ later is covered without touching this file.

@@ -235,6 +235,9 @@ def test_injected_errors(server: ForkServer, tmp_path: Path, kind: str, syscall:
         verdict = after_fault(sweep.url, CID, sweep.prev, rnd.acked, rnd.sealed)
         assert not verdict.problems, f"K={k}: {verdict.problems}\n{rnd.describe()}"
         landed += verdict.landed_unacked
+        if verdict.landed_unacked and rnd.status != 0:  # the error must not deny it landed
+            error = next(r for r in rnd.reports if "error" in r)["message"]
+            assert "unchanged" not in error, f"K={k}: {error}\n{rnd.describe()}"
         if not rnd.injected:
             break
         hits += 1

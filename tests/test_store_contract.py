@@ -25,6 +25,8 @@ from stores import (
     seal_chain,
     snapshot,
     spawn_writer,
+    stored_state,
+    tamper,
 )
 
 from chatstate.errors import (
@@ -392,3 +394,31 @@ def test_valid_but_odd_ids_survive_reopen(store_url: str) -> None:
         assert len(conv.messages) == 2 and conv.partial is not None, cid
     store.close()
 
+
+
+# -- damage is never written over --------------------------------------------------------
+
+
+def test_writes_onto_a_chain_that_does_not_verify_are_refused(store_url: str) -> None:
+    """append, save_partial and set_header check the chain first, on every store."""
+    store = open_store(store_url)
+    msgs = new_conversation(store, "c1", 3)
+    tamper(store_url, store, "c1", 1)
+    before = stored_state(store_url, store)
+    writers = [open_store(store_url)]  # another process, nothing cached
+    if scheme(store_url) != "s3":  # local stores also see it through their own cache
+        writers.append(store)
+    for writer in writers:
+        writes = {
+            "append": lambda w=writer: w.append("c1", seal_chain(1, msgs[-1])),
+            "save_partial": lambda w=writer: w.save_partial("c1", Message.seal(
+                msgs[-1], role="user", content="half", turn_id="t-1", status="partial")),
+            "set_header": lambda w=writer: w.set_header("c1", title="renamed"),
+        }
+        for name, write in writes.items():
+            with pytest.raises(CorruptTranscriptError) as info:
+                write()
+            assert info.value.position == 1, (name, str(info.value))
+        assert stored_state(store_url, store) == before
+    with pytest.raises(CorruptTranscriptError):
+        open_store(store_url).load("c1")

@@ -8,20 +8,18 @@ malformed replies (a proxy or a non-compatible server; waiting does not help).
 from __future__ import annotations
 
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import ModelError
+from ..redact import scrub
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 
-# Providers echo keys in 401 texts ("Incorrect API key provided: sk-ab***yz").
-_KEY_PATTERN = re.compile(r"\b(sk|rk)-[A-Za-z0-9_*\-]{8,}")
 
 
 class AttemptFailed(Exception):
@@ -32,7 +30,8 @@ class AttemptFailed(Exception):
 
     def __init__(self, kind: str, detail: str, *, status: int | None = None,
                  provider_message: str | None = None, retryable: bool = False,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None,
+                 overflow: tuple[int | None, int | None] | None = None) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
@@ -40,6 +39,8 @@ class AttemptFailed(Exception):
         self.provider_message = provider_message
         self.retryable = retryable
         self.retry_after = retry_after
+        self.overflow = overflow
+        """(context window, prompt tokens) when the provider said the prompt does not fit."""
 
 
 def is_retryable_status(status: int) -> bool:
@@ -102,15 +103,19 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
 
 
 def redact(text: str, secret: str | None) -> str:
-    """Remove the API key, and anything shaped like one, from text bound for a user."""
-    if secret:
-        text = text.replace(secret, "[redacted]")
-    return _KEY_PATTERN.sub(lambda m: f"{m.group(1)}-[redacted]", text)
+    """Remove the API key, anything shaped like one and URL credentials from user-bound text."""
+    return scrub(text, secret)
 
 
 def advice(failure: AttemptFailed, timeout: float | None) -> str:
-    """What the user can do about this failure."""
+    """What the user can do about this failure: one sentence, without its final stop."""
     status = failure.status
+    if failure.overflow is not None:
+        window, prompt = failure.overflow
+        size = f" ({prompt} tokens)" if prompt else ""
+        limit = f" of {window} tokens" if window else ""
+        return (f"the conversation{size} does not fit the model's context window{limit}: "
+                "start a new conversation (--new), or use a model with a larger window")
     if status == 401:
         return "check the API key (CHATSTATE_API_KEY or OPENAI_API_KEY)"
     if status == 403:
@@ -122,10 +127,10 @@ def advice(failure: AttemptFailed, timeout: float | None) -> str:
     if status is not None and status >= 500:
         return "the provider is failing: try again later"
     if status is not None:
-        return "the request was rejected: check the messages and parameters"
+        return ("the request was rejected and will be again as it is: check the messages, "
+                "the model name (CHATSTATE_MODEL) and the parameters")
     if failure.kind == "timeout":
-        limit = f" within {timeout:g}s" if timeout else ""
-        return f"the endpoint did not answer{limit}: raise CHATSTATE_TIMEOUT or try again later"
+        return timeout_advice(timeout)
     if failure.kind == "connect":
         return "check the base URL and the network (is the server running?)"
     if failure.kind == "malformed":
@@ -136,22 +141,52 @@ def advice(failure: AttemptFailed, timeout: float | None) -> str:
     return "try again later"
 
 
+def timeout_advice(timeout: float | None) -> str:
+    limit = f" within {timeout:g}s" if timeout else ""
+    return (f"the endpoint did not answer{limit}: if it is frozen, lower CHATSTATE_TIMEOUT "
+            "(seconds per attempt) or CHATSTATE_MAX_RETRIES to fail sooner; if it is only "
+            "slow, raise CHATSTATE_TIMEOUT")
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, whole up to ``limit`` characters, never cut inside a word or URL."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[:limit]
+    if flat[limit] != " " and " " in cut:
+        cut = cut[:cut.rindex(" ")]  # back to the last whole word (a URL stays whole or goes)
+    return cut.rstrip() + " …"
+
+
+def sentence(text: str) -> str:
+    """``text`` as a sentence: capitalised, ending with a full stop."""
+    text = text.strip()
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text[-1] in ".!?…" else text + "."
+
+
 def to_model_error(failure: AttemptFailed, *, attempts: int, endpoint: str,
                    secret: str | None, timeout: float | None,
                    shown_chars: int = 0) -> ModelError:
     """The ModelError for a failure that will not be retried (again)."""
+    from ._parse import MAX_PROVIDER_MESSAGE
+
     what = f"HTTP {failure.status}" if failure.status is not None else failure.detail
-    if failure.provider_message:
-        what += f" ({failure.provider_message})"
+    provider = failure.provider_message
+    if provider:
+        provider = one_line(redact(provider, secret), MAX_PROVIDER_MESSAGE)
+        what += f" ({provider})"
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     cut = (f"; the stream was cut after {shown_chars} characters"
            if shown_chars else "")
-    message = (f"model request to {endpoint} failed: {what}{tries}{cut}; "
-               f"{advice(failure, timeout)}")
-    provider = failure.provider_message
+    message = (f"model request to {endpoint} failed: {what}{tries}{cut}. "
+               f"{sentence(advice(failure, timeout))}")
     return ModelError(
         redact(message, secret),
         status=failure.status,
-        provider_message=redact(provider, secret) if provider is not None else None,
+        provider_message=provider,
         retryable=failure.retryable,
     )

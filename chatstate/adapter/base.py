@@ -11,6 +11,11 @@ retry rules, the Retry-After handling and the error texts exist once.
 A stream that drops after it started is retried too: the new stream must
 re-produce the text already yielded, which is swallowed; if it diverges the
 adapter raises rather than yield text that contradicts what the caller shows.
+
+Tool calls (requested with ``tools``/``tool_choice`` in ``params``) are not
+text: a stream never yields them piecemeal, only whole, in the final
+Completion, assembled from the one attempt that finished. So a retry cannot
+show half a call, and nothing of a call from a failed attempt survives.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ModelError
-from ._parse import StreamAccumulator, parse_completion
-from ._policy import AttemptFailed, RetryPolicy, to_model_error
+from ._parse import StreamAccumulator, Usage, parse_completion
+from ._policy import AttemptFailed, RetryPolicy, timeout_advice, to_model_error
 
 log = logging.getLogger("chatstate.adapter")
 
@@ -40,12 +45,20 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Completion:
-    """A whole reply: its text, the model that wrote it, token usage and why it stopped."""
+    """A whole reply: its text, the model that wrote it, token usage and why it stopped.
+
+    ``tool_calls`` are the calls the model asked for, in chat-completions form
+    (``{"id", "type": "function", "function": {"name", "arguments"}}``, arguments the
+    raw JSON string as sent); ``extra`` holds other message fields a later request
+    may need (``refusal``, ``reasoning``), as the provider sent them.
+    """
 
     text: str
     model: str | None
-    usage: dict[str, int] | None
+    usage: Usage | None
     finish_reason: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] | None = None
 
 
 @runtime_checkable
@@ -55,16 +68,17 @@ class ModelAdapter(Protocol):
     model: str
     """The model used when a call does not name one."""
 
-    def complete(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+    def complete(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> Completion:
         """Return the whole reply, retrying transient failures; raise ModelError when out."""
         ...
 
-    def stream(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+    def stream(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
         """Yields text deltas (str) and, last, one Completion whose text is the whole reply.
 
-        The deltas concatenate to ``Completion.text``. A retried stream never
+        The deltas concatenate to ``Completion.text``; tool calls come only whole,
+        in the Completion. A retried stream never
         yields a character twice, and never yields text that contradicts what
         was already yielded: it raises ModelError(retryable=True) instead.
         """
@@ -114,7 +128,7 @@ class RetryingAdapter:
     def close(self) -> None:
         self.backend.close()
 
-    def complete(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+    def complete(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> Completion:
         body = self._body(messages, model, params, stream=False)
 
@@ -126,7 +140,7 @@ class RetryingAdapter:
                 return item
         raise AssertionError("unreachable: _run always ends with a Completion")
 
-    def stream(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+    def stream(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
         body = self._body(messages, model, params, stream=True)
 
@@ -145,7 +159,7 @@ class RetryingAdapter:
 
         return self._run(attempt)
 
-    def _body(self, messages: Sequence[Mapping[str, str]], model: str | None,
+    def _body(self, messages: Sequence[Mapping[str, Any]], model: str | None,
               params: Mapping[str, Any] | None, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = dict(params or {})
         body["model"] = model or self.model
@@ -165,7 +179,7 @@ class RetryingAdapter:
         text is matched against it: the matching prefix is swallowed, only the
         text beyond it is yielded, and a mismatch ends the call.
         """
-        shown = ""
+        shown, told_timeout = "", False
         for number in itertools.count(1):
             received = 0
             try:
@@ -185,8 +199,14 @@ class RetryingAdapter:
                     raise self._error(failure, number, len(shown)) from failure
                 # status and kind only: a provider's message could echo what it was sent
                 what = f"HTTP {failure.status}" if failure.status else failure.kind
-                log.warning("%s: attempt %d failed (%s); retrying in %.2f s",
-                            self.backend.endpoint, number, what, delay)
+                hint = ""
+                if failure.kind == "timeout" and not told_timeout:
+                    # said once: a frozen server otherwise costs (retries + 1) x timeout
+                    hint, told_timeout = f" ({timeout_advice(self.backend.timeout)})", True
+                log.warning("%s: attempt %d failed (%s)%s; %d attempts in all; "
+                            "retrying in %.2f s",
+                            self.backend.endpoint, number, what, hint,
+                            self.policy.max_retries + 1, delay)
                 self._sleep(delay)
         raise AssertionError("unreachable")
 

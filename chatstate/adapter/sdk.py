@@ -15,14 +15,15 @@ from typing import Any
 import httpx2
 import openai
 
-from ._parse import provider_message
+from ..redact import redact_url
+from ._parse import context_overflow, provider_message
 from ._policy import AttemptFailed, is_retryable_status, parse_retry_after
 
 __all__ = ["SdkBackend"]
 
 # Sent as keyword arguments; every other request field travels in extra_body,
 # so per-call params the SDK does not know yet still reach the server.
-_KWARGS = ("model", "messages", "stream", "stream_options")
+_KWARGS = ("model", "messages", "stream", "stream_options", "tools", "tool_choice")
 
 
 class SdkBackend:
@@ -37,7 +38,7 @@ class SdkBackend:
         else:
             client = client.with_options(max_retries=0)
         self._client = client
-        self.endpoint = str(client.base_url).rstrip("/") + "/chat/completions"
+        self.endpoint = redact_url(str(client.base_url).rstrip("/") + "/chat/completions")
         key = getattr(client, "api_key", None)
         self.secret = key if isinstance(key, str) else None
         configured = client.timeout
@@ -84,6 +85,7 @@ def _translate() -> Iterator[None]:
         raise AttemptFailed(
             "http", f"HTTP {status}", status=status,
             provider_message=provider_message(exc.body) or None,
+            overflow=context_overflow(exc.body),
             retryable=is_retryable_status(status),
             retry_after=parse_retry_after(exc.response.headers),
         ) from exc

@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx2
 
-from ._parse import provider_message
+from ..redact import redact_url
+from ._parse import context_overflow, provider_message
 from ._policy import AttemptFailed, is_retryable_status, parse_retry_after
 
 __all__ = ["WireBackend"]
@@ -27,7 +28,8 @@ class WireBackend:
     def __init__(self, base_url: str, api_key: str | None = None, *,
                  timeout: float | None = 60.0, connect_timeout: float = 10.0,
                  http_client: httpx2.Client | None = None) -> None:
-        self.endpoint = base_url.rstrip("/") + "/chat/completions"
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self.endpoint = redact_url(self._url)  # what messages show: never user:password
         self.secret = api_key
         self.timeout = timeout
         self._owns_client = http_client is None
@@ -46,13 +48,13 @@ class WireBackend:
 
     def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         with _translate():
-            response = self._client.post(self.endpoint, json=dict(body), headers=self._headers)
+            response = self._client.post(self._url, json=dict(body), headers=self._headers)
             _raise_for_status(response)
             return _decode(response.content, "response body")
 
     def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
         headers = {**self._headers, "Accept": "text/event-stream"}
-        with _translate(), self._client.stream("POST", self.endpoint, json=dict(body),
+        with _translate(), self._client.stream("POST", self._url, json=dict(body),
                                                headers=headers) as response:
             _raise_for_status(response)
             done = False
@@ -91,9 +93,10 @@ def _raise_for_status(response: httpx2.Response) -> None:
     if response.status_code < 400:
         return
     status = response.status_code
+    body = response.read()
     raise AttemptFailed(
         "http", f"HTTP {status}", status=status,
-        provider_message=provider_message(response.read()),
+        provider_message=provider_message(body), overflow=context_overflow(body),
         retryable=is_retryable_status(status),
         retry_after=parse_retry_after(response.headers),
     )

@@ -20,7 +20,12 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from ..stores.sqlite_setup import check_owner, configure
+from ._schema import APPLICATION_ID
+
 BUSY_TIMEOUT_MS = 30_000
+LEDGER_WHAT = "chatstate batch ledger"
+LEDGER_FIX = "Choose another --ledger."
 
 
 class Result:
@@ -50,15 +55,15 @@ class _Op:
 
 
 def connect(path: Path, *, network: bool) -> sqlite3.Connection:
+    """A connection to the ledger at ``path``; a foreign database is refused before any write."""
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                          check_same_thread=False)
-    db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-    if network:  # WAL needs shared memory that network filesystems lack
-        db.execute("PRAGMA journal_mode=DELETE")
-        db.execute("PRAGMA synchronous=EXTRA")
-    else:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
+    try:
+        check_owner(db, path, APPLICATION_ID, LEDGER_WHAT, LEDGER_FIX)
+        configure(db, path, network=network, busy_timeout_ms=BUSY_TIMEOUT_MS)
+    except BaseException:
+        db.close()
+        raise
     return db
 
 
@@ -67,7 +72,11 @@ class Database:
 
     def __init__(self, path: Path, *, network: bool) -> None:
         self._writer = connect(path, network=network)
-        self._reader = connect(path, network=network)
+        try:
+            self._reader = connect(path, network=network)
+        except BaseException:
+            self._writer.close()
+            raise
         self._read_lock = threading.Lock()
         self._cv = threading.Condition()
         self._queue: list[_Op] = []

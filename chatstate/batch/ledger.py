@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ChatstateError, SchemaVersionError
-from ..stores._files import ensure_dir
-from ..stores._sqlite_errors import translate
+from ..errors import ChatstateError
+from ..stores.fsutil import ensure_dir
+from ..stores.sqlite_setup import migrate, translate
 from ..transcript import now_iso
-from ._db import Database, Result
+from ._db import LEDGER_FIX, LEDGER_WHAT, Database, Result
 from ._schema import APPLICATION_ID, MIGRATIONS
 from .workers import Worker
 
@@ -108,21 +108,7 @@ class Ledger:
             yield db
 
     def _migrate(self, db: sqlite3.Connection) -> None:
-        app_id = db.execute("PRAGMA application_id").fetchone()[0]
-        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        if app_id != APPLICATION_ID and tables:
-            raise ChatstateError(f"{self.path} is a SQLite database but not a chatstate "
-                                 "batch ledger; it was not changed. Choose another --ledger.")
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(MIGRATIONS):
-            raise SchemaVersionError(
-                f"{self.path}: batch ledger schema {version} is newer than this chatstate "
-                f"knows ({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
-                where=str(self.path))
-        for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
-            migration(db)
-            db.execute(f"PRAGMA user_version={number}")
-        db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        migrate(db, self.path, MIGRATIONS, APPLICATION_ID, LEDGER_WHAT, LEDGER_FIX)
 
     # -- meta and workers --------------------------------------------------------
     def meta(self, key: str) -> str | None:

@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..stores._files import atomic_write, ensure_dir, fsync_dir, os_error
+from ..stores.fsutil import atomic_write, ensure_dir, fsync_dir, os_error
 
 SUFFIX = ".txt"
 QUARANTINE = ".quarantine"
 MAX_NAME = 200
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
-# What stores._files.temp_name makes: ".<target name>.tmp-<16 hex>"
+# What stores.fsutil.temp_name makes: ".<target name>.tmp-<16 hex>"
 TEMP_RE = re.compile(r"^\.(?P<target>.+)\.tmp-[0-9a-f]{16}$")
 
 
@@ -116,12 +116,14 @@ def quarantine(out_dir: Path, rel: str) -> str:
             try:
                 os.unlink(src)
             except OSError as exc:
-                raise os_error(exc, "quarantine", src) from exc
+                raise os_error(exc, "quarantine", src, outcome=f"A copy is already at {dest} "
+                               "and the original is still in place.") from exc
         try:
             fsync_dir(dest.parent)
             fsync_dir(src.parent)
         except OSError as exc:
-            raise os_error(exc, "fsync the quarantine of", src) from exc
+            raise os_error(exc, "fsync the quarantine of", src, outcome=f"It was moved to "
+                           f"{dest}, but the move is not known to be on stable storage.") from exc
         return dest_rel
     raise os_error(OSError(errno.EEXIST, "too many quarantined copies"), "quarantine", src)
 

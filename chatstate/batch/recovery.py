@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..stores._files import remove_durably
+from ..stores.fsutil import remove_durably
 from .ledger import Ledger, Row
 from .outputs import file_sha256, quarantine, scan
 from .workers import Liveness, liveness

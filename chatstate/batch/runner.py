@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ChatstateError
-from ..stores._files import ensure_dir
+from ..stores.fsutil import ensure_dir
 from . import outputs
 from ._work import SerialisedStore
 from .inputs import InputError, Record, read_records, records_from

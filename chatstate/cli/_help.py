@@ -22,12 +22,14 @@ Commands:
   ask          One turn, for scripts: prints only the reply.
   batch        Resumable batch runner.
   chat         The chat REPL.
+  compact      Summarise older turns; requests send the summary.
   demo         The main job, offline, in a few seconds.
   doctor       Readiness check that touches real state.
   drill        kill -9 a writer again and again; prove nothing acknowledged was
                lost.
   export       Write a conversation to a file.
   fake-server  Run the built-in fake OpenAI-compatible model.
+  fork         Copy a conversation's first messages into a new one.
   import       Import a transcript file.
   list         List conversations, newest first.
   migrate      Copy every conversation between stores.
@@ -39,4 +41,6 @@ Commands:
   search       Full-text search over transcripts.
   serve        OpenAI-compatible proxy that stores every conversation first.
   survival     Write/verify checksummed records across restarts.
+  templates    Saved system prompts: save, list, show, rm.
+  usage        Token usage (and cost, given prices) from the store.
 """

@@ -39,6 +39,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
               "conversation first."),
     "drill": ("chatstate.cli.drill_cmd", "drill", "kill -9 a writer again and again; prove "
               "nothing acknowledged was lost."),
+    "templates": ("chatstate.cli.daily_cmds", "templates", "Saved system prompts: save, "
+                  "list, show, rm."),
+    "fork": ("chatstate.cli.daily_cmds", "fork", "Copy a conversation's first messages into a "
+             "new one."),
+    "compact": ("chatstate.cli.daily_cmds", "compact", "Summarise older turns; requests send "
+                "the summary."),
+    "usage": ("chatstate.cli.daily_cmds", "usage", "Token usage (and cost, given prices) from "
+              "the store."),
 }
 
 

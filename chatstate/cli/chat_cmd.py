@@ -11,23 +11,34 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import click
 
+from ..replay_text import content_text
+from . import waiting
 from .common import Env
-from .render import neutralise
-from .turns import conversation_options, open_chat, valid_text
+from .daily import Daily, daily_options
+from .functions import functions_option, load_functions, tool_printer
+from .render import clip, neutralise
+from .repl_fork import ForkCommands
+from .turns import attach_option, attachments, conversation_options, open_chat, valid_text
 
 HELP = """commands:
   /help            this help
   /new             start a new conversation
   /history         show this conversation so far
   /retry           complete the interrupted turn
+  /continue        ask the model to go on with a reply cut at the token limit
   /model [NAME]    show or switch the model
   /system TEXT     add a system instruction
   /title [TEXT]    show or set the conversation title
   /export FILE     write the conversation as JSON
+  /compact         summarise the older turns (they stay stored; requests send the summary)
+  /fork            continue in a copy of this conversation (this one stays as it is)
+  /edit TEXT       ask again with TEXT instead of your last message, in a fork
+  /attach PATH     attach an image or file (or an image URL) to your next message
   /exit            leave (or Ctrl-D)
 Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 
@@ -35,20 +46,38 @@ Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 @click.command()
 @conversation_options
 @click.option("--no-stream", is_flag=True, help="Print each reply whole.")
+@daily_options
+@attach_option
+@functions_option
 @click.pass_obj
 def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
-         offline: bool, base_url: str | None, system: str | None, no_stream: bool) -> None:
-    """The chat REPL."""
+         offline: bool, base_url: str | None, system: str | None, no_stream: bool,
+         daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
+    """The chat REPL. --attach goes with the first message you send; with --functions,
+    each tool call and result is shown once stored."""
+    parts = attachments(attach)
+    tools = load_functions(functions)
+    system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as session:
-        Repl(session, stream=not no_stream).run()
+        daily.configure(session, params)
+        repl = Repl(session, stream=not no_stream, daily=daily, tools=tools)
+        repl.pending = parts
+        repl.run()
 
 
-class Repl:
-    def __init__(self, session: Any, *, stream: bool) -> None:
+class Repl(ForkCommands):
+    def __init__(self, session: Any, *, stream: bool, daily: Daily | None = None,
+                 tools: list[Any] | None = None) -> None:
         self.chat = session
         self.stream = stream
+        self.daily = daily or Daily()
+        self.told_fit: set[str] = set()  # conversations whose trimming was announced
+        self.tools = tools or None
+        self.printer: Any = None  # the reply being printed, if any
+        session.on_tool = tool_printer(self.tool_line)
         self.read = make_reader()
+        self.pending: list[dict[str, Any]] = []  # /attach: parts for the next message
         # A shell starts background jobs with SIGINT ignored, and that is inherited; the
         # REPL's Ctrl-C (cancel the reply in flight, keep the partial) needs it back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -79,7 +108,12 @@ class Repl:
             text = valid_text(line, "that input")
             if text.startswith("/"):
                 return self.command(text.strip())
-            self.render(partial(self.chat.stream, text), partial(self.chat.send, text))
+            turn = self.chat.interrupted
+            if turn is not None:
+                self.say(f"[{turn.describe()}: it is kept but not sent again]")
+            more, self.pending = {"attach": self.pending} if self.pending else {}, []
+            self.render(partial(self.chat.stream, text, tools=self.tools, **more),
+                        partial(self.chat.send, text, tools=self.tools, **more))
         except KeyboardInterrupt:
             self.say("[interrupted]")
         except (ChatstateError, click.UsageError, OSError) as exc:
@@ -94,36 +128,94 @@ class Repl:
         turn = c.interrupted
         if turn is not None:
             self.say(f"! the last turn was interrupted: {turn.describe()}. Type /retry to "
-                     "complete it.")
+                     "complete it. (A new message leaves it unanswered: kept, not sent.)")
             if turn.partial is not None:
                 tail = turn.partial.content
                 tail = tail if len(tail) <= 200 else "…" + tail[-200:]
                 self.say("  partial reply so far: " + neutralise(tail))
+        elif c.cut_short is not None:
+            self.note_cut()
 
-    def show(self, m: Any) -> None:
-        tag = " (partial)" if m.status == "partial" else ""
-        click.echo(f"{m.role}{tag}> {neutralise(m.content)}")
+    def show(self, m: Any, *, whole: bool = False) -> None:
+        """One message; long ones clipped (``chatstate replay`` prints them whole)."""
+        if m.role != "tool" and (m.text or not m.tool_calls):
+            tag = " (partial)" if m.status == "partial" else ""
+            tag += " (summary)" if (m.params or {}).get("summary") and m.role == "system" \
+                else ""
+            text = content_text(m.content)
+            text = text if whole else clip(text, f"chatstate replay {self.chat.id}")
+            click.echo(f"{m.role}{tag}> {neutralise(text)}")
+        if m.tool_calls or m.role == "tool":
+            tool_printer(click.echo)(m)
+
+    def tool_line(self, line: str) -> None:
+        """A tool call or result, printed when it is stored, on a line of its own; the
+        reply's text goes on under it."""
+        from .markdown import ReplyPrinter
+
+        if self.printer is not None and self.printer.text:
+            self.printer.close()
+            self.printer = ReplyPrinter(markdown=self.printer.markdown, prefix="assistant> ")
+        click.echo(line)
 
     def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:
         from ..errors import ChatstateError
+        from .markdown import ReplyPrinter, print_stats
 
+        spin = waiting.enabled()
+        self.printer = ReplyPrinter(markdown=self.daily.markdown(), prefix="assistant> ")
         try:
             if self.stream:
-                sys.stdout.write("assistant> ")
-                for delta in streamer():
-                    sys.stdout.write(neutralise(delta))
-                    sys.stdout.flush()
-                sys.stdout.write("\n")
+                for delta in waiting.until_first(streamer(), spin):
+                    self.printer.feed(delta)
             else:
-                self.show(sender())
+                with waiting.waiting(spin):
+                    reply = sender()
+                self.printer.feed(reply.text)
         except KeyboardInterrupt:
-            sys.stdout.write("\n")
+            self._abort(self.printer)
             self.say("[interrupted: the partial reply is kept; /retry completes the turn]")
         except ChatstateError as exc:
-            sys.stdout.write("\n")
+            from ..errors import ModelError
+
+            self._abort(self.printer)
             self.say(f"error: {exc}")
-            if self.chat.interrupted is not None:
+            if self.chat.interrupted is None:
+                return
+            if isinstance(exc, ModelError) and not exc.retryable:
+                self.say("[your message is stored without a reply; as it is, /retry would "
+                         "fail the same way: change what the error names (/model), or type "
+                         "a new message (the unanswered one is kept but not sent again)]")
+            else:
                 self.say("[your message is stored; /retry completes the turn]")
+        else:
+            self.printer.close()
+            if self.printer.markdown and not self.daily.quiet:
+                print_stats(self.printer.stats(self.chat.messages[-1].usage))
+            self.note_cut()
+        finally:
+            self.printer = None
+        self.tell_fit()
+
+    def _abort(self, printer: Any) -> None:
+        printer.abort()
+        if not printer.markdown:
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    def tell_fit(self) -> None:
+        """Once per conversation: that older messages were left out of the request."""
+        fit = self.chat.last_fit
+        if fit is not None and fit.trimmed and self.chat.id not in self.told_fit:
+            self.told_fit.add(self.chat.id)
+            self.say(fit.describe())
+
+    def note_cut(self) -> None:
+        from ..sendable import CUT_REASONS
+
+        cut = self.chat.cut_short
+        if cut is not None:
+            self.say(f"[{CUT_REASONS[cut.finish_reason]}; /continue asks the model to go on]")
 
     def command(self, line: str) -> str | None:
         name, _, arg = line.partition(" ")
@@ -157,10 +249,26 @@ class Repl:
             self.show(self.chat.conversation.partial)
 
     def do_retry(self, _: str) -> None:
-        if self.chat.interrupted is None:
+        if self.chat.interrupted is None and self.chat.cut_short is None:
             self.say("nothing to retry: the last turn is complete")
         else:
+            self.render(partial(self.chat.retry_stream, tools=self.tools),
+                        partial(self.chat.retry, tools=self.tools))
+
+    def do_continue(self, _: str) -> None:
+        if self.chat.interrupted is not None:
+            self.say("the last turn was interrupted: /retry completes it")
+        elif self.chat.cut_short is None:
+            self.say("nothing to continue: the last reply was not cut short")
+        else:
             self.render(self.chat.retry_stream, self.chat.retry)
+
+    def do_attach(self, arg: str) -> None:
+        from ..replay_text import part_text
+
+        (part,) = attachments([arg])
+        self.pending.append(part)
+        self.say(f"attached {part_text(part)}; it goes with your next message")
 
     def do_model(self, arg: str) -> None:
         if arg:
@@ -179,20 +287,22 @@ class Repl:
     def do_export(self, target: str) -> None:
         from pathlib import Path
 
-        from ..stores._files import atomic_write
+        from ..stores.fsutil import atomic_write
         from ..transfer import export_json
 
         path = Path(target).expanduser().absolute()
-        atomic_write(path, export_json(self.chat.store.load(self.chat.id)).encode())
+        atomic_write(path, export_json(self.chat.store.load(self.chat.id),
+                                       self.chat.store).encode())
         self.say(f"exported to {path}")
 
 
 # name -> (Repl method, what the argument is when one is required)
 COMMANDS: dict[str, tuple[str, str | None]] = {
     "/help": ("do_help", None), "/new": ("do_new", None), "/history": ("do_history", None),
-    "/retry": ("do_retry", None), "/model": ("do_model", None),
+    "/retry": ("do_retry", None), "/continue": ("do_continue", None), "/model": ("do_model", None),
     "/system": ("do_system", "TEXT"), "/title": ("do_title", None),
-    "/export": ("do_export", "FILE"),
+    "/export": ("do_export", "FILE"), "/compact": ("do_compact", None),
+    "/fork": ("do_fork", None), "/edit": ("do_edit", "TEXT"), "/attach": ("do_attach", "PATH"),
 }
 
 
@@ -209,10 +319,7 @@ def make_reader() -> Callable[[], str]:
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.key_binding import KeyBindings
 
-    from ..doctor import history_path
-
-    path = history_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = private_history_file()
     keys = KeyBindings()
 
     @keys.add("escape", "enter")
@@ -222,3 +329,20 @@ def make_reader() -> Callable[[], str]:
     session: PromptSession[str] = PromptSession(history=FileHistory(str(path)),
                                                 key_bindings=keys, multiline=False)
     return lambda: session.prompt("you> ")
+
+
+def private_history_file() -> Any:
+    """The REPL's history file, created 0600 in a 0700 directory before prompt_toolkit
+    appends to it (it would create it with the umask's mode: typed text is private)."""
+    import os
+
+    from ..doctor import history_path
+
+    path = history_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an older file may have been made readable by others
+    finally:
+        os.close(fd)
+    return path

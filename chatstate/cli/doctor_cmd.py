@@ -14,18 +14,22 @@ if TYPE_CHECKING:
 
 
 @click.command()
+@click.option("--store-only", is_flag=True, help="Check the store only, not the model "
+              "endpoint (GET BASE_URL/models).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--limit", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Load and verify at most this many conversations, newest first.")
 @click.option("--serve-url", metavar="URL", help="Also ask a running `chatstate serve` "
               "(e.g. http://127.0.0.1:8080) for its /readyz.")
 @click.pass_obj
-def doctor(env: Env, as_json: bool, limit: int, serve_url: str | None) -> None:
+def doctor(env: Env, as_json: bool, limit: int, store_only: bool,
+           serve_url: str | None) -> None:
     """Readiness check that touches real state; exit 1 when not ready.
 
     Opens the store (durability guard first), writes, reads back and deletes a
     probe, loads and verifies every conversation (up to --limit), and says what
-    the store has survived (reboots, deploys, hosts) from its open records. Then
+    the store has survived (reboots, deploys, hosts) from its open records. It
+    asks the configured model endpoint for its models (not with --store-only). Then
     the durability table for all of chatstate's state. Only the probe is
     written; conversations are only read. No secret is ever printed.
     """
@@ -40,6 +44,10 @@ def doctor(env: Env, as_json: bool, limit: int, serve_url: str | None) -> None:
         report = unreachable(url, exc)
     else:
         report = diagnose(store, limit=limit)
+    if not store_only:
+        from ..model_check import check_model_endpoint
+
+        report.add_model_check(check_model_endpoint())
     if serve_url:
         report.add_serve(serve_url)
     if as_json:
@@ -68,6 +76,9 @@ def _summary(report: DoctorReport) -> list[tuple[str, str]]:
         bad = f"{len(c2.failures)} FAILED" if c2.failures else "all load and verify"
         inter = f", {c2.interrupted} with an interrupted turn" if c2.interrupted else ""
         rows.append(("conversations", f"{c2.checked} checked{more}: {bad}{inter}"))
+    if report.model:
+        m = report.model
+        rows.append(("model", f"{m['model']} at {m['endpoint']}: {m['detail']}"))
     if report.survived:
         rows.append(("survived", report.survived.sentence()))
     if report.serve:

@@ -37,9 +37,14 @@ def list_cmd(env: Env, as_json: bool, limit: int | None) -> None:
               default="text", show_default=True)
 @click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 naming the first "
               "bad seq.")
+@click.option("--raw", is_flag=True, help="Plain text even on a terminal (no Markdown).")
 @click.pass_obj
-def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
-    """Print a stored transcript (a partial reply shows as status partial)."""
+def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) -> None:
+    """Print a stored transcript (a partial reply shows as status partial).
+
+    On a terminal the text format is rendered as Markdown, unless --raw, NO_COLOR
+    or TERM=dumb.
+    """
     from ..errors import CorruptTranscriptError
     from ..transfer import render
 
@@ -48,15 +53,29 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
     except CorruptTranscriptError as exc:
         where = f" at seq {exc.position}" if exc.position is not None else ""
         fail(f"verification failed{where}: {exc}")
-    text = render(conv, fmt)
-    click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
+    from .daily import use_markdown
+
+    if fmt == "text" and use_markdown(raw):
+        from .markdown import print_markdown
+
+        print_markdown(render(conv, "markdown"))
+    else:
+        text = render(conv, fmt)
+        click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
     if verify:
+        from ..stores.base import verify_blobs
+
         bad = conv.verify()
         if bad is not None:
             fail(f"hash chain broken at seq {bad}")
+        try:
+            blobs = verify_blobs(env.store(), conv)
+        except CorruptTranscriptError as exc:
+            fail(f"verification failed: {exc}")
         tip = conv.last.hash[:16] if conv.last else "-"
-        click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)",
-                   err=True)
+        checked = f", {blobs} blob(s) match their sha256" if blobs else ""
+        click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)"
+                   f"{checked}", err=True)
     if conv.partial is not None or (conv.last and conv.last.role == "user"):
         click.echo("note: the last turn was interrupted; `chatstate ask --id "
                    f"{conv.id} --retry` completes it", err=True)
@@ -66,14 +85,20 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool) -> None:
 @click.argument("conversation_id", metavar="ID")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               required=True, help="File to write ('-' for stdout).")
+@click.option("--format", "fmt", type=click.Choice(["chatstate", "openai", "jsonl"]),
+              default="chatstate", show_default=True,
+              help="chatstate: hashes, partial and blobs; openai: a chat-completions messages "
+              "list (jsonl: one per line), images and files inlined as data URLs.")
 @click.pass_obj
-def export(env: Env, conversation_id: str, output: Path) -> None:
-    """Write a conversation (with hashes, and any partial reply) as JSON."""
-    from ..stores._files import atomic_write
-    from ..transfer import export_json
+def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
+    """Write a conversation (with hashes, any partial reply and its blobs) as JSON."""
+    from ..stores.fsutil import atomic_write
+    from ..transfer import export_json, export_openai
 
-    conv = env.store().load(conversation_id)
-    data = export_json(conv)
+    store = env.store()
+    conv = store.load(conversation_id)
+    data = export_json(conv, store) if fmt == "chatstate" else \
+        export_openai(conv, store, jsonl=fmt == "jsonl")
     if str(output) == "-":
         sys.stdout.write(data)
         return
@@ -86,25 +111,21 @@ def export(env: Env, conversation_id: str, output: Path) -> None:
 @click.option("--id", "conversation_id", help="Import under this id instead.")
 @click.pass_obj
 def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
-    """Import a chatstate export or a plain OpenAI messages list."""
+    """Import a chatstate export, or OpenAI messages as a JSON list or jsonl."""
     from ..errors import ConflictError
     from ..transcript import validate_id
-    from ..transfer import read_import
+    from ..transfer import import_into, read_import
 
-    conv, messages = read_import(path)
+    imported = read_import(path)
+    conv = imported.conversation
     if conversation_id:
         conv.id = validate_id(conversation_id)
-    store = env.store()
     try:
-        store.create(conv)
+        import_into(env.store(), imported)
     except ConflictError as exc:
         fail(f"{exc}; nothing was imported. Import it under another id with --id NEW_ID.")
-    if messages:
-        store.append(conv.id, messages)
-    if conv.partial is not None:
-        store.save_partial(conv.id, conv.partial)
     click.echo(conv.id)
-    click.echo(f"imported {len(messages)} messages as {conv.id}", err=True)
+    click.echo(f"imported {len(imported.messages)} messages as {conv.id}", err=True)
 
 
 @click.command()
@@ -160,8 +181,10 @@ def search(env: Env, text: str, limit: int) -> None:
     sqlite stores use FTS5 and match TEXT as a phrase of whole words; other stores
     scan every transcript for TEXT as a substring. Both ignore case.
     """
+    from ..stores import Searchable
+
     store = env.store()
-    if hasattr(store, "search"):
+    if isinstance(store, Searchable):  # an optional part of the Store protocol
         hits = store.search(text, limit=limit)
     else:
         from ..errors import CorruptTranscriptError
@@ -193,9 +216,10 @@ def repair(env: Env, conversation_id: str, force: bool) -> None:
     A conversation that loads and verifies is left alone unless --force.
     """
     from ..errors import CorruptTranscriptError
+    from ..stores import Quarantines
 
     store = env.store()
-    quarantine = getattr(store, "quarantine", None)
+    quarantine = store.quarantine if isinstance(store, Quarantines) else None  # optional part
     if quarantine is None:
         fail(f"{store.url}: this store has no repair; copy the damaged object aside by hand")
         return

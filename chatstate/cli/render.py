@@ -26,3 +26,15 @@ def _escape(match: re.Match[str]) -> str:
 def neutralise(text: str) -> str:
     """Make control characters visible; keep newlines and tabs."""
     return _CONTROL.sub(_escape, text)
+
+
+CLIP = 600  # characters of a message shown in a listing before it is clipped
+
+
+def clip(text: str, whole: str, limit: int = CLIP) -> str:
+    """``text``, or its start and end with how much was left out and where to see it all."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit * 2 // 3], text[-limit // 3:]
+    return (f"{head} … [{len(text) - len(head) - len(tail)} more characters: `{whole}` "
+            f"shows all] … {tail}")

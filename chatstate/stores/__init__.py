@@ -15,12 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
-from .base import CheckReport, Location, Store
+from .base import (
+    BlobStore,
+    CheckReport,
+    Forgets,
+    Location,
+    Quarantines,
+    ReportsLeftovers,
+    Searchable,
+    Store,
+    verify_blobs,
+)
 
 log = logging.getLogger("chatstate.stores")
 
-__all__ = ["CheckReport", "Location", "Store", "default_store_url", "guard", "open_store",
-           "store_class"]
+__all__ = ["BlobStore", "CheckReport", "Forgets", "Location", "Quarantines", "ReportsLeftovers",
+           "Searchable", "Store", "default_store_url", "guard", "open_store", "store_class",
+           "verify_blobs"]
 
 ENTRY_POINT_GROUP = "chatstate.stores"
 BUILTIN = {

@@ -34,11 +34,20 @@ ADVICE = {
 }
 
 
-def os_error(exc: OSError, action: str, path: str | os.PathLike[str]) -> StoreUnavailable:
+UNCHANGED = "Previously stored data is unchanged; a retry will not duplicate."
+RENAMED = ("The new data was already renamed into place, but is not known to be on stable "
+           "storage: it may be lost in a power failure. A retry will not duplicate it.")
+REMOVED = ("The file was already removed, but the removal is not known to be on stable "
+           "storage: it may reappear after a power failure.")
+
+
+def os_error(exc: OSError, action: str, path: str | os.PathLike[str], *,
+             outcome: str = UNCHANGED) -> StoreUnavailable:
+    """``outcome`` says what already happened: the default only before anything changed."""
     advice = ADVICE.get(exc.errno or 0, "check the disk and retry")
     return StoreUnavailable(f"could not {action} {os.fspath(path)}: {exc.strerror or exc} "
                             f"({errno.errorcode.get(exc.errno or 0, '?')}); {advice}. "
-                            "Previously stored data is unchanged; a retry will not duplicate.")
+                            f"{outcome}")
 
 
 def ensure_dir(path: Path) -> None:
@@ -114,7 +123,7 @@ def atomic_write(target: Path, data: bytes) -> None:
     try:
         fsync_dir(target.parent)
     except OSError as exc:
-        raise os_error(exc, "fsync the directory of", target) from exc
+        raise os_error(exc, "fsync the directory of", target, outcome=RENAMED) from exc
 
 
 def sync_durably(path: Path) -> None:
@@ -131,7 +140,8 @@ def sync_durably(path: Path) -> None:
             os.close(fd)
         fsync_dir(path.parent)
     except OSError as exc:
-        raise os_error(exc, "fsync", path) from exc
+        raise os_error(exc, "fsync", path, outcome="The data is in place but is not known to "
+                       "be on stable storage: it may be lost in a power failure. Retry.") from exc
 
 
 def remove_durably(path: Path) -> bool:
@@ -145,7 +155,7 @@ def remove_durably(path: Path) -> bool:
     try:
         fsync_dir(path.parent)
     except OSError as exc:
-        raise os_error(exc, "fsync the directory of", path) from exc
+        raise os_error(exc, "fsync the directory of", path, outcome=REMOVED) from exc
     return True
 
 

@@ -96,13 +96,27 @@ class S3StoreBase:
             raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
         return doc.decode_header(blob.data, self._where(doc.header_key(cid)), cid)
 
-    def _authoritative(self, cid: str) -> list[Message]:
-        """The stored chain read from the objects themselves (not the index)."""
-        messages = chain.read_chain(self.io, self.pool, cid)
+    def _authoritative(self, cid: str, state: chain.IndexState | None = None) -> list[Message]:
+        """The stored chain read from the objects themselves, checked against the head."""
+        messages, _ = chain.read_against_head(
+            self.io, self.pool, cid, state or self.pool.submit(chain.get_index, self.io, cid))
         if not messages:
             self._header(cid)  # ConversationNotFound
         self._chains[cid] = list(messages)
         return messages
+
+    def _verified(self, cid: str, state: chain.IndexState) -> list[Message]:
+        """The stored chain, verified before a write goes onto it.
+
+        This process's copy when it still ends at the head the index records (the
+        segments under it are write-once), else read and verified afresh.
+        """
+        cached = self._chains.get(cid)
+        head = state.tail()
+        if cached is not None and head is not None and \
+                head == (len(cached), cached[-1].hash if cached else None):
+            return cached
+        return self._authoritative(cid, state)
 
     # -- bookkeeping -----------------------------------------------------------------
     def record_open(self, record: dict[str, Any]) -> None:

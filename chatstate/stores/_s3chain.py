@@ -12,16 +12,18 @@ an append crosses a multiple of ``SNAPSHOT_EVERY``, always at the end of the
 segment just written. Loading reads the newest snapshot plus the segments
 after it: a bounded number of requests however long the conversation is.
 
-The *index* ``index/<id>.json`` is derived data for listing (title, times,
-message count, last hash). It only ever moves forward, by If-Match, and only to
-a seq that ends a segment, so an appender may trust it as the stored tail; a
-lagging index (a writer killed between its append and the index update) just
-sends the next appender through the slow path, and ``load`` repairs it.
+The *index* ``index/<id>.json`` holds the listing (title, times) and the
+conversation's head: message count and last hash. It only ever moves forward,
+by If-Match, and only to a seq that ends a segment, so it may lag (a writer
+killed between its append and the index update; ``load`` repairs that) but
+never run ahead. A stored chain shorter than the head, or with another hash at
+the head's seq, therefore lost objects (``check_head``): that is corruption,
+never a free seq to append at. Old data without an index loads unchecked.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +91,56 @@ def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> list[Message]:
             "reordered); nothing was changed. Restore the object or quarantine the "
             "conversation with `chatstate repair`.", where=where, position=bad)
     return messages
+
+
+def check_head(io: S3IO, cid: str, messages: list[Message], state: IndexState) -> None:
+    """Raise CorruptTranscriptError when ``messages`` fall short of the head the index records.
+
+    The key named is the first missing segment's (segments partition the seqs, so
+    the seq after the last stored message starts one).
+    """
+    head = state.tail()
+    if head is None:
+        return  # no index (data from before the head was kept), or unreadable: no check
+    count, last = head
+    if count > len(messages):
+        key = doc.segment_key(cid, len(messages))
+        where = io.target.where(key)
+        raise CorruptTranscriptError(
+            f"{where}: missing: the conversation's head ({io.target.where(doc.index_key(cid))}) "
+            f"records {count} messages, but only {len(messages)} are stored (a segment was "
+            f"deleted from seq {len(messages)}); nothing was changed. Restore the object or "
+            "quarantine the conversation with `chatstate repair`.", where=where,
+            position=len(messages))
+    if count and messages[count - 1].hash != last:
+        key = doc.segment_key(cid, count - 1)
+        where = io.target.where(doc.segments_dir(cid))
+        raise CorruptTranscriptError(
+            f"{where}: seq {count - 1} is not the message the conversation's head "
+            f"({io.target.where(doc.index_key(cid))}) records (hash {str(last)[:12]}…); a "
+            "segment was replaced. Nothing was changed. Restore the objects or quarantine "
+            "the conversation with `chatstate repair`.", where=where, position=count - 1)
+
+
+def read_against_head(io: S3IO, pool: ThreadPoolExecutor, cid: str,
+                      state: IndexState | Future[IndexState]) -> tuple[list[Message], IndexState]:
+    """``read_chain`` checked against the head; ``state`` may still be in flight.
+
+    An index read in parallel with the listing may already hold another writer's
+    append that the listing missed; so a shortfall is read again, index first
+    (the index never runs ahead of the segments), before it is called corruption.
+    """
+    messages = read_chain(io, pool, cid)
+    head = state.result() if isinstance(state, Future) else state
+    try:
+        check_head(io, cid, messages, head)
+    except CorruptTranscriptError:
+        if not isinstance(state, Future):
+            raise
+        head = get_index(io, cid)
+        messages = read_chain(io, pool, cid)
+        check_head(io, cid, messages, head)
+    return messages, head
 
 
 def _must_get(io: S3IO, key: str) -> bytes:

@@ -36,6 +36,7 @@ from obstore.exceptions import (
 )
 
 from ..errors import ChatstateError, StoreUnavailable
+from ..redact import scrub as scrub
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
@@ -131,16 +132,6 @@ def parse_url(url: str) -> S3Target:
               or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
     return S3Target(bucket=bucket, prefix="/".join(segments), region=region,
                     endpoint=endpoint, allow_http=allow_http)
-
-
-def scrub(text: str) -> str:
-    """Drop obstore's debug dump and any secret value from the environment."""
-    text = text.split("\n\nDebug source", 1)[0].strip()
-    for name in SECRET_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 8:  # real key ids are 20 chars, secrets 40
-            text = text.replace(value, "***")
-    return text if len(text) <= 400 else text[:400] + "…"
 
 
 def _credential_provider() -> Any:

@@ -19,10 +19,14 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import quote
 
-from ..errors import ChatstateError, CorruptTranscriptError, SchemaVersionError, StoreUnavailable
+from ..errors import ChatstateError, StoreUnavailable
 from ._files import ensure_dir
-from ._sqlite_errors import translate
+from ._sqlite_errors import AT_COMMIT, translate
 from ._sqlite_schema import APPLICATION_ID, MIGRATIONS
+from .sqlite_setup import check_owner, check_version, configure, migrate
+
+STORE_WHAT = "chatstate store"
+STORE_FIX = "Point the store at another file."
 
 
 class SqliteConnection:
@@ -79,17 +83,11 @@ class SqliteConnection:
         return db
 
     def _configure(self, db: sqlite3.Connection, network: bool, *, read_only: bool) -> None:
-        with translate(self.path, "read"):
-            app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        if app_id != APPLICATION_ID and tables:
-            raise CorruptTranscriptError(
-                f"{self.path}: a SQLite database that is not a chatstate store (application_id "
-                f"{app_id:#x}, {tables} schema objects); it was not changed. Point the store "
-                "at another file.", where=str(self.path))
+        check_owner(db, self.path, APPLICATION_ID, STORE_WHAT, STORE_FIX)
         if read_only:
             with translate(self.path, "read"):
-                self._check_version(db.execute("PRAGMA user_version").fetchone()[0])
+                check_version(db.execute("PRAGMA user_version").fetchone()[0],
+                              len(MIGRATIONS), self.path, STORE_WHAT)
                 self._fts = bool(db.execute(
                     "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
             return
@@ -101,39 +99,22 @@ class SqliteConnection:
                 with suppress(FileNotFoundError):
                     if os.stat(path).st_mode & 0o777 != 0o600:
                         os.chmod(path, 0o600)
-            db.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
+        self.journal_mode = configure(db, self.path, network=network,
+                                      busy_timeout_ms=self.busy_timeout_ms)
+        with translate(self.path, "configure"):
             if network:
-                db.execute("PRAGMA journal_mode=DELETE")
-                db.execute("PRAGMA synchronous=EXTRA")
-                self.journal_mode = "delete"
                 self.recovery.append(f"{self.path} is on a network filesystem: WAL is unsafe "
                                      "there, using a rollback journal with synchronous=EXTRA")
-            else:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
             if db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
                 self._migrate(db)  # an up-to-date store opens without a write
             self._fts = bool(db.execute(
                 "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
 
-    def _check_version(self, version: int) -> None:
-        if version > len(MIGRATIONS):
-            raise SchemaVersionError(
-                f"{self.path}: schema version {version} is newer than this chatstate knows "
-                f"({len(MIGRATIONS)}); upgrade chatstate. The file was not changed.",
-                where=str(self.path))
-
     def _migrate(self, db: sqlite3.Connection) -> None:
         db.execute("BEGIN IMMEDIATE")
         try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            self._check_version(version)
-            for number, migration in enumerate(MIGRATIONS[version:], start=version + 1):
-                migration(db)
-                db.execute(f"PRAGMA user_version={number}")
-                if number == len(MIGRATIONS):
-                    db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            migrate(db, self.path, MIGRATIONS, APPLICATION_ID, STORE_WHAT, STORE_FIX)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -161,7 +142,8 @@ class SqliteConnection:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
-                db.execute("COMMIT")
+                with translate(self.path, action, outcome=AT_COMMIT):
+                    db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     # the original error says more; SQLite rolls back on its own

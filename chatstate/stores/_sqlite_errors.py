@@ -9,7 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import CorruptTranscriptError, StoreUnavailable
-from ._files import os_error
+from ._files import UNCHANGED, os_error
+
+AT_COMMIT = ("The commit was not confirmed, so the write may or may not have landed: "
+             "reload to see. A retry will not duplicate it.")
 
 _ADVICE = {
     "SQLITE_IOERR_SHMSIZE": "no room for SQLite's shared-memory file (-shm): the disk is "
@@ -30,11 +33,12 @@ def _fsize_limited() -> bool:
 
 
 @contextmanager
-def translate(path: Path, action: str) -> Iterator[None]:
+def translate(path: Path, action: str, *, outcome: str = UNCHANGED) -> Iterator[None]:
+    """``outcome`` says what a failure leaves behind: the default only before COMMIT."""
     try:
         yield
     except OSError as exc:
-        raise os_error(exc, action, path) from exc
+        raise os_error(exc, action, path, outcome=outcome) from exc
     except sqlite3.DatabaseError as exc:
         name = getattr(exc, "sqlite_errorname", "") or ""
         text = str(exc)
@@ -53,4 +57,4 @@ def translate(path: Path, action: str) -> Iterator[None]:
             advice = "the file size limit (ulimit -f) was probably reached; otherwise " + advice
         raise StoreUnavailable(
             f"could not {action} {path}: {text} ({name or 'sqlite error'}); {advice}. "
-            "Previously stored data is unchanged; a retry will not duplicate.") from exc
+            f"{outcome}") from exc

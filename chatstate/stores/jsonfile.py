@@ -4,6 +4,7 @@
     DIR/.partials/<id>.json   the in-progress reply, O(reply) to rewrite while streaming
     DIR/.locks/<id>.lock      flock guarding every read-modify-write of <id>
     DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
+    DIR/blobs/<sha256>        images and files named by messages, stored once (_jsonblobs)
 
 Every write is temp file (O_EXCL, unpredictable name) -> fsync -> rename -> fsync
 directory, under the conversation's lock. Each append rewrites the file, so a
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,14 @@ from ..errors import (
     CorruptTranscriptError,
     StoreUnavailable,
 )
-from ..transcript import Conversation, ConversationSummary, Message, now_iso, validate_id
+from ..transcript import (
+    Conversation,
+    ConversationSummary,
+    Message,
+    now_iso,
+    schema_for,
+    validate_id,
+)
 from . import _jsondoc as doc
 from ._files import (
     TMP_MARK,
@@ -40,12 +48,21 @@ from ._files import (
     sync_durably,
     temp_target,
 )
-from .base import CheckReport, Location, check_append, check_partial_commit, local_path
+from ._jsonblobs import JsonBlobs
+from .base import (
+    CheckReport,
+    Location,
+    check_append,
+    check_partial_commit,
+    check_stored_blobs,
+    local_path,
+    refuse_unheld_blobs,
+)
 
 Snapshot = tuple[dict[str, Any], list[str], list[Message]]
 
 
-class JsonStore:
+class JsonStore(JsonBlobs):
     """Conversations as JSON files in one directory. See the module docstring."""
 
     partial_flush_interval = 0.0
@@ -81,6 +98,7 @@ class JsonStore:
             for directory in (self.root, self.root / ".partials"):
                 for tmp in sorted(directory.glob(f".*{TMP_MARK}*")):
                     self._remove_stray(tmp)
+            self._remove_blob_temps()
             for partial in sorted((self.root / ".partials").glob("*.json")):
                 try:
                     self._reconcile_partial(partial.name[:-5])
@@ -157,6 +175,9 @@ class JsonStore:
             candidate = doc.decode_partial(raw, str(self._partial(conversation_id)))
             if candidate.seq == (messages[-1].seq + 1 if messages else 0):
                 partial = candidate
+        check_stored_blobs(str(self._file(conversation_id)),
+                           [*messages, *([partial] if partial else [])],
+                           self._blob_size, self._blob_where)
         return doc.to_conversation(header, list(messages), partial)
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
@@ -181,7 +202,7 @@ class JsonStore:
     def _write(self, cid: str, header: dict[str, Any], lines: list[str],
                messages: list[Message]) -> None:
         path = self._file(cid)
-        atomic_write(path, doc.encode(header, lines))
+        atomic_write(path, doc.encode(header, lines, schema_for(messages)))
         st = os.stat(path)
         self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size), (header, lines, messages))
 
@@ -200,6 +221,7 @@ class JsonStore:
             already = check_append(where, stored[-1].seq if stored else -1,
                                    lambda seq: stored[seq].hash, messages)
             fresh = list(messages[already:])
+            refuse_unheld_blobs(where, fresh, self._blob_size)
             partial_path = self._partial(cid)
             raw = read_bytes(partial_path) if messages else None
             partial = doc.decode_partial(raw, str(partial_path)) if raw is not None else None
@@ -254,32 +276,56 @@ class JsonStore:
         stamp = now_iso().replace(":", "")
         with locked(self._lock(cid)):
             moved = []
-            for src in (self._file(cid), self._partial(cid)):
+            # the partial first: a kill between the two moves leaves the transcript in
+            # place (still loadable, quarantined by a rerun); transcript first would leave
+            # an orphaned partial that the next open() removes as stale
+            for src in (self._partial(cid), self._file(cid)):
                 if src.exists():
                     dst = qdir / f"{src.parent.name}-{src.name}.{stamp}"
                     try:
                         os.rename(src, dst)
+                    except OSError as exc:
+                        raise os_error(exc, "move to quarantine", src) from exc
+                    try:
                         fsync_dir(qdir)
                         fsync_dir(src.parent)
                     except OSError as exc:
-                        raise os_error(exc, "move to quarantine", src) from exc
+                        raise os_error(exc, "fsync the move to quarantine of", src,
+                                       outcome=f"It was moved to {dst}, but the move is not "
+                                       "known to be on stable storage.") from exc
                     moved.append(dst)
             if not moved:
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
             self._cache.pop(cid, None)
-        return str(moved[0])
+        return str(moved[-1])
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """Temp files of these conversations, and their locks still held (ReportsLeftovers)."""
+        from ._leftovers import json_leftovers
+
+        return json_leftovers(self.root, conversation_ids)
+
+    def forget(self, conversation_ids: Sequence[str]) -> None:
+        """Remove the lock files of deleted conversations that no process uses (Forgets)."""
+        from ._leftovers import json_forget
+
+        json_forget(self.root, conversation_ids)
 
     # -- bookkeeping -----------------------------------------------------------------
     def record_open(self, record: dict[str, Any]) -> None:
         path = self.root / ".chatstate" / "opens.jsonl"
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         try:
+            created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, line)
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if created:  # the new directory entry is durable only once its directory is
+                fsync_dir(path.parent)
         except OSError as exc:
             raise os_error(exc, "record this open in", path) from exc
 

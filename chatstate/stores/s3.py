@@ -10,6 +10,7 @@ Layout under ``s3://bucket/prefix/``::
     index/<id>.json                      listing summary, moved forward with If-Match
     _opens/<time>-<rand>.json            one object per open (boot id, host, DEPLOY_ID)
     _probe/…                             check()'s probe object, deleted after use
+    blobs/<sha256>                       images and files named by messages (_s3blobs)
 
 ``<seq>`` is zero-padded to 10 digits. See ``_s3chain`` for why segments,
 snapshots and the index keep compare-and-append exact without a lock service.
@@ -22,7 +23,10 @@ flush 1 PUT. One user+assistant turn is 6 requests unstreamed, N + 8 with the
 reply streamed in N flushes; every SNAPSHOT_EVERY (64) messages one more PUT
 writes a snapshot. Loading is 5 requests (6 once a snapshot exists) plus one GET
 per segment after the newest snapshot, in 3 round trips; listing is 2 LISTs plus
-one GET of a small index object per conversation, in parallel.
+one GET of a small index object per conversation, in parallel. A write onto a
+conversation this process has neither created nor loaded first reads and
+verifies its chain (a load's worth of requests, once): nothing is written onto
+a chain that does not verify or falls short of the head the index records.
 
 The store assumes what AWS S3, MinIO and R2 give: strong read-after-write and
 list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
@@ -34,7 +38,7 @@ the session (a flush is a network round trip; rendering waits for it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +46,15 @@ from ..errors import ConflictError, ConversationNotFound, CorruptTranscriptError
 from ..transcript import Conversation, ConversationSummary, Message, now_iso, validate_id
 from . import _s3chain as chain
 from . import _s3doc as doc
-from ._s3base import S3StoreBase
+from ._s3blobs import S3Blobs
 from ._s3io import Exists, S3Target, Stale, parse_url
-from .base import check_append, check_partial_commit
+from .base import (
+    check_append,
+    check_partial_commit,
+    check_stored_blobs,
+    named_blobs,
+    refuse_unheld_blobs,
+)
 
 
 @dataclass
@@ -54,7 +64,7 @@ class _Partial:
     attempt: bytes  # the last body we tried to put, to recognise our own unknown outcome
 
 
-class S3Store(S3StoreBase):
+class S3Store(S3Blobs):
     """Conversations in an S3-compatible bucket. See the module docstring."""
 
     def __init__(self, target: S3Target, url: str) -> None:
@@ -76,10 +86,9 @@ class S3Store(S3StoreBase):
         index = self.pool.submit(chain.get_index, self.io, cid)
         partial_blob = self.pool.submit(self.io.get, doc.partial_key(cid))
         pending = self.pool.submit(self._header, cid)
-        messages = chain.read_chain(self.io, self.pool, cid)
+        messages, state = chain.read_against_head(self.io, self.pool, cid, index)
         header = pending.result()
         self._chains[cid] = list(messages)
-        state = index.result()
         if state.doc is None or state.doc["message_count"] < len(messages):
             tail = (len(messages), messages[-1].hash if messages else None)
             chain.update_index(self.io, cid, state, header, tail=tail, touch=False)
@@ -89,6 +98,9 @@ class S3Store(S3StoreBase):
             candidate = doc.decode_partial(blob.data, self._where(doc.partial_key(cid)))
             if candidate.seq == len(messages):
                 partial = candidate
+        named = [*messages, *([partial] if partial else [])]
+        sizes = self._blob_sizes(list(named_blobs(named)))
+        check_stored_blobs(self._where(doc.conv_dir(cid)), named, sizes.get, self._blob_where)
         times = [header["updated_at"]] + ([messages[-1].created_at] if messages else [])
         if state.doc is not None:
             times.append(state.doc["updated_at"])
@@ -132,6 +144,7 @@ class S3Store(S3StoreBase):
                         action="create a conversation at")
         except Exists:
             raise ConflictError(f"conversation {cid!r} already exists in {self.url}") from None
+        self._chains[cid] = []  # the header was created just now: no segment can precede it
         chain.update_index(self.io, cid, chain.IndexState(None, None, False), header,
                            touch=False)
 
@@ -143,20 +156,17 @@ class S3Store(S3StoreBase):
             return
         where = self._where(doc.conv_dir(cid))
         state = chain.get_index(self.io, cid)
-        tail = state.tail()
-        stored: list[Message] | None = None
+        stored = self._verified(cid, state)  # never onto a chain that does not verify
         for _ in range(4):
-            if stored is None and tail is not None and tail[0] == new[0].seq:
-                already = _decide(where, new, tail, None)
-            else:
-                stored = self._authoritative(cid)
-                already = _decide(where, new, None, stored)
+            hashes = [m.hash for m in stored]
+            already = check_append(where, len(hashes) - 1, hashes.__getitem__, new)
             fresh = new[already:]
+            refuse_unheld_blobs(where, fresh, self._blob_size)
             if fresh and fresh[0].status == "partial":
                 self._claim_partial(cid, where, fresh)
             if not fresh or self._put_segment(cid, fresh):
                 break
-            stored, tail = None, None  # another writer (or our own lost attempt) has that seq
+            stored = self._authoritative(cid)  # another writer (or our own lost attempt)
         else:
             raise ConflictError(f"{where}: other writers kept taking seq {new[0].seq}; reload "
                                 "and retry", expected_seq=new[0].seq - 1)
@@ -194,7 +204,7 @@ class S3Store(S3StoreBase):
             return False
 
     def _after_append(self, cid: str, state: chain.IndexState, fresh: list[Message],
-                      stored: list[Message] | None) -> None:
+                      stored: list[Message]) -> None:
         if fresh:
             end = fresh[-1]
             cached = self._chains.get(cid)
@@ -262,9 +272,7 @@ class S3Store(S3StoreBase):
                             "two writers are streaming into one conversation. Reload.")
 
     def _expect_next(self, cid: str, seq: int) -> None:
-        tail = chain.get_index(self.io, cid).tail()
-        count = tail[0] if tail is not None and tail[0] == seq else \
-            len(self._authoritative(cid))
+        count = len(self._verified(cid, chain.get_index(self.io, cid)))
         if seq != count:
             raise ConflictError(f"{self._where(doc.conv_dir(cid))}: partial reply for seq "
                                 f"{seq}, but the next seq is {count}",
@@ -279,6 +287,8 @@ class S3Store(S3StoreBase):
                    metadata: dict[str, Any] | None = None) -> None:
         cid = validate_id(conversation_id)
         key = doc.header_key(cid)
+        state = chain.get_index(self.io, cid)
+        self._verified(cid, state)  # never onto a chain that does not verify
         for _ in range(5):
             blob = self.io.get(key)
             if blob is None:
@@ -297,7 +307,7 @@ class S3Store(S3StoreBase):
         else:
             raise ConflictError(f"{self._where(key)}: changed by other writers 5 times in a "
                                 "row; retry")
-        chain.update_index(self.io, cid, None, header, title=title)
+        chain.update_index(self.io, cid, state, header, title=title)
 
     def quarantine(self, conversation_id: str) -> str:
         """Copy a (damaged) conversation aside under quarantine/, then remove it."""
@@ -306,6 +316,13 @@ class S3Store(S3StoreBase):
         cid = validate_id(conversation_id)
         self._chains.pop(cid, None)
         return quarantine(self.io, cid, self.url)
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """Objects outside the layout or beyond the stored chain (ReportsLeftovers)."""
+        from ._leftovers import s3_leftovers
+
+        return s3_leftovers(self.io, conversation_ids, counts)
 
     def delete(self, conversation_id: str) -> None:
         cid = validate_id(conversation_id)
@@ -320,12 +337,3 @@ class S3Store(S3StoreBase):
         self._chains.pop(cid, None)
         self._partials.pop(cid, None)
 
-
-def _decide(where: str, new: list[Message], tail: tuple[int, str | None] | None,
-            stored: list[Message] | None) -> int:
-    """check_append against the index's tail (fast) or the chain read from the objects."""
-    if stored is not None:
-        hashes = [m.hash for m in stored]
-        return check_append(where, len(hashes) - 1, hashes.__getitem__, new)
-    count, last = tail or (0, None)
-    return check_append(where, count - 1, lambda _seq: last or "", new)

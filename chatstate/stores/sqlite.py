@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +35,29 @@ from ..transcript import (
     validate_id,
 )
 from ._files import ensure_dir
-from ._sqlite_conn import SqliteConnection
+from ._sqlite_blobs import SqliteBlobs
 from ._sqlite_rows import decode_rows, row_message, row_text
-from .base import CheckReport, Location, check_append, check_partial_commit, local_path
+from .base import (
+    CheckReport,
+    Location,
+    check_append,
+    check_partial_commit,
+    check_stored_blobs,
+    local_path,
+    named_blobs,
+    refuse_unheld_blobs,
+)
 
 
-class SqliteStore(SqliteConnection):
+class SqliteStore(SqliteBlobs):
     """Conversations in one SQLite database file. See the module docstring."""
 
     partial_flush_interval = 0.0
 
     def __init__(self, path: Path, url: str | None = None) -> None:
         super().__init__(path, url or f"sqlite://{path}")
+        self._seen: dict[str, tuple[int, int, str | None]] = {}
+        """Per conversation: (data_version, count, last hash) when its chain last verified."""
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
@@ -57,8 +68,8 @@ class SqliteStore(SqliteConnection):
 
     # -- reads -----------------------------------------------------------------------
     def _header(self, db: sqlite3.Connection, cid: str) -> tuple[Any, ...]:
-        row = db.execute("SELECT id, title, created_at, updated_at, metadata, message_count "
-                         "FROM conversations WHERE id=?", (validate_id(cid),)).fetchone()
+        row = db.execute("SELECT id, title, created_at, updated_at, metadata, message_count, "
+                         "last_hash FROM conversations WHERE id=?", (validate_id(cid),)).fetchone()
         if row is None:
             raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
         return tuple(row)
@@ -70,30 +81,53 @@ class SqliteStore(SqliteConnection):
             db.execute("BEGIN")  # one snapshot for header, messages and partial
             try:
                 head = self._header(db, cid)
-                last_hash = db.execute("SELECT last_hash FROM conversations WHERE id=?",
-                                       (cid,)).fetchone()[0]
-                rows = db.execute("SELECT seq, CAST(body AS BLOB), hash FROM messages WHERE "
-                                  "conversation_id=? ORDER BY seq", (cid,)).fetchall()
+                messages = self._chain(db, cid, head)
                 prow = db.execute("SELECT seq, CAST(body AS BLOB) FROM partials WHERE "
                                   "conversation_id=?", (cid,)).fetchone()
             finally:
                 db.execute("COMMIT")
+        partial = None
+        if prow is not None and prow[0] == len(messages):
+            prev = messages[-1].hash if messages else None
+            text = row_text(prow[1], where, prow[0])
+            partial = row_message(text, chain_hash(prev, text), where, prow[0])
+        named = [*messages, *([partial] if partial else [])]
+        sizes = self._blob_sizes(list(named_blobs(named)))
+        check_stored_blobs(where, named, sizes.get, self._blob_where)
+        return Conversation.model_construct(
+            id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
+            metadata=json.loads(head[4]), messages=messages, partial=partial)
+
+    def _chain(self, db: sqlite3.Connection, cid: str, head: tuple[Any, ...]) -> list[Message]:
+        """Every stored message, chain verified, and its tail checked against the header row."""
+        where = f"{self.path} conversation {cid!r}"
+        rows = db.execute("SELECT seq, CAST(body AS BLOB), hash FROM messages WHERE "
+                          "conversation_id=? ORDER BY seq", (cid,)).fetchall()
         messages = decode_rows(rows, where)
-        if len(messages) != head[5] or (messages[-1].hash if messages else None) != last_hash:
+        if len(messages) != head[5] or (messages[-1].hash if messages else None) != head[6]:
             # the chain cannot see its own tail cut off; the conversation row can
             position = min(head[5], len(messages))
             raise CorruptTranscriptError(
                 f"{where}: the conversation row records {head[5]} messages but {len(messages)} "
                 f"are stored (cut off or added by hand from seq {position}); the database "
                 "was left as it is", where=where, position=position)
-        partial = None
-        if prow is not None and prow[0] == len(messages):
-            prev = messages[-1].hash if messages else None
-            text = row_text(prow[1], where, prow[0])
-            partial = row_message(text, chain_hash(prev, text), where, prow[0])
-        return Conversation.model_construct(
-            id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
-            metadata=json.loads(head[4]), messages=messages, partial=partial)
+        self._seen[cid] = (self._data_version(db), head[5], head[6])
+        return messages
+
+    def _verified_count(self, db: sqlite3.Connection, cid: str) -> int:
+        """The stored message count, once the chain verifies: never write onto damage.
+
+        The full check is skipped while no other connection has committed since this
+        one last verified (``PRAGMA data_version``) and the tail is the one it saw.
+        """
+        head = self._header(db, cid)
+        if self._seen.get(cid) != (self._data_version(db), head[5], head[6]):
+            self._chain(db, cid, head)
+        return int(head[5])
+
+    @staticmethod
+    def _data_version(db: sqlite3.Connection) -> int:
+        return int(db.execute("PRAGMA data_version").fetchone()[0])
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
         with self._reading() as db:
@@ -153,7 +187,7 @@ class SqliteStore(SqliteConnection):
     def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
         cid = conversation_id
         with self._tx("append to") as db:
-            count = self._header(db, cid)[5]
+            count = self._verified_count(db, cid)
 
             def hash_at(seq: int) -> str:
                 row = db.execute("SELECT hash FROM messages WHERE conversation_id=? AND seq=?",
@@ -165,6 +199,7 @@ class SqliteStore(SqliteConnection):
             fresh = messages[already:]
             if not fresh:
                 return
+            refuse_unheld_blobs(where, fresh, self._blob_size)
             if fresh[0].status == "partial":
                 row = db.execute("SELECT seq, body FROM partials WHERE conversation_id=?",
                                  (cid,)).fetchone()
@@ -181,13 +216,14 @@ class SqliteStore(SqliteConnection):
                                     f"seq {fresh[0].seq}; reload and retry") from None
             db.execute("UPDATE conversations SET message_count=?, last_hash=?, updated_at=? "
                        "WHERE id=?", (fresh[-1].seq + 1, fresh[-1].hash, now_iso(), cid))
+            self._seen[cid] = (self._data_version(db), fresh[-1].seq + 1, fresh[-1].hash)
             db.execute("DELETE FROM partials WHERE conversation_id=? AND seq<=?",
                        (cid, fresh[-1].seq))
 
     def save_partial(self, conversation_id: str, partial: Message) -> None:
         cid = conversation_id
         with self._tx("save the partial reply in") as db:
-            count = self._header(db, cid)[5]
+            count = self._verified_count(db, cid)
             if partial.seq != count:
                 raise ConflictError(f"{self.path} conversation {cid!r}: partial reply for seq "
                                     f"{partial.seq}, but the next seq is {count}",
@@ -203,7 +239,7 @@ class SqliteStore(SqliteConnection):
     def set_header(self, conversation_id: str, *, title: str | None = None,
                    metadata: dict[str, Any] | None = None) -> None:
         with self._tx("update") as db:
-            self._header(db, conversation_id)
+            self._verified_count(db, conversation_id)
             if title is not None:
                 db.execute("UPDATE conversations SET title=? WHERE id=?",
                            (title, conversation_id))
@@ -248,6 +284,13 @@ class SqliteStore(SqliteConnection):
                 db.execute("DELETE FROM message_text WHERE conversation_id=?", (cid,))
             db.execute("DELETE FROM conversations WHERE id=?", (cid,))
         return str(target)
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """A rollback journal, or a write lock still held (ReportsLeftovers)."""
+        from ._leftovers import sqlite_leftovers
+
+        return sqlite_leftovers(self.path)
 
     # -- bookkeeping -----------------------------------------------------------------
     def record_open(self, record: dict[str, Any]) -> None:

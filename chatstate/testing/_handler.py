@@ -18,12 +18,17 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
+from ._parts import received_parts
 from ._replies import (
+    CHUNK_BOUNDARY,
+    call_deltas,
     chunk_body,
     completion_body,
     default_error_message,
     error_body,
+    prompt_tokens,
     reply_chunks,
+    tool_reply,
     usage,
 )
 from ._script import Fault, Script
@@ -129,8 +134,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             self._json(400, error_body(400, "messages must be a list of objects (fake)"))
             return
+        if self.server.script.options.strict_roles and not _alternate(messages):
+            self.server.script.record(self._entry(body, status=400, behaviour="strict"))
+            self._json(400, error_body(400, STRICT_ROLES_ERROR))
+            return
         last_user = next((str(m.get("content")) for m in reversed(messages)
                           if m.get("role") == "user"), "")
+        if self._over_window(body, messages):
+            return
         act = self.server.script.next_behaviour(last_user)
         failing = act is not None and act.kind in ("fail", "rule")
         self.server.script.record(self._entry(
@@ -149,21 +160,45 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._complete(reply, act)
 
+    def _over_window(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+        """Answer 400 as OpenAI does when the prompt is past the scripted context window."""
+        window = self.server.script.options.context_window
+        tokens = prompt_tokens(messages)
+        if window is None or tokens <= window:
+            return False
+        self.server.script.record(self._entry(body, status=400, behaviour="context"))
+        self._json(400, {"error": {
+            "message": f"This model's maximum context length is {window} tokens. However, "
+                       f"your messages resulted in {tokens} tokens. Please reduce the length "
+                       "of the messages.",
+            "type": "invalid_request_error", "param": "messages",
+            "code": "context_length_exceeded"}})
+        return True
+
     def _reply(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> _Reply:
-        options = self.server.script.options
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        chunks, finish = reply_chunks(messages, options.reply_words,
-                                      max_tokens if isinstance(max_tokens, int) else None)
+        script = self.server.script
+        options = script.options
+        with script.lock:
+            scripted = tool_reply(messages, list(script.tool_rules), _offered(body))
+        calls: list[dict[str, Any]] = []
+        if scripted is not None:
+            text, calls = scripted
+            chunks = [c for c in CHUNK_BOUNDARY.split(text) if c]
+            finish = "tool_calls" if calls else "stop"
+        else:
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+            chunks, finish = reply_chunks(messages, options.reply_words,
+                                          max_tokens if isinstance(max_tokens, int) else None)
         return _Reply(f"chatcmpl-fake-{next(self.server.ids)}",
                       str(body.get("model") or options.model), int(time.time()),
-                      chunks, finish, usage(messages, chunks))
+                      chunks, finish, usage(messages, chunks), calls)
 
     def _complete(self, reply: _Reply, fault: Fault | None) -> None:
         if fault is not None and fault.kind == "malformed":
             self._raw(200, b'{"choices": [{"message": ', "application/json")
             return
         raw = json.dumps(completion_body(reply.id, reply.model, reply.created, "".join(
-            reply.chunks), reply.finish, reply.usage)).encode()
+            reply.chunks), reply.finish, reply.usage, reply.calls)).encode()
         if fault is not None and fault.kind == "cut":
             self._send_head(200, "application/json", len(raw))
             self.wfile.write(raw[: len(raw) // 2])
@@ -181,10 +216,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._event(chunk(delta={"role": "assistant", "content": "", "refusal": None}))
         if fault is not None and fault.kind == "malformed":
             self._event_raw("{this is not json")
-        for index, piece in enumerate(reply.chunks):
+        deltas = [{"content": piece} for piece in reply.chunks]
+        deltas += call_deltas(reply.calls, self.server.script.options.arg_chunk)
+        for index, delta in enumerate(deltas):
             if fault is not None and fault.kind == "cut" and index >= fault.after_chunks:
                 break
-            self._event(chunk(delta={"content": piece}))
+            self._event(chunk(delta=delta))
         else:
             self._event(chunk(delta={}, finish_reason=reply.finish))
             if include_usage:
@@ -260,6 +297,7 @@ class _Handler(BaseHTTPRequestHandler):
         return {
             "time": time.time(), "method": self.command, "path": self.path,
             "body": body or None, "messages": body.get("messages"), "model": body.get("model"),
+            "parts": received_parts(body.get("messages") or []),
             "stream": bool(body.get("stream")),
             # Presence only: the value is a credential and must never be recorded. The
             # fingerprint (12 hex of its sha256) lets a test tell which key arrived.
@@ -285,9 +323,30 @@ class _Reply(NamedTuple):
     chunks: list[str]
     finish: str
     usage: dict[str, int]
+    calls: list[dict[str, Any]]
+
+
+def _offered(body: dict[str, Any]) -> list[str]:
+    """The names of the tools a request offers."""
+    tools = body.get("tools")
+    return [str(t["function"]["name"]) for t in tools if isinstance(t, dict) and
+            isinstance(t.get("function"), dict) and "name" in t["function"]] \
+        if isinstance(tools, list) else []
 
 
 def _header_seconds(value: float | str) -> str:
     if isinstance(value, (int, float)) and float(value).is_integer():
         return str(int(value))
     return str(value)
+
+
+# What llama.cpp's jinja engine answers when a strict template raises (abridged).
+STRICT_ROLES_ERROR = ("Unable to generate parser for this template. Automatic parser "
+                      "generation failed: Error: Jinja Exception: Conversation roles must "
+                      "alternate user/assistant/user/assistant/...")
+
+
+def _alternate(messages: list[dict[str, Any]]) -> bool:
+    """After any system messages: user, assistant, user, ... (the strict templates' rule)."""
+    roles = [m.get("role") for m in messages if m.get("role") != "system"]
+    return all(role == ("user" if i % 2 == 0 else "assistant") for i, role in enumerate(roles))

@@ -38,11 +38,12 @@ class FakeModel(Controls):
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, latency: float = 0.0,
                  chunk_delay: float = 0.0, reply_words: int = 8,
-                 model: str = "fake-model") -> None:
+                 model: str = "fake-model", context_window: int | None = None) -> None:
         if host not in LOOPBACK:
             raise ValueError(f"the fake model binds loopback only (127.0.0.1), not {host!r}")
         self.script = Script(Options(latency=latency, chunk_delay=chunk_delay,
-                                     reply_words=reply_words, model=model))
+                                     reply_words=reply_words, model=model,
+                                     context_window=context_window))
         self._address = ("127.0.0.1", port)
         self._server: FakeHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -112,7 +113,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, *, out: TextIO | None = None,
           **options: Any) -> None:
     """Run the fake in the foreground: print its base URL on one line, serve until Ctrl-C.
 
-    ``options`` are FakeModel's: latency, chunk_delay, reply_words, model.
+    ``options`` are FakeModel's: latency, chunk_delay, reply_words, model, context_window.
     """
     with FakeModel(host=host, port=port, **options) as fake:
         print(fake.base_url, file=out or sys.stdout, flush=True)
@@ -127,9 +128,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--chunk-delay", type=float, default=0.0)
     parser.add_argument("--reply-words", type=int, default=8)
+    parser.add_argument("--context-window", type=int, default=None,
+                        help="answer 400 past this many prompt tokens")
     ns = parser.parse_args(argv)
     serve(port=ns.port, latency=ns.latency, chunk_delay=ns.chunk_delay,
-          reply_words=ns.reply_words)
+          reply_words=ns.reply_words, context_window=ns.context_window)
 
 
 if __name__ == "__main__":

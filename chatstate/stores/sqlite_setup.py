@@ -1,0 +1,80 @@
+"""SQLite connection setup, written once for the sqlite store and the batch ledger.
+
+The order is the point: ``check_owner`` runs read-only queries first, so a
+database that belongs to something else is refused before any PRAGMA that
+writes (``journal_mode=WAL`` rewrites the file header). Only then ``configure``
+sets the journal and sync modes, and ``migrate`` applies the append-only list
+of named migrations keyed on ``PRAGMA user_version``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..errors import CorruptTranscriptError, SchemaVersionError
+from ._sqlite_errors import translate
+
+__all__ = ["Migration", "check_owner", "check_version", "configure", "migrate", "translate"]
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def check_owner(db: sqlite3.Connection, path: Path, application_id: int, what: str,
+                fix: str) -> None:
+    """Refuse a non-empty database whose ``application_id`` is not ``application_id``.
+
+    Read-only: nothing has been written when this raises. ``what`` names the kind
+    of file ("chatstate store"), ``fix`` says what to do instead.
+    """
+    with translate(path, "read"):
+        app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    if app_id != application_id and tables:
+        raise CorruptTranscriptError(
+            f"{path}: a SQLite database that is not a {what} (application_id {app_id:#x}, "
+            f"{tables} schema objects); it was not changed. {fix}", where=str(path))
+
+
+def configure(db: sqlite3.Connection, path: Path, *, network: bool,
+              busy_timeout_ms: int) -> str:
+    """Busy timeout, journal and sync mode; returns the journal mode ("wal" or "delete").
+
+    WAL with synchronous=FULL (a commit fsyncs); on a network filesystem, where
+    WAL's shared memory is unsafe, a rollback journal with synchronous=EXTRA.
+    Call only after ``check_owner``: these PRAGMAs write.
+    """
+    with translate(path, "configure"):
+        db.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        if network:
+            db.execute("PRAGMA journal_mode=DELETE")
+            db.execute("PRAGMA synchronous=EXTRA")
+            return "delete"
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        return "wal"
+
+
+def check_version(version: int, known: int, path: Path, what: str) -> None:
+    if version > known:
+        raise SchemaVersionError(
+            f"{path}: {what} schema version {version} is newer than this chatstate knows "
+            f"({known}); upgrade chatstate. The file was not changed.", where=str(path))
+
+
+def migrate(db: sqlite3.Connection, path: Path, migrations: Sequence[Migration],
+            application_id: int, what: str, fix: str) -> None:
+    """Apply the migrations not yet applied, in the caller's write transaction.
+
+    The owner is checked again inside the transaction (another process may have
+    created the file since), and a schema from a newer chatstate is refused.
+    """
+    check_owner(db, path, application_id, what, fix)
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    check_version(version, len(migrations), path, what)
+    for number, migration in enumerate(migrations[version:], start=version + 1):
+        migration(db)
+        db.execute(f"PRAGMA user_version={number}")
+    if db.execute("PRAGMA application_id").fetchone()[0] != application_id:
+        db.execute(f"PRAGMA application_id={application_id}")
