@@ -53,10 +53,14 @@ def test_tool_call_then_a_second_turn_that_sees_the_first(store_url: str) -> Non
                                                        "arguments": {"city": "Paris"}}])
         agent = agent_on(fake, [get_weather])
         session = ChatstateSession("runner", store=store_url)
-        first = asyncio.run(Runner.run(agent, "weather in Paris?", session=session))
-        assert ran == ["Paris"]
+
+        async def two_turns() -> tuple[Any, Any]:  # one loop: the client's connections live in it
+            first = await Runner.run(agent, "weather in Paris?", session=session)
+            assert ran == ["Paris"]
+            return first, await Runner.run(agent, "What did I ask?", session=session)
+
+        first, second = asyncio.run(two_turns())
         assert "sunny in Paris" in first.final_output  # the fake read the result back
-        second = asyncio.run(Runner.run(agent, "What did I ask?", session=session))
         assert second.final_output.startswith("Echo: What did I ask?")
         sent = fake.request_log[-1]["messages"]
     # the second request carried the first turn, tool call and result included
