@@ -19,13 +19,14 @@ from typing import Any
 
 from ..errors import ChatstateError
 from ..events import shown
+from ..toolloop import UNKNOWN
 from ..transcript import Message, Role
 
 KEY = "item"
 """``extra[KEY]``: the framework's item, verbatim."""
 
-UNKNOWN_OUTPUT = ("outcome unknown: the process was interrupted before this call's result "
-                  "was stored; the call may or may not have run")
+UNKNOWN_OUTPUT = UNKNOWN
+"""The output handed back for a call stored without one: the tool loop's own words."""
 # Calls the SDK answers with an output item of type f"{type}_output" and the same call_id.
 PAIRED_CALLS = ("function_call", "custom_tool_call")
 
