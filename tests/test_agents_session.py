@@ -63,6 +63,10 @@ def test_a_call_without_output_is_interrupted_and_never_handed_alone(store_url: 
     run(session.add_items([ITEMS[0], ITEMS[2]]))  # the run died before the output
     reopened = ChatstateSession("orphan", store=store_url)
     assert reopened.open_calls() == [ITEMS[2]]
+    # the same interrupted turn the tool loop sees in a transcript of its own
+    from chatstate.toolloop import pending_calls
+
+    assert [p.call["id"] for p in pending_calls(reopened.store.load("orphan"))] == ["call_1"]
     got = run(reopened.get_items())
     assert got == [ITEMS[0], ITEMS[2], {"type": "function_call_output", "call_id": "call_1",
                                         "output": UNKNOWN_OUTPUT}]
