@@ -192,7 +192,7 @@ def test_close_returns_promptly_while_a_request_hangs() -> None:
         chat(client, fake)
     started = time.monotonic()
     fake.close()
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # the hang is 30 s; margin for a loaded box
 
 
 def test_binds_loopback_only() -> None:
