@@ -5,9 +5,29 @@ Source: github.com/openai/openai-agents-python, commit
 MIT licence, Copyright (c) 2025 OpenAI; see that folder's LICENSE.
 
 Changes: ``SQLiteSession(session_id, db_path)`` became ``make_session(session_id)``, a
-``ChatstateSession`` on json, sqlite and s3 (``store_url``). Tests of SQLiteSession's own
-internals (connections, locks, rollback) are left out. Where chatstate deliberately behaves
-otherwise, the test says so and asserts chatstate's behaviour.
+``ChatstateSession`` on json, sqlite and s3 (``store_url``). Where chatstate deliberately
+behaves otherwise, the test says so and asserts chatstate's behaviour.
+
+Left out, with the reason:
+- test_await_mutation_cancellation_hides_later_failure_without_loop_error,
+  test_sqlite_session_close_closes_worker_thread_connections,
+  test_sqlite_session_closed_rejects_empty_add_items,
+  test_sqlite_session_file_lock_is_shared_across_instances,
+  test_sqlite_session_failed_clear_session_rolls_back,
+  test_sqlite_session_failed_pop_item_releases_write_lock,
+  test_sqlite_session_rollback_failure_evicts_connection,
+  test_sqlite_session_close_retries_quarantined_connection,
+  test_sqlite_session_post_commit_cancellation_propagates_after_known_outcome:
+  SQLiteSession's private helpers, connections, locks and transactions; chatstate's own
+  store tests cover its atomicity and locking.
+- test_session_memory_disabled_parametrized, test_session_settings_resolve: no session
+  is involved (SDK behaviour only).
+- test_sqlite_session_pop_item_skips_corrupt_most_recent,
+  test_sqlite_session_pop_item_returns_none_after_dropping_only_corrupt_rows,
+  test_sqlite_session_get_items_limit_skips_corrupt_newest_rows,
+  test_sqlite_session_get_items_session_settings_limit_skips_corrupt_rows: chatstate
+  raises instead of skipping corrupt data; the same cases are ported, with chatstate's
+  behaviour asserted, in test_agents_upstream_sqlalchemy.py.
 """
 
 from __future__ import annotations

@@ -12,6 +12,14 @@ Deliberate difference: upstream skips corrupt rows; chatstate fails loudly
 (CorruptTranscriptError naming the file and position) and leaves the data untouched.
 Order is the chain's ``seq``, so timestamps cannot reorder items (the tie cases hold
 by construction and are asserted without rewriting timestamps, which are hash-covered).
+
+Left out: the non-ASCII storage options (an SQLAlchemy JSON setting), test_runner_integration
+(the same as test_session_memory_basic_functionality_parametrized), the SQLite fallback,
+rowcount, RETURNING-retry and cancellation-during-transaction tests, the transient SQLite
+write-lock test, create_tables=False lock allocation, the cancelled table-init waiter,
+ORDER BY clause inspection (test_get_items_orders_by_id_for_ties), the engine property
+tests, the SQLAlchemy session-settings duplicates of test_session.py's, and the engine
+registry tests: all SQLAlchemy internals with no counterpart in a chatstate store.
 """
 
 from __future__ import annotations
