@@ -17,7 +17,8 @@ from venvs import cached_venv
 ROOT = Path(__file__).resolve().parent.parent
 OLDEST = ["openai-agents==0.21.0", "langchain-core==1.0.0"]
 TESTS = ["tests/test_agents_upstream_session.py", "tests/test_agents_upstream_limit.py",
-         "tests/test_agents_upstream_sqlalchemy.py", "tests/test_agents_session.py",
+         "tests/test_agents_upstream_sqlalchemy.py", "tests/test_agents_upstream_simple.py",
+         "tests/test_agents_session.py",
          "tests/test_langchain_history.py"]
 
 
