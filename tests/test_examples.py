@@ -92,6 +92,30 @@ def test_async_chat(local_store_url: str, tmp_path: Path) -> None:
         assert f"{conv.id}: 4 messages, last reply {conv.messages[-1].content!r}" in out
 
 
+def test_agents_session(local_store_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("agents", reason="the Agents SDK is not installed (chatstate[agents])")
+    out = run("agents_session.py", local_store_url, cwd=tmp_path).stdout
+    assert "assistant> Tool results:" in out and "sunny in Paris" in out
+    assert "assistant> Echo: Thanks! What did I ask?" in out
+    (conv,) = conversations(local_store_url)
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant",
+                                               "user", "assistant"]
+    assert f"session agents-demo: {len(conv.messages)} messages, hash chain intact" in out
+
+
+def test_langchain_history(local_store_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("langchain_core", reason="langchain-core is not installed "
+                        "(chatstate[langchain])")
+    out = run("langchain_history.py", local_store_url, cwd=tmp_path).stdout
+    assert "tool call: weather {'city': 'Paris'}" in out
+    assert "assistant> You asked about Paris." in out
+    (conv,) = conversations(local_store_url)
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant",
+                                               "user", "assistant"]
+    assert conv.messages[1].tool_calls is not None and conv.messages[2].tool_call_id
+    assert "conversation langchain-demo: 6 messages, hash chain intact" in out
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_every_example_is_short_and_documented(script: str) -> None:
     text = (EXAMPLES / script).read_text()
