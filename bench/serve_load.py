@@ -68,6 +68,12 @@ async def one(client: httpx2.AsyncClient, url: str, n: int,
     return first, time.perf_counter() - t0, cid, "".join(parts)
 
 
+async def one_at_a_time(url: str, count: int, prefix: str) -> list[tuple[float, float, str, str]]:
+    """The same requests, each after the previous one ended: the proxy's own latency."""
+    async with httpx2.AsyncClient(timeout=120) as client:
+        return [await one(client, url, n, prefix) for n in range(count)]
+
+
 async def wave(url: str, count: int, prefix: str = "load"
                ) -> list[tuple[float, float, str, str]]:
     limits = httpx2.Limits(max_connections=count + 10, max_keepalive_connections=count + 10)
@@ -113,6 +119,7 @@ def main() -> None:
         runs: list[tuple[str, str | None]] = [("upstream alone", None)]
         runs += [(f"through serve ({kind})", kind) for kind in args.stores]
         direct: list[tuple[float, float, str, str]] = []
+        serial: dict[str, list[float]] = {}
         for label, kind in runs:
             proxy = None
             url = base
@@ -123,6 +130,7 @@ def main() -> None:
                                     base, "--port", "0"], r"serving on (http://\S+/v1)", env)
             try:
                 asyncio.run(wave(url, 4, "warm"))  # imports and connections, not measured
+                serial[label] = [r[0] for r in asyncio.run(one_at_a_time(url, 20, "serial"))]
                 t0 = time.perf_counter()
                 results = asyncio.run(wave(url, args.conversations))
                 wall = time.perf_counter() - t0
@@ -155,6 +163,13 @@ def main() -> None:
     print("|:---|" + "---:|" * (len(header) - 1))
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    alone = pct(serial["upstream alone"], .5)
+    print("\nOne request at a time (20 each, after a warm-up), time to the first chunk:\n")
+    print("| run | p50 ms | added ms |")
+    print("|:---|---:|---:|")
+    for label, firsts in serial.items():
+        added = "-" if label == "upstream alone" else f"{(pct(firsts, .5) - alone) * 1000:+.1f}"
+        print(f"| {label} | {pct(firsts, .5) * 1000:.1f} | {added} |")
 
 
 if __name__ == "__main__":
