@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[s3,serve,dev]'
+	$(BIN)/pip install --quiet -e '.[s3,postgres,serve,dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)

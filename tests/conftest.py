@@ -35,6 +35,8 @@ except ModuleNotFoundError as exc:
 except ImportError as exc:
     S3_SKIP = f"S3 store unavailable: {exc}"
 
+from pgserver import pg_dsn, pg_server, pg_url  # noqa: E402, F401  (re-exported fixtures)
+
 STORE_KINDS = ["json", "sqlite", "s3"]
 LOCAL_KINDS = ["json", "sqlite"]
 
