@@ -45,13 +45,15 @@ class AsyncChat:
     def cut_short(self) -> Message | None:
         return self.chat.cut_short
 
-    async def send(self, text: str, **params: Any) -> Message:
+    async def send(self, text: str | list[dict[str, Any]], **params: Any) -> Message:
+        """As ``Chat.send`` (``attach=`` included)."""
         return await asyncio.to_thread(self.chat.send, text, **params)
 
     async def retry(self, **params: Any) -> Message:
         return await asyncio.to_thread(self.chat.retry, **params)
 
-    async def stream(self, text: str, **params: Any) -> AsyncGenerator[str, None]:
+    async def stream(self, text: str | list[dict[str, Any]],
+                     **params: Any) -> AsyncGenerator[str, None]:
         gen = await asyncio.to_thread(self.chat.stream, text, **params)
         async for delta in _drive(gen):
             yield delta

@@ -43,7 +43,8 @@ def compact(chat: Any, *, keep_turns: int = 2) -> Message | None:
     messages, covers = work
     window = context.resolve_window(chat.context_window, chat.conversation.metadata, chat.model)
     ask = Conversation(id=chat.id, messages=[*messages])
-    request = [m.to_openai() for m in context.fit(ask, window).messages]
+    inline = getattr(chat, "_inline_blob", None)
+    request = [m.to_openai(blob=inline) for m in context.fit(ask, window).messages]
     request.append({"role": "user", "content": PROMPT})
     done = chat.adapter.complete(request, model=chat.model)
     # the summary's own cost is kept with it, so `chatstate usage` counts it too

@@ -45,6 +45,13 @@ if TYPE_CHECKING:
     from .transcript import Conversation, Message
 
 ENV_WINDOW = "CHATSTATE_CONTEXT_WINDOW"
+
+
+def keep_reference(part: dict[str, Any]) -> dict[str, Any]:
+    """For counting: a part naming a stored blob, as it is (the blob is not read)."""
+    return part
+
+
 METADATA_KEY = "context_window"
 MESSAGE_OVERHEAD = 4
 REPLY_RESERVE_MAX = 1024
@@ -105,7 +112,7 @@ def message_tokens(message: Message) -> int:
     known = usage.get("completion_tokens") if message.role == "assistant" else None
     if isinstance(known, int) and known >= 0:
         return known + MESSAGE_OVERHEAD
-    wire = message.to_openai()
+    wire = message.to_openai(blob=keep_reference)
     extra = {k: v for k, v in wire.items() if k not in ("role", "content")}
     content = wire.get("content")
     text = content if isinstance(content, str) else json.dumps(content)
@@ -203,7 +210,7 @@ def turns(messages: Sequence[Message]) -> list[list[Message]]:
         prev = groups[-1][-1] if groups else None
         joins = prev is not None and (
             m.turn_id in (prev.turn_id, groups[-1][0].turn_id) or m.role == "tool"
-            or (prev.role == "assistant" and bool(prev.to_openai().get("tool_calls"))))
+            or (prev.role == "assistant" and bool(prev.tool_calls)))
         if joins:
             groups[-1].append(m)
         else:
@@ -248,13 +255,15 @@ def _reserve(window: int, explicit: int | None) -> int:
 
 
 def request_for(chat: Any, model: str | None, params: Mapping[str, Any] | None = None,
-                exclude: Collection[int] = ()) -> list[dict[str, Any]]:
+                exclude: Collection[int] = (),
+                blob: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                ) -> list[dict[str, Any]]:
     """The message list for ``chat``'s next request; the Fit is kept as ``chat.last_fit``."""
     conv = chat.conversation
     window = resolve_window(chat.context_window, conv.metadata, model)
     reserve = (params or {}).get("max_completion_tokens", (params or {}).get("max_tokens"))
     chat.last_fit = fit(conv, window, reply_reserve=reserve, exclude=exclude)
-    return [m.to_openai() for m in chat.last_fit.messages]
+    return [m.to_openai(blob=blob) for m in chat.last_fit.messages]
 
 
 def learn(chat: Any, model: str | None, window: int) -> bool:

@@ -13,6 +13,8 @@ sides (each load verifies the hash chain) and then
   longer transcript, another title, metadata or partial reply) and leaves it
   exactly as it was.
 
+Blobs (images, files) a copied message names are copied first, read from the
+source with their digest checked, unless the destination holds them already.
 Open records missing at the destination are appended in the source's order.
 With ``verify`` (the default) every copied conversation is reloaded from the
 destination and compared, hash by hash, with the source.
@@ -26,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import ChatstateError, ConflictError, ConversationNotFound, StoreUnavailable
-from .stores.base import Store
+from .stores.base import BlobStore, Store, named_blobs, verify_blobs
 from .transcript import Conversation, Message
 
 Progress = Callable[[str], None]
@@ -48,6 +50,7 @@ class MigrateReport:
     """Conversation id -> the error that stopped its copy (e.g. a corrupt source)."""
     messages_copied: int = 0
     partials_copied: int = 0
+    blobs_copied: int = 0
     opens_copied: int = 0
 
     @property
@@ -108,16 +111,20 @@ def _one(src: Store, dst: Store, cid: str, report: MigrateReport, verify: bool,
     todo = conv.messages[len(have.messages):]
     for start in range(0, len(todo), batch_size):
         batch = todo[start:start + batch_size]
+        report.blobs_copied += _copy_blobs(src, dst, batch)
         dst.append(cid, batch)
         report.messages_copied += len(batch)
         say(f"{cid}: {batch[-1].seq + 1}/{len(conv.messages)} messages")
     partial_done = False
     if conv.partial is not None and have.partial is None:
+        report.blobs_copied += _copy_blobs(src, dst, [conv.partial])
         dst.save_partial(cid, conv.partial)
         report.partials_copied += 1
         partial_done = True
     if verify:
-        _check_same(conv, dst.load(cid))
+        copy = dst.load(cid)
+        _check_same(conv, copy)
+        verify_blobs(dst, copy)
     if created or todo or partial_done:
         report.copied.append(cid)
         say(f"{cid}: copied {len(todo)} message(s)" + (" and the partial reply"
@@ -125,6 +132,20 @@ def _one(src: Store, dst: Store, cid: str, report: MigrateReport, verify: bool,
     else:
         report.skipped.append(cid)
         say(f"{cid}: already there, identical")
+
+
+def _copy_blobs(src: Store, dst: Store, messages: list[Message]) -> int:
+    """Copy the blobs ``messages`` name that ``dst`` lacks, durably, before they are named."""
+    copied = 0
+    for sha, _ in named_blobs(messages).items():
+        if not isinstance(dst, BlobStore) or not isinstance(src, BlobStore):
+            raise ChatstateError(f"conversation names blob {sha}, but {src.url} or {dst.url} "
+                                 "has no blob area")
+        if not dst.has_blob(sha):
+            ref = next(r for m in messages for r in m.blob_refs() if r.get("sha256") == sha)
+            dst.put_blob(src.get_blob(sha), media_type=ref.get("media_type"))
+            copied += 1
+    return copied
 
 
 def _check_prefix(conv: Conversation, have: Conversation) -> None:

@@ -10,7 +10,7 @@ templates (Mistral, Gemma under llama.cpp's jinja engine) reject with HTTP 400.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .redact import scrub
@@ -25,12 +25,18 @@ CUT_REASONS = {"length": "the reply was cut at the token limit",
 """finish_reason values that end a reply early, and how to say so."""
 
 
-def sendable(messages: Sequence[Message], turn_id: str) -> tuple[list[dict[str, str]], list[int]]:
-    """(the history to send for ``turn_id``, the seqs of unanswered user messages left out)."""
+def sendable(messages: Sequence[Message], turn_id: str,
+             blob: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+             ) -> tuple[list[dict[str, Any]], list[int]]:
+    """(the history to send for ``turn_id``, the seqs of unanswered user messages left out).
+
+    ``blob`` inlines the images and files kept in the store's blob area (see
+    ``Message.to_openai``)."""
     kept = [m for m in messages if m.status == "complete"]
     answered = {m.turn_id for m in kept if m.role == "assistant"} | {turn_id}
     left_out = [m.seq for m in kept if m.role == "user" and m.turn_id not in answered]
-    return [m.to_openai() for m in kept if m.role != "user" or m.turn_id in answered], left_out
+    return ([m.to_openai(blob=blob) for m in kept if m.role != "user" or m.turn_id in answered],
+            left_out)
 
 
 def storable(value: Any) -> Any:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,7 +162,8 @@ class Chat:
         if conv.partial is not None and conv.partial.seq <= messages[-1].seq:
             conv.partial = None
 
-    def _append_user(self, text: str, params: dict[str, Any]) -> Message:
+    def _append_user(self, text: str | list[dict[str, Any]],
+                     params: dict[str, Any]) -> Message:
         """Append the user's message; on a conflict, go after the other writer's whole turn."""
         for attempt in (1, 2):
             msg = self._seal(role="user", content=text, turn_id=new_turn_id(),
@@ -204,13 +205,19 @@ class Chat:
         self._append([partial])
 
     # -- public API --------------------------------------------------------------------
-    def send(self, text: str, **params: Any) -> Message:
-        """One turn, not streamed. Returns the reply, already durable."""
-        return self._consume(self._turn(text, params, streaming=False))
+    def send(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
+             **params: Any) -> Message:
+        """One turn, not streamed. Returns the reply, already durable.
 
-    def stream(self, text: str, **params: Any) -> Generator[str, None, None]:
+        ``text`` is a string or a list of content parts (see ``chatstate.content``);
+        ``attach`` adds images and files (paths, URLs, bytes or parts).
+        """
+        return self._consume(self._turn(text, params, streaming=False, attach=attach))
+
+    def stream(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
+               **params: Any) -> Generator[str, None, None]:
         """One streamed turn. Each delta is durable in the store before it is yielded."""
-        return self._turn(text, params, streaming=True)
+        return self._turn(text, params, streaming=True, attach=attach)
 
     def retry(self, **params: Any) -> Message:
         """Complete the interrupted turn under the same turn id (no second user message).
@@ -244,14 +251,15 @@ class Chat:
         assert last is not None and last.role == "assistant"
         return last
 
-    def _turn(self, text: str, params: dict[str, Any], *,
-              streaming: bool) -> Generator[str, None, None]:
+    def _turn(self, text: str | list[dict[str, Any]], params: dict[str, Any], *,
+              streaming: bool, attach: Iterable[Any] = ()) -> Generator[str, None, None]:
+        body = _user_content(text, attach)
         self._ensure_created()
         self._settle_partial()
         merged = {**self.params, **params}
-        user = self._append_user(text, merged)
+        user = self._append_user(self._store_blobs(body), merged)
         if not self.conversation.title and self._title is None:
-            self._auto_title(text)
+            self._auto_title(user.text or _first_name(body))
         return self._reply(user.turn_id, merged, streaming)
 
     def _retry(self, params: dict[str, Any], *,
@@ -284,13 +292,13 @@ class Chat:
         # words), less unanswered user messages of earlier failed turns (strict chat
         # templates reject two user messages in a row), fitted to the context window;
         # the fit is kept as self.last_fit.
-        from .context import request_for
+        from .context import keep_reference, request_for
 
-        _, left_out = sendable(self.conversation.messages, turn_id)
+        _, left_out = sendable(self.conversation.messages, turn_id, keep_reference)
         if left_out:
             log.info("%s: not sending unanswered user message(s) at seq %s", self.id,
                      ", ".join(map(str, left_out)))
-        return request_for(self, model, params, exclude=left_out)
+        return request_for(self, model, params, exclude=left_out, blob=self._inline_blob)
 
     def _call(self, turn_id: str, model: str | None, params: dict[str, Any],
               streaming: bool) -> Any:
@@ -303,6 +311,18 @@ class Chat:
             return self.adapter.complete(history, model=model, params=params or None)
         return call_fitted(lambda: self._history(turn_id, model, params), call,
                            lambda window: learn(self, model, window))
+
+    def _store_blobs(self, content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        """Large images and files go to the store's blob area, durably, before the message."""
+        from .content import store_parts
+
+        return store_parts(self.store, content)
+
+    def _inline_blob(self, part: dict[str, Any]) -> dict[str, Any]:
+        """A stored part's blob as a data URL for the request (digest checked)."""
+        from .content import inline_part
+
+        return inline_part(part, self.store.get_blob(part["blob"]["sha256"]))
 
     def _reply(self, turn_id: str, params: dict[str, Any],
                streaming: bool) -> Generator[str, None, None]:
@@ -379,6 +399,24 @@ class Chat:
                         self.id, exc)
             return
         self.conversation.metadata = metadata
+
+
+def _user_content(text: str | list[dict[str, Any]],
+                  attach: Iterable[Any]) -> str | list[dict[str, Any]]:
+    if isinstance(text, str) and not attach:
+        return text  # the plain-text turn needs no import
+    from .content import content
+
+    return content(text, attach)
+
+
+def _first_name(content: str | list[dict[str, Any]]) -> str:
+    """A title for a turn without text: the first attachment's name."""
+    for part in content if isinstance(content, list) else ():
+        name = part.get("name") or (part.get("file") or {}).get("filename")
+        if name:
+            return str(name)
+    return ""
 
 
 def _user_of(conv: Conversation, turn_id: str) -> Message | None:

@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -35,7 +35,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The newest document schema this code reads. A document is written as schema 2 only
+when it holds something 0.1 cannot read (see ``schema_for``); anything else is still
+written as schema 1, so 0.1 keeps reading plain conversations, and refuses rich ones
+with its "written by a newer chatstate" error instead of calling them damaged."""
 
 Role = Literal["system", "user", "assistant", "tool"]
 Status = Literal["complete", "partial", "error", "unknown"]
@@ -148,6 +152,16 @@ class Message(BaseModel):
         unset = {f for f in OPTIONAL_FIELDS if getattr(self, f) is None}
         return canonical_json(self.model_dump(exclude={"hash", *unset}))
 
+    def stored(self) -> dict[str, Any]:
+        """The message as documents store it: the hashed body plus ``hash``."""
+        unset = {f for f in OPTIONAL_FIELDS if getattr(self, f) is None}
+        return self.model_dump(exclude=unset)
+
+    def needs_schema_2(self) -> bool:
+        """Does this message hold anything a 0.1 reader would reject?"""
+        return not isinstance(self.content, str) or self.status in ("error", "unknown") or \
+            any(getattr(self, f) is not None for f in OPTIONAL_FIELDS)
+
     def expected_hash(self, prev_hash: str | None) -> str:
         return chain_hash(prev_hash, self.body())
 
@@ -259,6 +273,11 @@ def verify_chain(messages: list[Message], prev_hash: str | None = None,
             return position
         prev_hash = msg.hash
     return None
+
+
+def schema_for(messages: Iterable[Message | None]) -> int:
+    """The schema to write a document holding ``messages`` with (1 unless 0.2 fields are used)."""
+    return 2 if any(m is not None and m.needs_schema_2() for m in messages) else 1
 
 
 def check_schema(version: object, where: str) -> None:

@@ -99,6 +99,20 @@ def test_every_example_is_short_and_documented(script: str) -> None:
     assert len(text.splitlines()) <= 60, "examples are quoted in docs/: keep them short"
 
 
+def test_vision(local_store_url: str, tmp_path: Path) -> None:
+    out = run("vision.py", local_store_url, cwd=tmp_path).stdout
+    assert "assistant> Echo: What is in this picture? [image/png " in out
+    (conv,) = conversations(local_store_url)
+    assert shape(conv) == TURN * 2
+    ref = conv.messages[0].blob_refs()[0]
+    assert ref["name"] == "noise.png" and ref["size"] > 64 * 1024
+    for number in (1, 2):  # both requests carried the image, whole
+        assert (f"request {number}: the model got image/png, {ref['size']} bytes, "
+                f"sha256 {ref['sha256'][:12]}…") in out
+    assert f"[image: noise.png, {ref['size'] / 1024:.1f} KiB, sha256 {ref['sha256']}]" in out
+    assert "4 messages, hash chain intact: True, 1 blob stored once, digest checked" in out
+
+
 # -- the pages: README.md and every docs/*.md, code blocks run as a reader would ----------
 #
 # Discovered, not listed: a page added to docs/ later is covered without touching this file.

@@ -13,7 +13,7 @@ from ..errors import ChatstateError, ModelError
 from . import waiting
 from .common import Env, fail
 from .daily import Daily, daily_options
-from .turns import conversation_options, open_chat, valid_text
+from .turns import attach_option, attachments, conversation_options, open_chat, valid_text
 
 
 @click.command()
@@ -25,17 +25,22 @@ from .turns import conversation_options, open_chat, valid_text
 @click.option("--retry", is_flag=True, help="Complete the interrupted turn of --id/-c "
               "instead of sending a new prompt.")
 @daily_options
+@attach_option
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
-        no_stream: bool, as_json: bool, retry: bool, daily: Daily) -> None:
+        no_stream: bool, as_json: bool, retry: bool, daily: Daily,
+        attach: tuple[str, ...]) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
     The user message is durable before the request is sent, and each piece of
     the reply is durable before it is printed. `--id ID` continues ID or
     creates it. Exit status: 0 ok, 1 failure, 2 usage.
     """
+    if retry and attach:
+        raise click.UsageError("--retry completes the interrupted turn; it takes no --attach")
     text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
+    parts = attachments(attach)  # read before anything is stored: a bad path stores nothing
     system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as chat:
@@ -44,7 +49,7 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
         note_before(chat, retry=retry)
         try:
             reply = one_turn(chat, text, stream=not (as_json or no_stream),
-                             show=not as_json, daily=daily)
+                             show=not as_json, daily=daily, attach=parts)
         except (KeyboardInterrupt, BrokenPipeError) as exc:
             # Ctrl-C, or the reader of stdout went away (`| head`): the partial is kept
             if chat.interrupted is not None:
@@ -91,14 +96,16 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
     return text
 
 
-def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily) -> Any:
+def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
+             attach: list[dict[str, Any]] | None = None) -> Any:
     """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
     from .markdown import ReplyPrinter, print_stats
 
     spin = waiting.enabled()
+    more = {"attach": attach} if attach else {}
     if not stream:
         with waiting.waiting(spin):
-            reply = chat.send(text) if text else chat.retry()
+            reply = chat.send(text, **more) if text else chat.retry()
         if not show:
             return reply
         printer = ReplyPrinter(markdown=daily.markdown())
@@ -106,7 +113,7 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily) ->
     else:
         printer = ReplyPrinter(markdown=daily.markdown())
         try:
-            deltas = chat.stream(text) if text else chat.retry_stream()
+            deltas = chat.stream(text, **more) if text else chat.retry_stream()
             for delta in waiting.until_first(deltas, spin):
                 printer.feed(delta)
         except BaseException:

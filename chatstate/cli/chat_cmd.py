@@ -15,12 +15,13 @@ from typing import Any
 
 import click
 
+from ..replay_text import content_text
 from . import waiting
 from .common import Env
 from .daily import Daily, daily_options
 from .render import clip, neutralise
 from .repl_fork import ForkCommands
-from .turns import conversation_options, open_chat, valid_text
+from .turns import attach_option, attachments, conversation_options, open_chat, valid_text
 
 HELP = """commands:
   /help            this help
@@ -35,6 +36,7 @@ HELP = """commands:
   /compact         summarise the older turns (they stay stored; requests send the summary)
   /fork            continue in a copy of this conversation (this one stays as it is)
   /edit TEXT       ask again with TEXT instead of your last message, in a fork
+  /attach PATH     attach an image or file (or an image URL) to your next message
   /exit            leave (or Ctrl-D)
 Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 
@@ -43,16 +45,20 @@ Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 @conversation_options
 @click.option("--no-stream", is_flag=True, help="Print each reply whole.")
 @daily_options
+@attach_option
 @click.pass_obj
 def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
          offline: bool, base_url: str | None, system: str | None, no_stream: bool,
-         daily: Daily) -> None:
-    """The chat REPL."""
+         daily: Daily, attach: tuple[str, ...]) -> None:
+    """The chat REPL. --attach goes with the first message you send."""
+    parts = attachments(attach)
     system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as session:
         daily.configure(session, params)
-        Repl(session, stream=not no_stream, daily=daily).run()
+        repl = Repl(session, stream=not no_stream, daily=daily)
+        repl.pending = parts
+        repl.run()
 
 
 class Repl(ForkCommands):
@@ -62,6 +68,7 @@ class Repl(ForkCommands):
         self.daily = daily or Daily()
         self.told_fit: set[str] = set()  # conversations whose trimming was announced
         self.read = make_reader()
+        self.pending: list[dict[str, Any]] = []  # /attach: parts for the next message
         # A shell starts background jobs with SIGINT ignored, and that is inherited; the
         # REPL's Ctrl-C (cancel the reply in flight, keep the partial) needs it back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -95,7 +102,9 @@ class Repl(ForkCommands):
             turn = self.chat.interrupted
             if turn is not None:
                 self.say(f"[{turn.describe()}: it is kept but not sent again]")
-            self.render(partial(self.chat.stream, text), partial(self.chat.send, text))
+            more, self.pending = {"attach": self.pending} if self.pending else {}, []
+            self.render(partial(self.chat.stream, text, **more),
+                        partial(self.chat.send, text, **more))
         except KeyboardInterrupt:
             self.say("[interrupted]")
         except (ChatstateError, click.UsageError, OSError) as exc:
@@ -122,7 +131,7 @@ class Repl(ForkCommands):
         """One message; long ones clipped (``chatstate replay`` prints them whole)."""
         tag = " (partial)" if m.status == "partial" else ""
         tag += " (summary)" if (m.params or {}).get("summary") and m.role == "system" else ""
-        text = m.content if isinstance(m.content, str) else str(m.content)
+        text = content_text(m.content)
         text = text if whole else clip(text, f"chatstate replay {self.chat.id}")
         click.echo(f"{m.role}{tag}> {neutralise(text)}")
 
@@ -228,6 +237,13 @@ class Repl(ForkCommands):
         else:
             self.render(self.chat.retry_stream, self.chat.retry)
 
+    def do_attach(self, arg: str) -> None:
+        from ..replay_text import part_text
+
+        (part,) = attachments([arg])
+        self.pending.append(part)
+        self.say(f"attached {part_text(part)}; it goes with your next message")
+
     def do_model(self, arg: str) -> None:
         if arg:
             self.chat.model = arg
@@ -249,7 +265,8 @@ class Repl(ForkCommands):
         from ..transfer import export_json
 
         path = Path(target).expanduser().absolute()
-        atomic_write(path, export_json(self.chat.store.load(self.chat.id)).encode())
+        atomic_write(path, export_json(self.chat.store.load(self.chat.id),
+                                       self.chat.store).encode())
         self.say(f"exported to {path}")
 
 
@@ -259,7 +276,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "/retry": ("do_retry", None), "/continue": ("do_continue", None), "/model": ("do_model", None),
     "/system": ("do_system", "TEXT"), "/title": ("do_title", None),
     "/export": ("do_export", "FILE"), "/compact": ("do_compact", None),
-    "/fork": ("do_fork", None), "/edit": ("do_edit", "TEXT"),
+    "/fork": ("do_fork", None), "/edit": ("do_edit", "TEXT"), "/attach": ("do_attach", "PATH"),
 }
 
 

@@ -63,12 +63,19 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) ->
         text = render(conv, fmt)
         click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
     if verify:
+        from ..stores.base import verify_blobs
+
         bad = conv.verify()
         if bad is not None:
             fail(f"hash chain broken at seq {bad}")
+        try:
+            blobs = verify_blobs(env.store(), conv)
+        except CorruptTranscriptError as exc:
+            fail(f"verification failed: {exc}")
         tip = conv.last.hash[:16] if conv.last else "-"
-        click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)",
-                   err=True)
+        checked = f", {blobs} blob(s) match their sha256" if blobs else ""
+        click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)"
+                   f"{checked}", err=True)
     if conv.partial is not None or (conv.last and conv.last.role == "user"):
         click.echo("note: the last turn was interrupted; `chatstate ask --id "
                    f"{conv.id} --retry` completes it", err=True)
@@ -78,14 +85,20 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) ->
 @click.argument("conversation_id", metavar="ID")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               required=True, help="File to write ('-' for stdout).")
+@click.option("--format", "fmt", type=click.Choice(["chatstate", "openai", "jsonl"]),
+              default="chatstate", show_default=True,
+              help="chatstate: hashes, partial and blobs; openai: a chat-completions messages "
+              "list (jsonl: one per line), images and files inlined as data URLs.")
 @click.pass_obj
-def export(env: Env, conversation_id: str, output: Path) -> None:
-    """Write a conversation (with hashes, and any partial reply) as JSON."""
+def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
+    """Write a conversation (with hashes, any partial reply and its blobs) as JSON."""
     from ..stores.fsutil import atomic_write
-    from ..transfer import export_json
+    from ..transfer import export_json, export_openai
 
-    conv = env.store().load(conversation_id)
-    data = export_json(conv)
+    store = env.store()
+    conv = store.load(conversation_id)
+    data = export_json(conv, store) if fmt == "chatstate" else \
+        export_openai(conv, store, jsonl=fmt == "jsonl")
     if str(output) == "-":
         sys.stdout.write(data)
         return
@@ -98,25 +111,21 @@ def export(env: Env, conversation_id: str, output: Path) -> None:
 @click.option("--id", "conversation_id", help="Import under this id instead.")
 @click.pass_obj
 def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
-    """Import a chatstate export or a plain OpenAI messages list."""
+    """Import a chatstate export, or OpenAI messages as a JSON list or jsonl."""
     from ..errors import ConflictError
     from ..transcript import validate_id
-    from ..transfer import read_import
+    from ..transfer import import_into, read_import
 
-    conv, messages = read_import(path)
+    imported = read_import(path)
+    conv = imported.conversation
     if conversation_id:
         conv.id = validate_id(conversation_id)
-    store = env.store()
     try:
-        store.create(conv)
+        import_into(env.store(), imported)
     except ConflictError as exc:
         fail(f"{exc}; nothing was imported. Import it under another id with --id NEW_ID.")
-    if messages:
-        store.append(conv.id, messages)
-    if conv.partial is not None:
-        store.save_partial(conv.id, conv.partial)
     click.echo(conv.id)
-    click.echo(f"imported {len(messages)} messages as {conv.id}", err=True)
+    click.echo(f"imported {len(imported.messages)} messages as {conv.id}", err=True)
 
 
 @click.command()

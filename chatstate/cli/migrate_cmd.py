@@ -44,9 +44,10 @@ def migrate(env: Env, src_url: str, dst_url: str, verify: bool, as_json: bool) -
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
+        blobs = f", {report.blobs_copied} blob(s)" if report.blobs_copied else ""
         click.echo(f"copied {len(report.copied)} conversation(s) ({report.messages_copied} "
                    f"messages, {report.partials_copied} partial replies, {report.opens_copied} "
-                   f"open records); {len(report.skipped)} already identical; "
+                   f"open records{blobs}); {len(report.skipped)} already identical; "
                    f"{len(report.conflicts)} conflict(s); {len(report.failed)} failed")
     if not report.ok:
         raise click.exceptions.Exit(1)

@@ -92,3 +92,20 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
         chat = Chat(store, conversation_id=cid, model=model, base_url=base_url,
                     api_key=api_key, system=system)
         yield chat
+
+
+attach_option = click.option(
+    "-a", "--attach", "attach", multiple=True, metavar="PATH_OR_URL",
+    help="Attach an image or file (repeatable): a path, or an image's http(s) URL. Large "
+         "ones are stored once in the store's blob area.")
+
+
+def attachments(sources: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
+    """Content parts for ``-a/--attach``, read now: a bad path fails before anything is stored."""
+    from ..content import attachment
+    from ..errors import ChatstateError
+
+    try:
+        return [attachment(source) for source in sources]
+    except ChatstateError as exc:
+        raise click.UsageError(str(exc)) from exc

@@ -36,8 +36,11 @@ def wire_form(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def stored_form(message: Message) -> dict[str, Any]:
+    """A stored message in wire form. A part kept in the blob area stays a reference (the
+    proxy stores what clients send inline, so only a conversation written by ``Chat``
+    with a large attachment holds one; a client's inline copy then differs: a fork)."""
     role = (message.extra or {}).get("role", message.role)  # "developer" is kept in extra
-    return wire_form({**message.to_openai(), "role": role})
+    return wire_form({**message.to_openai(blob=lambda part: part), "role": role})
 
 
 def visible(conv: Conversation) -> list[Message]:

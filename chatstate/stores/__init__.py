@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
 from .base import (
+    BlobStore,
     CheckReport,
     Forgets,
     Location,
@@ -23,12 +24,14 @@ from .base import (
     ReportsLeftovers,
     Searchable,
     Store,
+    verify_blobs,
 )
 
 log = logging.getLogger("chatstate.stores")
 
-__all__ = ["CheckReport", "Forgets", "Location", "Quarantines", "ReportsLeftovers",
-           "Searchable", "Store", "default_store_url", "guard", "open_store", "store_class"]
+__all__ = ["BlobStore", "CheckReport", "Forgets", "Location", "Quarantines", "ReportsLeftovers",
+           "Searchable", "Store", "default_store_url", "guard", "open_store", "store_class",
+           "verify_blobs"]
 
 ENTRY_POINT_GROUP = "chatstate.stores"
 BUILTIN = {

@@ -16,11 +16,11 @@ from typing import Any
 
 from ..errors import CorruptTranscriptError
 from ..transcript import (
-    SCHEMA_VERSION,
     Conversation,
     Message,
     check_schema,
     parse_message,
+    schema_for,
     verify_chain,
 )
 
@@ -28,11 +28,12 @@ HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
 
 
 def message_line(msg: Message) -> str:
-    return json.dumps(msg.model_dump(), ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(msg.stored(), ensure_ascii=False, separators=(",", ":"))
 
 
-def encode(header: dict[str, Any], lines: list[str]) -> bytes:
-    head = {"schema": SCHEMA_VERSION, **{k: header[k] for k in HEADER_KEYS},
+def encode(header: dict[str, Any], lines: list[str], schema: int = 1) -> bytes:
+    """``schema``: ``schema_for`` the messages (2 once any holds a 0.2 field)."""
+    head = {"schema": schema, **{k: header[k] for k in HEADER_KEYS},
             "message_count": len(lines)}
     first = json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]
     body = ",\n".join(lines)
@@ -93,8 +94,8 @@ def decode_partial(raw: bytes, where: str) -> Message:
 
 
 def encode_partial(conversation_id: str, msg: Message) -> bytes:
-    return json.dumps({"schema": SCHEMA_VERSION, "conversation": conversation_id,
-                       "message": msg.model_dump()}, ensure_ascii=False).encode()
+    return json.dumps({"schema": schema_for([msg]), "conversation": conversation_id,
+                       "message": msg.stored()}, ensure_ascii=False).encode()
 
 
 def to_conversation(header: dict[str, Any], messages: list[Message],

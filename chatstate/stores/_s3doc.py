@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import CorruptTranscriptError
-from ..transcript import SCHEMA_VERSION, Message, check_schema, parse_message
+from ..transcript import Message, check_schema, parse_message, schema_for
 
 SEQ_WIDTH = 10
 MARKER = "chatstate.json"
@@ -80,8 +80,9 @@ def open_key(record: dict[str, Any], suffix: str) -> str:
     return f"{OPENS}/{stamp.strftime('%Y%m%dT%H%M%S%fZ')}-{suffix}.json"
 
 
-def encode(doc: dict[str, Any]) -> bytes:
-    return json.dumps({"schema": SCHEMA_VERSION, **doc}, ensure_ascii=False,
+def encode(doc: dict[str, Any], schema: int = 1) -> bytes:
+    """``schema`` 2 for a document holding messages with 0.2 fields (see ``schema_for``)."""
+    return json.dumps({"schema": schema, **doc}, ensure_ascii=False,
                       separators=(",", ":")).encode()
 
 
@@ -144,7 +145,8 @@ def decode_messages(raw: bytes, where: str, first_seq: int) -> list[Message]:
 
 
 def encode_messages(cid: str, messages: list[Message]) -> bytes:
-    return encode({"conversation": cid, "messages": [m.model_dump() for m in messages]})
+    return encode({"conversation": cid, "messages": [m.stored() for m in messages]},
+                  schema_for(messages))
 
 
 def decode_partial(raw: bytes, where: str) -> Message:
@@ -157,7 +159,7 @@ def decode_partial(raw: bytes, where: str) -> Message:
 def encode_partial(cid: str, msg: Message, *, claimed: bool = False) -> bytes:
     """``claimed``: another writer is keeping this partial in the chain (so the bytes,
     and the e-tag, change and the streaming writer's next If-Match fails)."""
-    body: dict[str, Any] = {"conversation": cid, "message": msg.model_dump()}
+    body: dict[str, Any] = {"conversation": cid, "message": msg.stored()}
     if claimed:
         body["claimed"] = True
-    return encode(body)
+    return encode(body, schema_for([msg]))

@@ -58,5 +58,13 @@ def m003_search_lazily(db: sqlite3.Connection) -> None:
                    "FROM message_text GROUP BY conversation_id")
 
 
+def m004_blobs(db: sqlite3.Connection) -> None:
+    # Images and files named by messages, once per digest. A rowid table (not WITHOUT
+    # ROWID): its rows are large, and SQLite keeps large rows out of the b-tree pages.
+    db.execute("""CREATE TABLE blobs (
+        sha256 TEXT PRIMARY KEY,
+        data BLOB NOT NULL)""")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    m001_initial, m002_search, m003_search_lazily]
+    m001_initial, m002_search, m003_search_lazily, m004_blobs]

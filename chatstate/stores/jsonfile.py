@@ -4,6 +4,7 @@
     DIR/.partials/<id>.json   the in-progress reply, O(reply) to rewrite while streaming
     DIR/.locks/<id>.lock      flock guarding every read-modify-write of <id>
     DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
+    DIR/blobs/<sha256>        images and files named by messages, stored once (_jsonblobs)
 
 Every write is temp file (O_EXCL, unpredictable name) -> fsync -> rename -> fsync
 directory, under the conversation's lock. Each append rewrites the file, so a
@@ -26,7 +27,14 @@ from ..errors import (
     CorruptTranscriptError,
     StoreUnavailable,
 )
-from ..transcript import Conversation, ConversationSummary, Message, now_iso, validate_id
+from ..transcript import (
+    Conversation,
+    ConversationSummary,
+    Message,
+    now_iso,
+    schema_for,
+    validate_id,
+)
 from . import _jsondoc as doc
 from ._files import (
     TMP_MARK,
@@ -40,12 +48,21 @@ from ._files import (
     sync_durably,
     temp_target,
 )
-from .base import CheckReport, Location, check_append, check_partial_commit, local_path
+from ._jsonblobs import JsonBlobs
+from .base import (
+    CheckReport,
+    Location,
+    check_append,
+    check_partial_commit,
+    check_stored_blobs,
+    local_path,
+    refuse_unheld_blobs,
+)
 
 Snapshot = tuple[dict[str, Any], list[str], list[Message]]
 
 
-class JsonStore:
+class JsonStore(JsonBlobs):
     """Conversations as JSON files in one directory. See the module docstring."""
 
     partial_flush_interval = 0.0
@@ -81,6 +98,7 @@ class JsonStore:
             for directory in (self.root, self.root / ".partials"):
                 for tmp in sorted(directory.glob(f".*{TMP_MARK}*")):
                     self._remove_stray(tmp)
+            self._remove_blob_temps()
             for partial in sorted((self.root / ".partials").glob("*.json")):
                 try:
                     self._reconcile_partial(partial.name[:-5])
@@ -157,6 +175,9 @@ class JsonStore:
             candidate = doc.decode_partial(raw, str(self._partial(conversation_id)))
             if candidate.seq == (messages[-1].seq + 1 if messages else 0):
                 partial = candidate
+        check_stored_blobs(str(self._file(conversation_id)),
+                           [*messages, *([partial] if partial else [])],
+                           self._blob_size, self._blob_where)
         return doc.to_conversation(header, list(messages), partial)
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
@@ -181,7 +202,7 @@ class JsonStore:
     def _write(self, cid: str, header: dict[str, Any], lines: list[str],
                messages: list[Message]) -> None:
         path = self._file(cid)
-        atomic_write(path, doc.encode(header, lines))
+        atomic_write(path, doc.encode(header, lines, schema_for(messages)))
         st = os.stat(path)
         self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size), (header, lines, messages))
 
@@ -200,6 +221,7 @@ class JsonStore:
             already = check_append(where, stored[-1].seq if stored else -1,
                                    lambda seq: stored[seq].hash, messages)
             fresh = list(messages[already:])
+            refuse_unheld_blobs(where, fresh, self._blob_size)
             partial_path = self._partial(cid)
             raw = read_bytes(partial_path) if messages else None
             partial = doc.decode_partial(raw, str(partial_path)) if raw is not None else None

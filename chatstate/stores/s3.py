@@ -10,6 +10,7 @@ Layout under ``s3://bucket/prefix/``::
     index/<id>.json                      listing summary, moved forward with If-Match
     _opens/<time>-<rand>.json            one object per open (boot id, host, DEPLOY_ID)
     _probe/…                             check()'s probe object, deleted after use
+    blobs/<sha256>                       images and files named by messages (_s3blobs)
 
 ``<seq>`` is zero-padded to 10 digits. See ``_s3chain`` for why segments,
 snapshots and the index keep compare-and-append exact without a lock service.
@@ -45,9 +46,15 @@ from ..errors import ConflictError, ConversationNotFound, CorruptTranscriptError
 from ..transcript import Conversation, ConversationSummary, Message, now_iso, validate_id
 from . import _s3chain as chain
 from . import _s3doc as doc
-from ._s3base import S3StoreBase
+from ._s3blobs import S3Blobs
 from ._s3io import Exists, S3Target, Stale, parse_url
-from .base import check_append, check_partial_commit
+from .base import (
+    check_append,
+    check_partial_commit,
+    check_stored_blobs,
+    named_blobs,
+    refuse_unheld_blobs,
+)
 
 
 @dataclass
@@ -57,7 +64,7 @@ class _Partial:
     attempt: bytes  # the last body we tried to put, to recognise our own unknown outcome
 
 
-class S3Store(S3StoreBase):
+class S3Store(S3Blobs):
     """Conversations in an S3-compatible bucket. See the module docstring."""
 
     def __init__(self, target: S3Target, url: str) -> None:
@@ -91,6 +98,9 @@ class S3Store(S3StoreBase):
             candidate = doc.decode_partial(blob.data, self._where(doc.partial_key(cid)))
             if candidate.seq == len(messages):
                 partial = candidate
+        named = [*messages, *([partial] if partial else [])]
+        sizes = self._blob_sizes(list(named_blobs(named)))
+        check_stored_blobs(self._where(doc.conv_dir(cid)), named, sizes.get, self._blob_where)
         times = [header["updated_at"]] + ([messages[-1].created_at] if messages else [])
         if state.doc is not None:
             times.append(state.doc["updated_at"])
@@ -151,6 +161,7 @@ class S3Store(S3StoreBase):
             hashes = [m.hash for m in stored]
             already = check_append(where, len(hashes) - 1, hashes.__getitem__, new)
             fresh = new[already:]
+            refuse_unheld_blobs(where, fresh, self._blob_size)
             if fresh and fresh[0].status == "partial":
                 self._claim_partial(cid, where, fresh)
             if not fresh or self._put_segment(cid, fresh):

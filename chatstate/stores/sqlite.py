@@ -35,12 +35,21 @@ from ..transcript import (
     validate_id,
 )
 from ._files import ensure_dir
-from ._sqlite_conn import SqliteConnection
+from ._sqlite_blobs import SqliteBlobs
 from ._sqlite_rows import decode_rows, row_message, row_text
-from .base import CheckReport, Location, check_append, check_partial_commit, local_path
+from .base import (
+    CheckReport,
+    Location,
+    check_append,
+    check_partial_commit,
+    check_stored_blobs,
+    local_path,
+    named_blobs,
+    refuse_unheld_blobs,
+)
 
 
-class SqliteStore(SqliteConnection):
+class SqliteStore(SqliteBlobs):
     """Conversations in one SQLite database file. See the module docstring."""
 
     partial_flush_interval = 0.0
@@ -82,6 +91,9 @@ class SqliteStore(SqliteConnection):
             prev = messages[-1].hash if messages else None
             text = row_text(prow[1], where, prow[0])
             partial = row_message(text, chain_hash(prev, text), where, prow[0])
+        named = [*messages, *([partial] if partial else [])]
+        sizes = self._blob_sizes(list(named_blobs(named)))
+        check_stored_blobs(where, named, sizes.get, self._blob_where)
         return Conversation.model_construct(
             id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
             metadata=json.loads(head[4]), messages=messages, partial=partial)
@@ -187,6 +199,7 @@ class SqliteStore(SqliteConnection):
             fresh = messages[already:]
             if not fresh:
                 return
+            refuse_unheld_blobs(where, fresh, self._blob_size)
             if fresh[0].status == "partial":
                 row = db.execute("SELECT seq, body FROM partials WHERE conversation_id=?",
                                  (cid,)).fetchone()

@@ -18,6 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
+from ._parts import received_parts
 from ._replies import (
     chunk_body,
     completion_body,
@@ -282,6 +283,7 @@ class _Handler(BaseHTTPRequestHandler):
         return {
             "time": time.time(), "method": self.command, "path": self.path,
             "body": body or None, "messages": body.get("messages"), "model": body.get("model"),
+            "parts": received_parts(body.get("messages") or []),
             "stream": bool(body.get("stream")),
             # Presence only: the value is a credential and must never be recorded. The
             # fingerprint (12 hex of its sha256) lets a test tell which key arrived.

@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._parts import echo_text
+
 FILLER = (
     "amber", "birch", "cedar", "delta", "ember", "fjord", "garnet", "harbor",
     "indigo", "juniper", "kestrel", "lantern", "meadow", "nectar", "onyx", "pebble",
@@ -29,6 +31,8 @@ _CHUNK_BOUNDARY = re.compile(r"(?<=\s)(?=\S)")
 
 def _content(message: Mapping[str, Any]) -> str:
     content = message.get("content")
+    if isinstance(content, list):
+        return echo_text(content)
     return content if isinstance(content, str) else json.dumps(content, sort_keys=True)
 
 

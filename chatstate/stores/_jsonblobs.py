@@ -1,0 +1,86 @@
+"""The json store's blob area: ``DIR/blobs/<sha256>``, one immutable file per digest.
+
+Written like every other file of the store (temp file, fsync, rename, fsync the
+directory; 0600 files in a 0700 directory), under one store-wide lock
+(``.locks/blobs.lock``) so that ``open()`` can tell a dead writer's temp file
+from a live one. A blob is never rewritten: its name is its digest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ._files import (
+    TMP_MARK,
+    atomic_write,
+    ensure_dir,
+    locked,
+    os_error,
+    read_bytes,
+    remove_durably,
+    sync_durably,
+)
+from .base import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
+
+
+class JsonBlobs:
+    """Mixed into JsonStore: ``put_blob``, ``get_blob``, ``has_blob`` (see BlobStore)."""
+
+    root: Path
+    recovery: list[str]
+
+    @property
+    def _blobs(self) -> Path:
+        return self.root / "blobs"
+
+    def _blob_lock(self) -> Path:
+        return self.root / ".locks" / "blobs.lock"
+
+    def blob_path(self, sha256: str) -> Path:
+        return self._blobs / valid_digest(sha256)
+
+    def put_blob(self, data: bytes, *, media_type: str | None = None,
+                 name: str | None = None) -> dict[str, Any]:
+        ref = blob_ref(data, media_type, name)
+        path = self.blob_path(ref["sha256"])
+        ensure_dir(self._blobs)
+        with locked(self._blob_lock()):
+            held = self._blob_size(ref["sha256"])
+            refuse_damaged_blob(str(path), ref["sha256"], held, len(data))
+            if held is None:
+                atomic_write(path, data)
+            else:
+                sync_durably(path)  # a writer killed before its fsync may have left it
+        return ref
+
+    def get_blob(self, sha256: str) -> bytes:
+        path = self.blob_path(sha256)
+        return checked_blob(str(path), sha256, read_bytes(path))
+
+    def has_blob(self, sha256: str) -> bool:
+        return self._blob_size(sha256) is not None
+
+    def _blob_size(self, sha256: str) -> int | None:
+        try:
+            return os.stat(self.blob_path(sha256)).st_size
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise os_error(exc, "stat", self.blob_path(sha256)) from exc
+
+    def _blob_where(self, sha256: str) -> str:
+        return str(self._blobs / sha256)
+
+    def _remove_blob_temps(self) -> None:
+        """Remove temp files of blob writers killed before their rename (we hold the lock)."""
+        if not self._blobs.is_dir():
+            return
+        with locked(self._blob_lock(), blocking=False) as got:
+            if not got:
+                return
+            for tmp in sorted(self._blobs.glob(f".*{TMP_MARK}*")):
+                remove_durably(tmp)
+                self.recovery.append(f"removed blobs/{tmp.name}, a temp file left by a killed "
+                                     "writer")
