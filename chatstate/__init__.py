@@ -25,6 +25,7 @@ _EXPORTS = {
     "Completion": "chatstate.adapter",
     "ConflictError": "chatstate.errors",
     "Conversation": "chatstate.transcript",
+    "ConversationInUse": "chatstate.errors",
     "ConversationNotFound": "chatstate.errors",
     "CorruptTranscriptError": "chatstate.errors",
     "EphemeralStoreError": "chatstate.errors",
@@ -48,6 +49,7 @@ __all__ = [
     "Completion",
     "ConflictError",
     "Conversation",
+    "ConversationInUse",
     "ConversationNotFound",
     "CorruptTranscriptError",
     "EphemeralStoreError",
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from .errors import (
         ChatstateError,
         ConflictError,
+        ConversationInUse,
         ConversationNotFound,
         CorruptTranscriptError,
         EphemeralStoreError,

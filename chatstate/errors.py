@@ -8,6 +8,7 @@
     ├── SchemaVersionError         a stored document is from a newer chatstate
     ├── ConversationNotFound       (also a KeyError) no conversation with that id
     ├── StoreUnavailable           the store cannot be reached or written (disk full, EIO, ...)
+    ├── ConversationInUse          another live writer holds the conversation's lease
     ├── ModelError                 the model endpoint failed and retries ran out
     └── InterruptedTurn            a turn was cut off; the user message is stored
 
@@ -69,6 +70,21 @@ class StoreUnavailable(ChatstateError):
 
     A retry of the same append is safe: appends are idempotent by message hash.
     """
+
+
+class ConversationInUse(ChatstateError):
+    """Another live writer holds this conversation's lease (host, pid say which).
+
+    Nothing was written. Wait for it to finish (its lease expires if it died), or
+    pass a wait timeout.
+    """
+
+    def __init__(self, message: str, *, host: str = "", pid: int = 0,
+                 until: float = 0.0) -> None:
+        super().__init__(message)
+        self.host = host
+        self.pid = pid
+        self.until = until
 
 
 class ModelError(ChatstateError):

@@ -2,7 +2,9 @@
 
 A store joins the suite by adding a parameter to ``store_url``, not a test file.
 The S3 store joins through ``tests/s3server.py`` (a moto server on loopback);
-until that module and ``chatstate.stores.s3`` exist, its parameter skips.
+until that module and ``chatstate.stores.s3`` exist, its parameter skips. The
+PostgreSQL store joins through ``tests/pgserver.py`` (a real server per session,
+one fresh schema per test).
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ except ModuleNotFoundError as exc:
 except ImportError as exc:
     S3_SKIP = f"S3 store unavailable: {exc}"
 
-from pgserver import pg_dsn, pg_server, pg_url  # noqa: E402, F401  (re-exported fixtures)
+from pgserver import fresh_schema_url, pg_dsn, pg_server, pg_url  # noqa: E402, F401
 
-STORE_KINDS = ["json", "sqlite", "s3"]
+STORE_KINDS = ["json", "sqlite", "s3", "postgresql"]
 LOCAL_KINDS = ["json", "sqlite"]
 
 
@@ -47,6 +49,8 @@ def url_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         return f"json://{tmp_path}/store"
     if kind == "sqlite":
         return f"sqlite://{tmp_path}/s.db"
+    if kind == "postgresql":
+        return fresh_schema_url(request.getfixturevalue("pg_dsn"))
     if S3_SKIP is not None or new_bucket_url is None:
         pytest.skip(reason=S3_SKIP or S3_MISSING)
     endpoint = request.getfixturevalue("moto_endpoint")
