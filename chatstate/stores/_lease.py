@@ -4,7 +4,8 @@ A lease is a record (owner token, host, pid, until) that each store keeps its
 own way: a row (sqlite, postgresql), a lock file (json), a conditional object
 (s3). Taking it succeeds when there is none, when it is ours, or when it has
 expired: a writer killed with SIGKILL stops renewing, so its lease lapses and
-recovery works after ``term`` seconds. A second writer waits up to ``wait``
+recovery works after ``term`` seconds; sooner on the same host, where a holder
+whose pid is gone is known dead at once. A second writer waits up to ``wait``
 seconds, then gets ``ConversationInUse`` naming the holder's host and pid.
 
 Each store implements one step, ``_try_lease(lease) -> holder or None``; this
@@ -38,6 +39,8 @@ class Lease:
     until: float = 0.0
     renewed_at: float = 0.0
     """time.monotonic() of the last take or renewal (when the next renewal is due)."""
+    dead: tuple[str, int] | None = None
+    """(host, pid) of a holder found dead on this host: its lease is taken over at once."""
 
     def due(self) -> bool:
         return time.monotonic() - self.renewed_at >= self.term / 3
@@ -73,10 +76,26 @@ def take(where: str, try_lease: TryLease, lease: Lease, wait: float) -> Lease:
         if holder is None:
             lease.renewed_at = time.monotonic()
             return lease
+        if _dead_here(holder):
+            lease.dead = (holder.host, holder.pid)
+            continue
         if time.monotonic() + delay > deadline:
             raise in_use(where, lease.conversation_id, holder)
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
+
+
+def _dead_here(holder: Holder) -> bool:
+    """The holder ran on this host and its process is gone (killed, crashed)."""
+    if holder.host != socket.gethostname() or holder.pid <= 0:
+        return False
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: alive, another user's
+        return False
+    return False
 
 
 def renew(where: str, try_lease: TryLease, lease: Lease) -> None:
@@ -100,8 +119,11 @@ class LeaseMethods:
         raise NotImplementedError
 
     def acquire_lease(self, conversation_id: str, *, term: float = DEFAULT_TERM,
-                      wait: float = 0.0) -> Lease:
-        return take(self.url, self._try_lease, Lease(conversation_id, term), wait)
+                      wait: float = 0.0, owner: str | None = None) -> Lease:
+        lease = Lease(conversation_id, term)
+        if owner:
+            lease.owner = owner
+        return take(self.url, self._try_lease, lease, wait)
 
     def renew_lease(self, lease: Lease) -> None:
         renew(self.url, self._try_lease, lease)

@@ -15,15 +15,18 @@ TAKE = """INSERT INTO leases AS l (conversation_id, owner, host, pid, until)
     ON CONFLICT (conversation_id) DO UPDATE SET owner = excluded.owner, host = excluded.host,
         pid = excluded.pid, until = excluded.until
     WHERE l.owner = excluded.owner OR l.until < now()
+        OR (l.host = %(dead_host)s AND l.pid = %(dead_pid)s)
     RETURNING extract(epoch FROM until)"""
 
 
 class PgLease(LeaseMethods, PgConnection):
     def _try_lease(self, lease: Lease) -> Holder | None:
+        dead = lease.dead or ("", -1)
         with self._tx("take the writer lease in") as db:
             row = db.execute(TAKE, {"cid": lease.conversation_id, "owner": lease.owner,
                                     "host": lease.host, "pid": lease.pid,
-                                    "term": lease.term}).fetchone()
+                                    "term": lease.term, "dead_host": dead[0],
+                                    "dead_pid": dead[1]}).fetchone()
             if row is not None:
                 lease.until = float(row[0])
                 return None

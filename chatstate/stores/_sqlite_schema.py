@@ -66,5 +66,15 @@ def m004_blobs(db: sqlite3.Connection) -> None:
         data BLOB NOT NULL)""")
 
 
+def m005_leases(db: sqlite3.Connection) -> None:
+    # Writer leases (one live writer per conversation): until is a Unix time.
+    db.execute("""CREATE TABLE leases (
+        conversation_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        until REAL NOT NULL)""")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    m001_initial, m002_search, m003_search_lazily, m004_blobs]
+    m001_initial, m002_search, m003_search_lazily, m004_blobs, m005_leases]

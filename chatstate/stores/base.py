@@ -160,10 +160,11 @@ class Leases(Protocol):
     """
 
     def acquire_lease(self, conversation_id: str, *, term: float = ...,
-                      wait: float = 0.0) -> Any:
+                      wait: float = 0.0, owner: str | None = None) -> Any:
         """Take the conversation's lease for ``term`` seconds (a ``Lease``); wait up to
         ``wait`` seconds for a live holder, then raise ConversationInUse naming its
-        host and pid. An expired lease (its writer died) is taken over."""
+        host and pid. An expired lease (its writer died) is taken over, and so is
+        one held under the same ``owner`` token (a writer re-taking its own)."""
         ...
 
     def renew_lease(self, lease: Any) -> None:

@@ -49,6 +49,7 @@ from ._files import (
     temp_target,
 )
 from ._jsonblobs import JsonBlobs
+from ._store_leases import JsonLease
 from .base import (
     CheckReport,
     Location,
@@ -62,7 +63,7 @@ from .base import (
 Snapshot = tuple[dict[str, Any], list[str], list[Message]]
 
 
-class JsonStore(JsonBlobs):
+class JsonStore(JsonLease, JsonBlobs):
     """Conversations as JSON files in one directory. See the module docstring."""
 
     partial_flush_interval = 0.0
