@@ -107,8 +107,8 @@ class PostgresStore(PgLease, PgBase):
         whole words, any case (PostgreSQL full-text search, 'simple' configuration)."""
         with self._tx("search", read_only=True) as db:
             rows = db.execute(
-                "SELECT conversation_id, seq, body::jsonb ->> 'content' FROM messages WHERE "
-                "chatstate_text(body) @@ phraseto_tsquery('simple', %s) "
+                "SELECT conversation_id, seq, search_text FROM messages WHERE "
+                "to_tsvector('simple', search_text) @@ phraseto_tsquery('simple', %s) "
                 "ORDER BY conversation_id, seq LIMIT %s", (text, limit)).fetchall()
         return [(r[0], r[1], r[2]) for r in rows]
 
@@ -157,9 +157,9 @@ class PostgresStore(PgLease, PgBase):
                     held = row_message(row[1], chain_hash(prev, row[1]), where, row[0])
                     check_partial_commit(where, fresh, held)
             with db.cursor() as cur:
-                cur.executemany("INSERT INTO messages (conversation_id, seq, body, hash) "
-                                "VALUES (%s, %s, %s, %s)",
-                                [(cid, m.seq, m.body(), m.hash) for m in fresh])
+                cur.executemany("INSERT INTO messages (conversation_id, seq, body, hash, "
+                                "search_text) VALUES (%s, %s, %s, %s, %s)",
+                                [(cid, m.seq, m.body(), m.hash, _searchable(m)) for m in fresh])
             db.execute("UPDATE conversations SET message_count=%s, last_hash=%s, updated_at=%s "
                        "WHERE id=%s", (fresh[-1].seq + 1, fresh[-1].hash, now_iso(), cid))
             db.execute("DELETE FROM partials WHERE conversation_id=%s AND seq<=%s",
@@ -222,3 +222,7 @@ class PostgresStore(PgLease, PgBase):
             db.execute("DELETE FROM conversations WHERE id=%s", (cid,))
         self._seen.pop(cid, None)
         return f"{self.url} table {self.target.schema}.quarantine id {qid}"
+
+
+def _searchable(message: Message) -> str:
+    return message.text.replace("\x00", " ")  # PostgreSQL text holds no NUL
