@@ -1,39 +1,32 @@
-"""Root pytest hook: give every run its own temp base under the checkout.
+"""Root pytest hook: give every run its own scratch base on a disk the guard calls durable.
 
 pytest's default tmp_path lives under /tmp, which the durability guard rightly
-refuses; a fixed ``--basetemp`` would let two concurrent runs delete each
-other's files. So each run gets ``.pytest-tmp/run-<pid>`` on the checkout's
-disk, and bases of runs whose process is gone are removed.
+refuses, and the checkout's own disk may be no better (a clone under /tmp). So
+``tests/scratch.py`` asks the guard, candidate by candidate, and each run gets a
+folder of its own named after the boot id, pid namespace and pid; a fixed
+``--basetemp`` would let two concurrent runs delete each other's files.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent / ".pytest-tmp"
+CHECKOUT = Path(__file__).resolve().parent
+sys.path.insert(0, str(CHECKOUT / "tests"))
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+import scratch  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     if config.option.basetemp or hasattr(config, "workerinput"):
         return  # given explicitly, or an xdist worker (it derives its own from the controller)
-    ROOT.mkdir(exist_ok=True)
-    for old in ROOT.glob("run-*"):
-        pid = old.name.removeprefix("run-")
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    config.option.basetemp = str(ROOT / f"run-{os.getpid()}")
+    try:
+        base = scratch.choose(CHECKOUT)
+    except scratch.NoScratch as exc:
+        raise pytest.UsageError(str(exc)) from None
+    scratch.clean_dead_runs(base)
+    config.option.basetemp = str(base / scratch.run_name())

@@ -37,8 +37,11 @@ _EXPORTS = {
     "SchemaVersionError": "chatstate.errors",
     "Store": "chatstate.stores",
     "StoreUnavailable": "chatstate.errors",
+    "Tool": "chatstate.tools",
+    "ToolLoopError": "chatstate.errors",
     "make_adapter": "chatstate.adapter",
     "open_store": "chatstate.stores",
+    "tool": "chatstate.tools",
 }
 
 __all__ = [
@@ -61,8 +64,11 @@ __all__ = [
     "SchemaVersionError",
     "Store",
     "StoreUnavailable",
+    "Tool",
+    "ToolLoopError",
     "make_adapter",
     "open_store",
+    "tool",
 ]
 
 if TYPE_CHECKING:
@@ -80,9 +86,11 @@ if TYPE_CHECKING:
         ModelError,
         SchemaVersionError,
         StoreUnavailable,
+        ToolLoopError,
     )
     from .session import Chat, Interrupted
     from .stores import Store, open_store
+    from .tools import Tool, tool
     from .transcript import Conversation, Message
 
 

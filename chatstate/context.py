@@ -225,7 +225,7 @@ def fit(conversation: Conversation, window: int | None, *,
     ``exclude``: seqs never to send (e.g. unanswered user messages of earlier turns).
     """
     complete = [m for m in conversation.messages
-                if m.status == "complete" and m.seq not in exclude]
+                if m.status != "partial" and m.seq not in exclude]
     summaries = [m for m in complete if summary_covers(m) is not None]
     summary = summaries[-1] if summaries else None
     covered = summary_covers(summary) if summary is not None else -1

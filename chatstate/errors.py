@@ -10,7 +10,8 @@
     ├── ConversationNotFound       (also a KeyError) no conversation with that id
     ├── StoreUnavailable           the store cannot be reached or written (disk full, EIO, ...)
     ├── ModelError                 the model endpoint failed and retries ran out
-    └── InterruptedTurn            a turn was cut off; the user message is stored
+    ├── InterruptedTurn            a turn was cut off; the user message is stored
+    └── ToolLoopError              the model kept calling tools past ``max_tool_rounds``
 
 Each message says what happened, where (file, key or URL) and what to do.
 Foreign errors (OSError, sqlite3, S3 client, HTTP) are translated into these
@@ -108,3 +109,16 @@ class InterruptedTurn(ChatstateError):
         super().__init__(message)
         self.turn_id = turn_id
         self.partial_text = partial_text
+
+
+class ToolLoopError(ChatstateError):
+    """The model asked for tools in more rounds than ``max_tool_rounds`` allows.
+
+    Everything up to there is stored and the last calls are answered "not run", so
+    the transcript stays well-formed; ``chat.retry(tools=...)`` continues the turn.
+    """
+
+    def __init__(self, message: str, *, turn_id: str, rounds: int) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        self.rounds = rounds

@@ -2,17 +2,21 @@
 
 ``run()`` records the boot id, hostname, cwd and DEPLOY_ID, and for /tmp, $HOME,
 the cwd, the store's directory and any extra directories: whether each exists
-and is writable, its device and filesystem, the durability verdict, and a
+and is writable, its device and filesystem, and the durability verdict. For the
+store's directory and the directories named with ``--path`` it also keeps a
 SQLite row count. The row count is the part that proves something: each run
 appends one row to ``.chatstate-probe.db`` in each of those directories after
 counting the rows already there, so a run after a reboot or a redeploy shows
-whether the earlier rows are still on disk. ``diff()`` turns two reports into
+whether the earlier rows are still on disk. To count rows in /tmp or $HOME,
+name them with ``--path``. ``diff()`` turns two reports into
 sentences ("rebooted (boot id changed)", "lost its files/rows (3 rows before,
 0 now)").
 
-The probe writes only there: the SQLite file (kept, one row per run) and the
-guard's write+fsync+read probe file (deleted at once). It never creates a
-directory, and it does not open the store.
+The probe writes only in the directories the user named (the store's, and
+each ``--path``): the SQLite file (kept, one row per run) and the guard's
+write+fsync+read probe file (deleted at once). /tmp, $HOME and the cwd are
+inspected without a write, unless named. It never creates a directory, and it
+does not open the store.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ __all__ = ["PROBE_DB", "ProbeReportError", "diff", "load_report", "run", "store_
 
 PROBE_DB = ".chatstate-probe.db"
 KIND = "chatstate-probe"
+NAMED = ("store", "--path")
+"""Labels of the directories the probe may write in: the ones the user named."""
+NOT_WRITTEN = ("not written: the probe writes only in the store's directory and --path "
+               "directories (add --path to count rows here)")
 
 
 class ProbeReportError(ChatstateError):
@@ -70,19 +78,23 @@ def run(paths: Sequence[str] = (), store_url: str | None = None) -> dict[str, An
         "store": redact_url(url),
         "store_note": None if store_dir(url) else "the store is not a local directory: "
                                                   "nothing to probe on this machine",
-        "paths": [probe_path(path, labels) for path, labels in merged.items()],
+        "paths": [probe_path(path, labels, write=any(n in labels for n in NAMED))
+                  for path, labels in merged.items()],
     }
     return report
 
 
-def probe_path(path: str, labels: list[str]) -> dict[str, Any]:
-    """Everything the probe knows about one directory; writes only if it already exists."""
+def probe_path(path: str, labels: list[str], *, write: bool = True) -> dict[str, Any]:
+    """Everything the probe knows about one directory; writes only if ``write`` and it
+    already exists (otherwise ``writable`` is the permission check alone)."""
     target = Path(path)
     is_dir = target.is_dir()
-    rep = inspect(target, probe=is_dir)
+    rep = inspect(target, probe=is_dir and write)
+    writable = bool(rep.probe and rep.probe.startswith("ok")) if write else (
+        is_dir and os.access(target, os.W_OK | os.X_OK))
     entry: dict[str, Any] = {
         "path": path, "labels": labels, "exists": target.exists(), "is_dir": is_dir,
-        "writable": bool(rep.probe and rep.probe.startswith("ok")),
+        "writable": writable,
         "device": rep.device, "fstype": rep.fstype, "source": rep.source,
         "mount_point": rep.mount_point, "verdict": rep.verdict,
         "reasons": [scrub(r) for r in rep.reasons], "write_probe": rep.probe,
@@ -90,6 +102,8 @@ def probe_path(path: str, labels: list[str]) -> dict[str, Any]:
     if not is_dir:
         note = "not a directory" if target.exists() else "does not exist"
         entry["sqlite"] = {"file": None, "error": f"{note}: nothing written"}
+    elif not write:
+        entry["sqlite"] = {"file": None, "error": NOT_WRITTEN}
     else:
         entry["sqlite"] = sqlite_rows(target)
     return entry

@@ -32,7 +32,7 @@ def sendable(messages: Sequence[Message], turn_id: str,
 
     ``blob`` inlines the images and files kept in the store's blob area (see
     ``Message.to_openai``)."""
-    kept = [m for m in messages if m.status == "complete"]
+    kept = [m for m in messages if m.status != "partial"]
     answered = {m.turn_id for m in kept if m.role == "assistant"} | {turn_id}
     left_out = [m.seq for m in kept if m.role == "user" and m.turn_id not in answered]
     return ([m.to_openai(blob=blob) for m in kept if m.role != "user" or m.turn_id in answered],

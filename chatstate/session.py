@@ -26,18 +26,24 @@ it places its turn after it; if that turn is half done (no complete reply
 yet) it raises ConflictError and writes nothing, never splitting the turn. A
 partial reply is settled only if the store still holds exactly that partial:
 one that changed since it was loaded belongs to a live writer.
+
+With ``tools=[...]`` a turn runs the tool loop (chatstate.toolloop): a turn
+whose calls lack results, or whose results have no reply after them, is
+interrupted too, and ``interrupted.pending_calls`` names the calls.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import toolloop
 from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
 from .sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
+from .toolloop import PendingCall
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
 
 log = logging.getLogger("chatstate.session")
@@ -50,8 +56,13 @@ class Interrupted:
     turn_id: str
     user_message: Message | None
     partial: Message | None  # the stored in-progress reply, if any
+    pending_calls: tuple[PendingCall, ...] = ()  # tool calls still without a result
 
     def describe(self) -> str:
+        if self.pending_calls:
+            names = ", ".join(f"{c.name} ({c.id}{', started' if c.started else ''})"
+                              for c in self.pending_calls)
+            return f"turn {self.turn_id} has tool calls without results: {names}"
         if self.partial is not None:
             return (f"the reply to turn {self.turn_id} was cut off after "
                     f"{len(self.partial.content)} characters (kept as partial)")
@@ -72,7 +83,8 @@ class Chat:
                  api_key: str | None = None, client: Any = None,
                  params: Mapping[str, Any] | None = None,
                  flush_interval: float | None = None, allow_ephemeral: bool = False,
-                 context_window: int | None = None, lease_wait: float = 0.0,
+                 context_window: int | None = None, max_tool_rounds: int = 8,
+                 on_tool: Callable[[Message], None] | None = None, lease_wait: float = 0.0,
                  lease_term: float = 15.0) -> None:
         if store is None or isinstance(store, str):
             from .stores import open_store
@@ -87,6 +99,9 @@ class Chat:
         self.adapter = adapter
         self.model = model or getattr(adapter, "model", None)
         self.params: dict[str, Any] = dict(params or {})
+        self.max_tool_rounds = max_tool_rounds
+        self.on_tool = on_tool
+        """Called with each tool-call message and each tool result, once it is stored."""
         self.flush_interval = (flush_interval if flush_interval is not None
                                else float(getattr(store, "partial_flush_interval", 0.0)))
         self.id = validate_id(conversation_id) if conversation_id else new_id()
@@ -123,6 +138,10 @@ class Chat:
         """The turn left without a complete reply, if the conversation ends in one."""
         conv = self.conversation
         last = conv.last
+        asking = toolloop.calls_message(conv)
+        if asking is not None:  # tool calls without results, or results without a reply
+            return Interrupted(asking.turn_id, _user_of(conv, asking.turn_id), conv.partial,
+                               tuple(toolloop.pending_calls(conv)))
         if conv.partial is not None:
             return Interrupted(conv.partial.turn_id, _user_of(conv, conv.partial.turn_id),
                                conv.partial)
@@ -211,29 +230,36 @@ class Chat:
 
     # -- public API --------------------------------------------------------------------
     def send(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
-             **params: Any) -> Message:
+             tools: Sequence[Any] | None = None, **params: Any) -> Message:
         """One turn, not streamed. Returns the reply, already durable.
 
         ``text`` is a string or a list of content parts (see ``chatstate.content``);
-        ``attach`` adds images and files (paths, URLs, bytes or parts).
+        ``attach`` adds images and files (paths, URLs, bytes or parts). ``tools``:
+        functions (or ``@chatstate.tool``s) the model may call; the turn runs the tool
+        loop until a reply without calls (see chatstate.toolloop).
         """
-        return self._consume(self._turn(text, params, streaming=False, attach=attach))
+        return self._consume(self._turn(text, params, streaming=False, attach=attach,
+                                        tools=tools))
 
     def stream(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
-               **params: Any) -> Generator[str, None, None]:
+               tools: Sequence[Any] | None = None, **params: Any) -> Generator[str, None, None]:
         """One streamed turn. Each delta is durable in the store before it is yielded."""
-        return self._turn(text, params, streaming=True, attach=attach)
+        return self._turn(text, params, streaming=True, attach=attach, tools=tools)
 
-    def retry(self, **params: Any) -> Message:
+    def retry(self, *, tools: Sequence[Any] | None = None, **params: Any) -> Message:
         """Complete the interrupted turn under the same turn id (no second user message).
 
         With no interrupted turn but a reply cut short (``cut_short``), ask the
         model to continue it: a new turn whose message is ``CONTINUE_PROMPT``.
-        """
-        return self._consume(self._retry(params, streaming=False))
 
-    def retry_stream(self, **params: Any) -> Generator[str, None, None]:
-        return self._retry(params, streaming=True)
+        Pending tool calls are run with ``tools`` first, except a non-idempotent one
+        that may have started: it is answered "outcome unknown" and not run again.
+        """
+        return self._consume(self._retry(params, streaming=False, tools=tools))
+
+    def retry_stream(self, *, tools: Sequence[Any] | None = None,
+                     **params: Any) -> Generator[str, None, None]:
+        return self._retry(params, streaming=True, tools=tools)
 
     def set_title(self, title: str) -> None:
         self._ensure_created()
@@ -257,11 +283,13 @@ class Chat:
         return last
 
     def _turn(self, text: str | list[dict[str, Any]], params: dict[str, Any], *,
-              streaming: bool, attach: Iterable[Any] = ()) -> Generator[str, None, None]:
+              streaming: bool, attach: Iterable[Any] = (),
+              tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
         body = _user_content(text, attach)
         held = self._hold()
         try:
             self._ensure_created()
+            toolloop.abandon(self)  # calls left pending by an interrupted turn get results
             self._settle_partial()
             merged = {**self.params, **params}
             user = self._append_user(self._store_blobs(body), merged)
@@ -270,7 +298,7 @@ class Chat:
         except BaseException:
             held.release()
             raise
-        return self._held(held, self._reply(user.turn_id, merged, streaming))
+        return self._held(held, self._reply(user.turn_id, merged, streaming, tools))
 
     def _hold(self) -> Any:
         """Take the writer lease before the turn writes anything (ConversationInUse)."""
@@ -286,14 +314,14 @@ class Chat:
         finally:
             held.release()
 
-    def _retry(self, params: dict[str, Any], *,
-               streaming: bool) -> Generator[str, None, None]:
+    def _retry(self, params: dict[str, Any], *, streaming: bool,
+               tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
         if self.interrupted is None:
             cut = self.cut_short
             if cut is not None:
                 user = _user_of(self.conversation, cut.turn_id)
                 return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
-                                                    **params}, streaming=streaming)
+                                                    **params}, streaming=streaming, tools=tools)
             raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
         held = self._hold()
         try:
@@ -307,7 +335,7 @@ class Chat:
             raise
         merged = {**self.params, **(turn.user_message.params or {} if turn.user_message
                                     else {}), **params}
-        return self._held(held, self._reply(turn.turn_id, merged, streaming))
+        return self._held(held, self._reply(turn.turn_id, merged, streaming, tools))
 
     def _auto_title(self, text: str) -> None:
         title = " ".join(text.split())[:60]
@@ -318,16 +346,19 @@ class Chat:
     def _history(self, turn_id: str, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         # Complete messages only (the model never sees a cut-off reply as its final
-        # words), less unanswered user messages of earlier failed turns (strict chat
-        # templates reject two user messages in a row), fitted to the context window;
-        # the fit is kept as self.last_fit.
+        # words; tool results that failed (error) or may not have run (unknown) it must
+        # see), less unanswered user messages of earlier failed turns (strict chat
+        # templates reject two user messages in a row), fitted to the context window
+        # (the fit is kept as self.last_fit), and never a call without its result or a
+        # result without its call.
         from .context import keep_reference, request_for
 
         _, left_out = sendable(self.conversation.messages, turn_id, keep_reference)
         if left_out:
             log.info("%s: not sending unanswered user message(s) at seq %s", self.id,
                      ", ".join(map(str, left_out)))
-        return request_for(self, model, params, exclude=left_out, blob=self._inline_blob)
+        return toolloop.well_formed(request_for(self, model, params, exclude=left_out,
+                                                blob=self._inline_blob))
 
     def _call(self, turn_id: str, model: str | None, params: dict[str, Any],
               streaming: bool) -> Any:
@@ -353,9 +384,18 @@ class Chat:
 
         return inline_part(part, self.store.get_blob(part["blob"]["sha256"]))
 
-    def _reply(self, turn_id: str, params: dict[str, Any],
-               streaming: bool) -> Generator[str, None, None]:
-        """Generator: call the model, persist, then yield. The only place a turn is written."""
+    def _reply(self, turn_id: str, params: dict[str, Any], streaming: bool,
+               tools: Sequence[Any] | None) -> Generator[str, None, None]:
+        """Generator: the turn's model and tool rounds. The only place a turn is written."""
+        return toolloop.drive(self, turn_id, params, streaming, tools)
+
+    def _notify(self, message: Message) -> None:
+        if self.on_tool is not None:
+            self.on_tool(message)
+
+    def _model_round(self, turn_id: str, params: dict[str, Any],
+                     streaming: bool) -> Generator[str, None, None]:
+        """Generator: call the model, persist, then yield."""
         from .adapter import Completion
 
         model = params.pop("model", None) or self.model
@@ -406,7 +446,9 @@ class Chat:
         finish = done.finish_reason if done.finish_reason not in (None, "stop") else None
         reply = self._seal(role="assistant", content=done.text, turn_id=turn_id,
                            model=done.model, usage=done.usage, finish_reason=finish,
-                           requested_model=requested if requested != done.model else None)
+                           requested_model=requested if requested != done.model else None,
+                           tool_calls=getattr(done, "tool_calls", None),
+                           extra=getattr(done, "extra", None))
         self._append([reply])
         if done.text.startswith(shown):
             return str(done.text[len(shown):])

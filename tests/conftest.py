@@ -1,10 +1,15 @@
 """Shared fixtures: every store the contract suite runs against, one fresh URL per test.
 
 A store joins the suite by adding a parameter to ``store_url``, not a test file.
-The S3 store joins through ``tests/s3server.py`` (a moto server on loopback);
-until that module and ``chatstate.stores.s3`` exist, its parameter skips. The
-PostgreSQL store joins through ``tests/pgserver.py`` (a real server per session,
-one fresh schema per test).
+The S3 store joins through ``tests/s3server.py`` (a moto server on loopback). It
+skips only when its optional packages are not installed (see ``tests/tiers.py``);
+a broken import of ``chatstate.stores.s3`` fails the suite. The PostgreSQL store
+joins through ``tests/pgserver.py`` (a real server per session, one fresh schema
+per test).
+
+Every session starts clean of the developer's environment (``clean_environment``):
+no ``CHATSTATE_*``/``OPENAI_*``/``AWS_*``/``PG*`` variables, no ``~/.aws`` files, no
+instance metadata service, and a working directory of its own (no ``.env``).
 """
 
 from __future__ import annotations
@@ -21,21 +26,72 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:  # tests/ holds helper modules (stores, s3server, ...)
     sys.path.insert(0, str(TESTS_DIR))
 
+from tiers import REQUIRE_ENV, REQUIRED, S3_MISSING, need_s3  # noqa: E402
+
 from chatstate.stores import open_store  # noqa: E402
 
-S3_MISSING = "S3 store not built yet (tests/s3server.py missing)"
-S3_SKIP: str | None = None
 new_bucket_url: Callable[..., str] | None = None
-
-try:
-    from s3server import moto_endpoint, new_bucket_url  # noqa: F401  (re-exported fixture)
+collect_ignore: list[str] = []
+if S3_MISSING is None:  # a broken import below fails the suite: it is not a missing extra
+    from s3server import moto_endpoint, moto_server, new_bucket_url
 
     import chatstate.stores.s3  # noqa: F401
-except ModuleNotFoundError as exc:
-    S3_SKIP = S3_MISSING if (exc.name or "").split(".")[0] in ("s3server", "chatstate") \
-        else f"S3 store unavailable: {exc}"
-except ImportError as exc:
-    S3_SKIP = f"S3 store unavailable: {exc}"
+else:
+    collect_ignore.append("test_s3_store.py")  # it imports the store; its reason is below
+
+    @pytest.fixture(scope="session")
+    def moto_server() -> str:
+        need_s3()
+        raise AssertionError("unreachable: need_s3() skips or fails")
+
+    @pytest.fixture
+    def moto_endpoint(moto_server: str) -> str:
+        return moto_server
+
+
+def pytest_report_header() -> list[str]:
+    if S3_MISSING is None:
+        return []
+    return [f"s3 tier skipped (tests/test_s3_store.py not collected): {S3_MISSING}"]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if S3_MISSING is not None and REQUIRED:
+        raise pytest.UsageError(f"the s3 tier cannot run: {S3_MISSING} ({REQUIRE_ENV} is set, "
+                                "so every tier must run)")
+
+
+SUITE_SWITCHES = (REQUIRE_ENV, "CHATSTATE_TEST_TMP")
+"""The suite's own settings: read by the suite, never by chatstate."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def clean_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The developer's shell, .env, ~/.aws and cloud metadata reach no test.
+
+    Tests that need such a variable set it themselves (monkeypatch, or a
+    subprocess's env), after this ran.
+    """
+    cwd = tmp_path_factory.mktemp("cwd")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith(("CHATSTATE_", "OPENAI_", "AWS_", "PG")) and \
+                    name not in SUITE_SWITCHES:
+                mp.delenv(name)
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        mp.setenv("AWS_CONFIG_FILE", str(cwd / "no-aws-config"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(cwd / "no-aws-credentials"))
+        mp.chdir(cwd)
+        yield cwd
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_credentials() -> None:
+    """No test starts with AWS credentials that an earlier test (or fixture) left behind."""
+    leaked = sorted(k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                                "AWS_REGION") if k in os.environ)
+    assert not leaked, f"an earlier test left {leaked} in the environment"
+
 
 from pgserver import fresh_schema_url, pg_dsn, pg_server, pg_url  # noqa: E402, F401
 
@@ -51,15 +107,15 @@ def url_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         return f"sqlite://{tmp_path}/s.db"
     if kind == "postgresql":
         return fresh_schema_url(request.getfixturevalue("pg_dsn"))
-    if S3_SKIP is not None or new_bucket_url is None:
-        pytest.skip(reason=S3_SKIP or S3_MISSING)
+    need_s3()
+    assert new_bucket_url is not None
     endpoint = request.getfixturevalue("moto_endpoint")
     return new_bucket_url(endpoint)
 
 
 @pytest.fixture(params=STORE_KINDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh URL per test, for every store kind (s3 skips until it is built)."""
+    """A fresh URL per test, for every store kind."""
     return url_for(request.param, tmp_path, request)
 
 

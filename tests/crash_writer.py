@@ -5,8 +5,11 @@
                                            the store, prints "opened", then appends turns and
                                            saves partials until SIGKILLed; print "done <status>"
                                            once it is reaped
-    crash_writer.py contend URL CID N      wait for "go", then append N messages, reloading,
-                                           resealing and retrying on ConflictError
+    crash_writer.py contend URL CID N      wait for "go", load and seal the first message,
+                                           say "sealed" and wait for "go" again (so that
+                                           every writer seals on the same head), then
+                                           append N messages, reloading, resealing and
+                                           retrying on ConflictError
     crash_writer.py fsize   URL CID LIMIT SIZE
                                            under RLIMIT_FSIZE=LIMIT (SIGXFSZ ignored), append
                                            one SIZE-byte message; print the outcome as JSON
@@ -35,8 +38,8 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def wait_for_go() -> None:
-    say("ready")  # imports are done: the parent's kill clock starts at "go", not at exec
+def wait_for_go(signal_line: str = "ready") -> None:
+    say(signal_line)  # "ready": imports are done, the parent's kill clock starts at "go"
     if sys.stdin.readline().strip() != "go":
         sys.exit(0)
 
@@ -96,6 +99,8 @@ def contend(url: str, cid: str, count: int) -> None:
             last = store.load(cid).last
             msg = Message.seal(last, role="user", content=f"pid {os.getpid()} #{i}",
                                turn_id=f"t-{os.getpid()}-{i}")
+            if i == 0 and conflicts == 0:
+                wait_for_go("sealed")  # the parent releases every writer once all have sealed
             time.sleep(random.uniform(0, 0.003))  # widen the window between read and write
             try:
                 store.append(cid, [msg])

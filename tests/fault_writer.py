@@ -19,7 +19,8 @@
                                            N turns (0: until killed), printing "ack SEQ HASH"
                                            after each append, then "holding" with the store open
     fault_writer.py chat   URL CID BASE_URL TURNS [--stream]
-                                           after "go" on stdin, TURNS turns through Chat;
+                                           after "go" on stdin, open CID through Chat, say
+                                           "loaded", and after a second "go" do TURNS turns;
                                            one JSON line per turn or conflict
 
 A turn is what the session writes without the model: the user message, one
@@ -249,6 +250,9 @@ def chat_worker(url: str, cid: str, base_url: str, turns: int, stream: bool) -> 
     if sys.stdin.readline().strip() != "go":
         return
     chat = Chat(url, conversation_id=cid, adapter=adapter)
+    say("loaded")  # the parent releases the workers again once every one has loaded
+    if sys.stdin.readline().strip() != "go":
+        return
     me = f"pid {os.getpid()} "
     done = waits = 0
     deadline = time.monotonic() + 90

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 from stores import local_path, scheme, seal_chain, temp_files
+from tiers import need
 
 from chatstate.errors import ChatstateError
 from chatstate.stores import open_store
@@ -121,12 +121,11 @@ def assert_clear_error(text: str, path: str | Path) -> None:
     assert str(path) in errors[0], f"the error does not name {path}:\n{text}"
 
 
-def require_tool(*names: str) -> None:
-    """Skip, saying which, when a tool the tier needs is missing."""
+def require_tool(*names: str, tier: str = "fault") -> None:
+    """Skip (or fail, under CHATSTATE_REQUIRE_TIERS), saying which, when a tool is missing."""
     missing = [n for n in names if shutil.which(n) is None]
-    if missing:
-        pytest.skip(reason=f"{', '.join(missing)} not installed "
-                    "(scripts/test-prereqs installs them)")
+    need(tier, not missing, f"{', '.join(missing)} not installed "
+         "(scripts/test-prereqs installs them)")
 
 
 def run(*args: str | Path, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:

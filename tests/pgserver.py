@@ -48,9 +48,10 @@ def pg_bin() -> Path | None:
 
 
 def missing(reason: str) -> None:
-    if os.environ.get("CHATSTATE_REQUIRE_TIERS") == "1":
-        pytest.fail(f"PostgreSQL tier required (CHATSTATE_REQUIRE_TIERS=1) but {reason}")
-    pytest.skip(reason=reason)
+    """Skip, or fail under CHATSTATE_REQUIRE_TIERS (tests/tiers.py)."""
+    from tiers import need
+
+    need("postgresql", False, reason)
 
 
 def require_psycopg() -> None:

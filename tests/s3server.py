@@ -8,9 +8,10 @@ Join a test module or conftest to the shared server with::
         url = new_bucket_url(moto_endpoint)  # a fresh bucket: s3://cs-…/t?endpoint_url=…
         store = open_store(url)
 
-``moto_endpoint`` (session scope) starts one ``moto_server`` subprocess per
-pytest process (each xdist worker has its own), sets dummy AWS credentials in
-the environment for the session, and stops the server at the end. moto keeps
+``moto_server`` (session scope) starts one ``moto_server`` subprocess per
+pytest process (each xdist worker has its own) and stops it at the end;
+``moto_endpoint`` gives its endpoint to one test and sets dummy AWS credentials
+in the environment for that test only, so they never leak into other tests. moto keeps
 data in memory: tests must not rely on data surviving a restart of it. For
 tests that stop the server, ``start_moto()`` gives a dedicated one.
 
@@ -57,7 +58,8 @@ DUMMY_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
 CLEARED_ENV = ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
                "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION")
 
-__all__ = ["FaultProxy", "MotoServer", "make_bucket", "moto_endpoint", "new_bucket_url",
+__all__ = ["FaultProxy", "MotoServer", "make_bucket", "moto_endpoint", "moto_server",
+           "new_bucket_url",
            "object_keys", "read_object", "s3_url", "start_moto", "write_object"]
 
 
@@ -188,12 +190,8 @@ class _Shared:
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    """``http://127.0.0.1:PORT`` of a moto S3 server, with dummy AWS credentials set."""
-    saved = {k: os.environ.get(k) for k in (*DUMMY_ENV, *CLEARED_ENV)}
-    for key in CLEARED_ENV:
-        os.environ.pop(key, None)
-    os.environ.update(DUMMY_ENV)
+def moto_server() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of this process's moto S3 server; it touches no env."""
     with _Shared.lock:
         if _Shared.server is None or _Shared.server.proc.poll() is not None:
             _Shared.server = start_moto()
@@ -207,11 +205,16 @@ def moto_endpoint() -> Iterator[str]:
             if _Shared.users == 0 and _Shared.server is not None:
                 _Shared.server.stop()
                 _Shared.server = None
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+
+
+@pytest.fixture
+def moto_endpoint(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The moto server's endpoint, with dummy AWS credentials set for this test only."""
+    for key in CLEARED_ENV:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in DUMMY_ENV.items():
+        monkeypatch.setenv(key, value)
+    return moto_server
 
 
 @dataclass

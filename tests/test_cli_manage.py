@@ -20,7 +20,7 @@ from cli_helpers import invoke, replay_json
 from chatstate.session import Chat
 from chatstate.stores import open_store
 from chatstate.testing import FakeModel
-from chatstate.transcript import Message, verify_chain
+from chatstate.transcript import Conversation, Message, verify_chain
 
 MESSAGE_KEYS = {"seq", "role", "content", "status", "turn_id", "hash"}
 
@@ -269,18 +269,33 @@ def test_rm(local_store_url: str) -> None:
 
 
 def test_prune_is_a_dry_run_unless_yes(local_store_url: str) -> None:
+    """Ages on either side of the cutoff by days, not by a sleep: a loaded machine can
+    spend seconds between two commands, never days."""
     s = local_store_url
-    ask(s, "old", "a")
-    time.sleep(1.2)
+    store = open_store(s)
+    long_ago = "2020-01-01T00:00:00.000000Z"
+    store.create(Conversation(id="old", title="", created_at=long_ago, updated_at=long_ago))
+    store.close()
     ask(s, "new", "b")
-    dry = invoke(["prune", "--older-than", "1s"], store=s)
-    assert dry.code == 0 and dry.out.startswith("would delete old (updated ")
-    assert "new" not in dry.out and "dry run: 1 conversation(s)" in dry.err
+    dry = invoke(["prune", "--older-than", "1d"], store=s)
+    assert dry.code == 0 and dry.out == f"would delete old (updated {long_ago})\n", dry.out
+    assert "dry run: 1 conversation(s)" in dry.err
     assert len(invoke(["list", "--json"], store=s).json()) == 2
-    real = invoke(["prune", "--older-than", "1s", "--yes"], store=s)
+    real = invoke(["prune", "--older-than", "1d", "--yes"], store=s)
     assert real.code == 0 and real.out.startswith("deleted old ")
     assert [r["id"] for r in invoke(["list", "--json"], store=s).json()] == ["new"]
     assert invoke(["prune", "--older-than", "30 days"], store=s).code == 2
+
+
+def test_prune_counts_seconds(local_store_url: str) -> None:
+    """Only a lower bound on time: after 1.2 s the conversation is older than 1 s however
+    slow the machine is."""
+    s = local_store_url
+    ask(s, "recent", "a")
+    time.sleep(1.2)
+    dry = invoke(["prune", "--older-than", "1s"], store=s)
+    assert dry.code == 0 and dry.out.startswith("would delete recent (updated "), dry.out
+    assert invoke(["prune", "--older-than", "1h"], store=s).out == ""
 
 
 def test_search(local_store_url: str) -> None:

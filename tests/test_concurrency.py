@@ -1,7 +1,8 @@
 """Several processes chatting at once, through ``Chat``, against one store.
 
 Four worker processes (``tests/fault_writer.py chat``; two stream, two do not)
-start together on a "go" line and each completes three turns against the fake
+each load the conversation, are then released together on a "go" line, and each
+completes three turns against the fake
 model in this process. Chat cannot tell a live writer's unfinished turn from a
 dead one's (a new turn goes on after it), so each worker behaves as a careful
 caller on a shared conversation must: it waits while another writer's turn is
@@ -30,6 +31,7 @@ from chatstate.transcript import Conversation, Message
 
 WORKERS = 4
 TURNS = 3
+LATENCY = 0.25
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +43,14 @@ def run_workers(url: str, cids: list[str], base_url: str) -> list[list[dict[str,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for i, cid in enumerate(cids)]
-    for proc in procs:
-        assert proc.stdout is not None and proc.stdout.readline() == "ready\n", \
-            proc.communicate()[1]
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+    for expect in ("ready\n", "loaded\n"):  # every worker loads before any of them writes
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == expect, \
+                proc.communicate()[1]
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
     reports = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -84,7 +87,9 @@ def check_turns(messages: list[Message], reports: list[dict[str, Any]]) -> None:
 
 @pytest.fixture
 def fake() -> Any:
-    with FakeModel(latency=0.02, chunk_delay=0.002, reply_words=6) as server:
+    # a turn takes at least LATENCY: a loser of the first append reloads long before the
+    # winner's turn completes, even on a loaded machine, so it sees the turn half done
+    with FakeModel(latency=LATENCY, chunk_delay=0.002, reply_words=6) as server:
         yield server
 
 
@@ -97,10 +102,10 @@ def test_writers_on_one_conversation(local_store_url: str, fake: FakeModel) -> N
     conflicts = [r["conflict"] for r in every if "conflict" in r]
     where = (str(local_path(local_store_url)), "conversation 'shared'")
     assert all(any(w in c for w in where) for c in conflicts), conflicts[:3]
-    waits = sum(r["waits"] for r in every if "done" in r)
-    print(f"{len(messages)} messages; {len(conflicts)} appends lost a race (ConflictError, "
-          f"nothing written) and were retried; {waits} waits for another writer's turn")
-    assert conflicts or waits, "four writers on one conversation never met: nothing tested"
+    # all four loaded the same (empty) conversation before any wrote: one won the first
+    # append, and each of the other three lost the race to it, saw its turn half done,
+    # and got a ConflictError (writing nothing)
+    assert len(conflicts) >= WORKERS - 1, f"the writers did not race: {conflicts}"
 
 
 def test_writers_on_separate_conversations(local_store_url: str, fake: FakeModel) -> None:

@@ -17,17 +17,13 @@ from typing import Any
 import pytest
 from cli_helpers import invoke
 from stores import local_path, new_conversation, scheme
+from tiers import S3_MISSING, need_s3
 
 from chatstate.stores import open_store
 from chatstate.transcript import Message
 
-try:
+if S3_MISSING is None:  # only a missing extra may leave S3 out; a broken import fails
     from s3server import new_bucket_url
-
-    import chatstate.stores.s3  # noqa: F401
-    S3_SKIP = None
-except ImportError as exc:  # the s3 extra is not installed
-    S3_SKIP = f"S3 store unavailable: {exc}"
 
 PHASES = ("before_call", "mid_stream", "in_store_write")
 MINE = "my-own-chat"
@@ -94,8 +90,9 @@ def test_drill_kills_in_every_phase_and_loses_nothing(local_store_url: str) -> N
         assert locks == [f"{MINE}.lock"], locks
 
 
-@pytest.mark.skipif(S3_SKIP is not None, reason=S3_SKIP or "")
-def test_drill_on_s3(moto_endpoint: str) -> None:
+def test_drill_on_s3(request: pytest.FixtureRequest) -> None:
+    need_s3()
+    moto_endpoint = request.getfixturevalue("moto_endpoint")
     url = new_bucket_url(moto_endpoint)
     seed_user_conversation(url)
     before = user_state(url)
@@ -159,7 +156,7 @@ def test_drill_all_runs_every_store_in_a_scratch_dir_it_removes(
         tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """json and sqlite next to the configured store; s3 too when CHATSTATE_DRILL_S3 names one."""
     base = tmp_path / "base"
-    s3 = "" if S3_SKIP else new_bucket_url(request.getfixturevalue("moto_endpoint"))
+    s3 = "" if S3_MISSING else new_bucket_url(request.getfixturevalue("moto_endpoint"))
     result = invoke(["--store", f"json://{base}/store", "drill", "--all", "--trials", "3",
                      "--seed", "4", "--json"], env={"CHATSTATE_DRILL_S3": s3})
     assert result.code == 0, (result.out, result.err)

@@ -113,6 +113,39 @@ def test_vision(local_store_url: str, tmp_path: Path) -> None:
     assert "4 messages, hash chain intact: True, 1 blob stored once, digest checked" in out
 
 
+def test_tools(local_store_url: str, tmp_path: Path) -> None:
+    out = run("tools.py", local_store_url, cwd=tmp_path).stdout
+    assert "  tool call   get_weather(" in out and "  tool call   send_email(" in out
+    assert "(interrupted while send_email ran)" in out
+    assert "send_email (call_" in out and ", started)" in out
+    assert "12 messages, chain intact: True" in out
+    (conv,) = conversations(local_store_url)
+    tools = [("tool", "complete"), ("tool", "partial")]  # a result; send_email's marker
+    assert shape(conv) == [("user", "complete"), ("assistant", "complete"), *tools,
+                           ("tool", "complete"), ("assistant", "complete"),
+                           ("user", "complete"), ("assistant", "complete"), *tools,
+                           ("tool", "unknown"), ("assistant", "complete")]
+    assert conv.messages[-1].content.endswith("may or may not have run; it was not run again")
+
+
+def test_the_tools_page_example_runs(local_store_url: str, tmp_path: Path) -> None:
+    """docs/tools.md's first Python block, run as it is written."""
+    page = (EXAMPLES.parent / "docs" / "tools.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "page_example.py"
+    script.write_text(code)
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, env={
+                                **{k: v for k, v in os.environ.items()
+                                   if not k.startswith(("CHATSTATE_", "OPENAI_"))},
+                                "CHATSTATE_STORE": local_store_url})
+    assert result.returncode == 0, result.stderr
+    assert "tool call> get_weather" in result.stdout
+    assert "assistant> Tool results: call_" in result.stdout
+    (conv,) = conversations(local_store_url)
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant"]
+
+
 # -- the pages: README.md and every docs/*.md, code blocks run as a reader would ----------
 #
 # Discovered, not listed: a page added to docs/ later is covered without touching this file.

@@ -143,12 +143,12 @@ def test_retry_after_a_restart_completes_the_turn_once(local_store_url: str,
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_hanging_endpoint_times_out_clearly(local_store_url: str, fake: FakeModel,
                                             stream: bool) -> None:
-    fake.hang_next(10.0)
+    fake.hang_next(60.0)
     chat = new_chat(local_store_url, fake, max_retries=0, timeout=0.5)
     started = time.monotonic()
     with pytest.raises(ModelError) as info:
         run_turn(chat, "anyone there?", stream)
-    assert time.monotonic() - started < 5, "the timeout did not fire"
+    assert time.monotonic() - started < 20, "the timeout did not fire"  # the hang is 60 s
     assert "did not answer within 0.5s" in str(info.value), str(info.value)
     user = assert_interrupted_and_kept(chat, local_store_url, "anyone there?")
     chat.retry()

@@ -14,9 +14,12 @@ process of its own.
   full disk: ``ask`` fails clearly, ``replay`` still shows the transcript.
 - EROFS: a read-only bind mount (``mount --bind``, ``remount,ro,bind``), both
   under a writer that opened the store before, and for a fresh process.
-- EACCES: a read-only store directory, as user nobody (root ignores modes).
+- EACCES: a read-only store directory and an unsearchable one, as an ordinary user
+  would meet them: root drops every capability first (``setpriv``), so no other
+  user needs to reach the checkout or the venv.
 
-Whatever the machine does not allow skips with the reason.
+Whatever the machine does not allow skips with the reason (fails under
+``CHATSTATE_REQUIRE_TIERS=1``, see ``tests/tiers.py``).
 """
 
 from __future__ import annotations
@@ -32,10 +35,9 @@ from typing import Any
 import pytest
 from cli_helpers import CHATSTATE, cli_env
 from faultlib import CID, PYTHON, WRITER, assert_clear_error, require_tool, run
+from tiers import need
 
 pytestmark = pytest.mark.slow
-
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 class Namespace:
@@ -48,15 +50,15 @@ class Namespace:
         while os.readlink(f"/proc/{self.holder.pid}/ns/mnt") == mine:
             assert self.holder.poll() is None, "unshare -m exited"
 
-    def run(self, *args: str | Path, user: list[str] | None = None, check: bool = True,
+    def run(self, *args: str | Path, check: bool = True,
             **kw: Any) -> subprocess.CompletedProcess[str]:
-        result = run("nsenter", "-t", str(self.holder.pid), "-m", *(user or []), *args, **kw)
+        result = run("nsenter", "-t", str(self.holder.pid), "-m", *args, **kw)
         if check:
             assert result.returncode == 0, f"{args}: {result.stderr}"
         return result
 
-    def writer(self, *args: str, user: list[str] | None = None) -> Any:
-        result = self.run(PYTHON, WRITER, *args, user=user)
+    def writer(self, *args: str) -> Any:
+        result = self.run(PYTHON, WRITER, *args)
         return json.loads(result.stdout)
 
     def close(self) -> None:
@@ -80,8 +82,7 @@ def namespace_unavailable() -> str | None:
 @pytest.fixture
 def ns() -> Iterator[Namespace]:
     reason = namespace_unavailable()
-    if reason:
-        pytest.skip(reason=reason)
+    need("mount namespace", reason is None, reason or "")
     space = Namespace()
     try:
         yield space
@@ -98,22 +99,21 @@ def store_dir(kind: str, root: Path) -> Path:
 
 
 def cli(ns: Namespace, url: str, *args: str, env: dict[str, str],
-        user: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    return ns.run(CHATSTATE, "--store", url, *args, user=user, check=False, env=env)
+        ) -> subprocess.CompletedProcess[str]:
+    return ns.run(CHATSTATE, "--store", url, *args, check=False, env=env)
 
 
-def assert_unchanged(ns: Namespace, url: str, before: list[str], user: list[str] | None = None,
-                     ) -> None:
-    found = ns.writer("check", url, CID, user=user)
+def assert_unchanged(ns: Namespace, url: str, before: list[str]) -> None:
+    found = ns.writer("check", url, CID)
     assert found.get("hashes") == before and found.get("verify") is None, found
 
 
 # -- ENOSPC ------------------------------------------------------------------------------
 
 def loop_ext4(ns: Namespace, tmp_path: Path) -> Path:
-    require_tool("mkfs.ext4", "losetup")
-    if not os.path.exists("/dev/loop-control"):
-        pytest.skip(reason="no loop devices (/dev/loop-control missing)")
+    require_tool("mkfs.ext4", "losetup", tier="loop device")
+    need("loop device", os.path.exists("/dev/loop-control"),
+         "no loop devices (/dev/loop-control missing)")
     image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
     mnt.mkdir()
     with open(image, "wb") as fh:
@@ -121,8 +121,8 @@ def loop_ext4(ns: Namespace, tmp_path: Path) -> Path:
     made = run("mkfs.ext4", "-q", "-m", "0", "-F", image)
     assert made.returncode == 0, made.stderr
     mounted = ns.run("mount", "-o", "loop", image, mnt, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(reason=f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()}")
+    need("loop device", mounted.returncode == 0,
+         f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()}")
     return mnt
 
 
@@ -179,8 +179,8 @@ def read_only_view(ns: Namespace, tmp_path: Path) -> tuple[Path, Path]:
 
 def remount_ro(ns: Namespace, view: Path) -> None:
     done = ns.run("mount", "-o", "remount,ro,bind", view, check=False)
-    if done.returncode != 0:
-        pytest.skip(reason=f"cannot remount a bind mount read-only here: {done.stderr.strip()}")
+    need("mount namespace", done.returncode == 0,
+         f"cannot remount a bind mount read-only here: {done.stderr.strip()}")
 
 
 def test_mount_turns_read_only_under_a_running_writer(ns: Namespace, tmp_path: Path) -> None:
@@ -227,59 +227,61 @@ def test_fresh_process_on_a_read_only_mount(ns: Namespace, tmp_path: Path, kind:
 
 # -- EACCES ------------------------------------------------------------------------------
 
-def public_view(ns: Namespace, source: Path) -> Path:
-    """``source`` bind-mounted where another user can reach it, inside the namespace only.
-
-    pytest's temp directories are 0700, so user nobody cannot walk down to them.
-    The namespace mounts a tiny tmpfs over an empty world-searchable directory
-    (invisible outside the namespace) and binds ``source`` below it; the guard
-    still sees the bind's own filesystem.
-    """
-    for base in ("/srv", "/media"):
-        if os.path.isdir(base) and not os.listdir(base):
-            break
-    else:
-        pytest.skip(reason="no empty world-searchable directory (/srv, /media) to mount over")
-    ns.run("mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", base)
-    ns.run("mkdir", f"{base}/chatstate")
-    ns.run("mount", "--bind", source, f"{base}/chatstate")
-    return Path(base) / "chatstate"
+UNPRIVILEGED = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+"""Root with every capability dropped: file modes bind it as they bind any user, yet it
+still owns (and so reaches) the checkout and the venv, even inside a 0700 home."""
 
 
-def nobody_home(ns: Namespace, tmp_path: Path) -> Path:
-    require_tool("setpriv")
-    home = tmp_path / "nobody"
-    home.mkdir()
-    os.chown(home, 65534, 65534)
-    return public_view(ns, home)
+def as_user(*args: str | Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a command as an ordinary user would: root drops its capabilities first."""
+    if os.geteuid() == 0:
+        require_tool("setpriv", tier="capability drop")
+        return run(*UNPRIVILEGED, *args, env=env)
+    return run(*args, env=env)
+
+
+def test_unprivileged_really_meets_file_modes(tmp_path: Path) -> None:
+    """The premise of the two tests below: without capabilities root cannot write a 0555
+    directory it owns, while it still runs the venv's interpreter."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    done = as_user(PYTHON, "-c", f"open({str(locked / 'x')!r}, 'w')", env=dict(os.environ))
+    assert done.returncode == 1 and "PermissionError" in done.stderr, done
 
 
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
-def test_read_only_directory_as_another_user(ns: Namespace, tmp_path: Path, kind: str) -> None:
-    """Root ignores modes, so this runs as user nobody: ``ask`` fails clearly, nothing changes."""
-    view = nobody_home(ns, tmp_path)
-    url = url_under(kind, view)
-    env = cli_env(tmp_path, HOME=str(view))
-    before = ns.writer("populate", url, CID, "6", user=NOBODY)
-    locked = store_dir(kind, view)
-    ns.run("chmod", "0555", locked)
-    asked = cli(ns, url, "ask", "--model", "fake", "--id", CID, "hello", env=env, user=NOBODY)
+def test_read_only_directory_as_an_ordinary_user(tmp_path: Path, kind: str) -> None:
+    """``ask`` fails clearly and nothing changes."""
+    url = url_under(kind, tmp_path / "data")
+    env = cli_env(tmp_path)
+    populated = run(PYTHON, WRITER, "populate", url, CID, "6")
+    assert populated.returncode == 0, populated.stderr
+    before = json.loads(populated.stdout)
+    locked = store_dir(kind, tmp_path / "data")
+    locked.chmod(0o555)
+    try:
+        asked = as_user(CHATSTATE, "--store", url, "ask", "--model", "fake", "--id", CID,
+                        "hello", env=env)
+    finally:
+        locked.chmod(0o700)
     assert asked.returncode == 1, asked
     assert_clear_error(asked.stderr, locked)
     assert "ermission" in asked.stderr, asked.stderr
-    ns.run("chmod", "0700", locked)
-    assert_unchanged(ns, url, before, user=NOBODY)
+    found = json.loads(run(PYTHON, WRITER, "check", url, CID).stdout)
+    assert found.get("hashes") == before and found.get("verify") is None, found
 
 
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
-def test_store_path_not_searchable_is_a_clear_error(ns: Namespace, tmp_path: Path,
-                                                    kind: str) -> None:
+def test_store_path_not_searchable_is_a_clear_error(tmp_path: Path, kind: str) -> None:
     """A store below a directory this user may not enter: a store error, not a crash."""
-    require_tool("setpriv")
-    secret = tmp_path / "secret"  # root's, 0700
-    secret.mkdir(mode=0o700)
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o000)
     url = url_under(kind, secret)
-    listed = cli(ns, url, "list", env=cli_env(tmp_path, HOME="/nonexistent"), user=NOBODY)
+    try:
+        listed = as_user(CHATSTATE, "--store", url, "list",
+                         env=cli_env(tmp_path, HOME="/nonexistent"))
+    finally:
+        secret.chmod(0o700)
     assert listed.returncode == 1, listed
     assert_clear_error(listed.stderr, secret)
     assert "ermission" in listed.stderr, listed.stderr

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from faultlib import CID, PYTHON, TESTS_DIR, WRITER, after_fault, populate, require_tool, run
 from stores import parse_acks
+from tiers import need
 
 from chatstate.stores import open_store
 from chatstate.transcript import Conversation, Message
@@ -91,9 +92,8 @@ class LazyMount:
 @pytest.fixture
 def lazy(tmp_path: Path) -> Iterator[LazyMount]:
     reason = fuse_unavailable()
-    if reason:
-        pytest.skip(reason=reason)
-    require_tool("fusermount3")
+    need("FUSE power-loss", reason is None, reason or "")
+    require_tool("fusermount3", tier="FUSE power-loss")
     mount = LazyMount(tmp_path)
     mount.mount()
     try:

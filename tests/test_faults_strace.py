@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 from faultlib import CID, PYTHON, WRITER, after_fault, populate, require_tool, run
 from stores import local_path
+from tiers import need
 
 from chatstate.stores import open_store
 from chatstate.transcript import Message
@@ -161,10 +162,10 @@ class ForkServer:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
-    require_tool("strace")
+    require_tool("strace", tier="strace")
     probe = run("strace", "-f", "-e", "trace=getpid", "-o", "/dev/null", PYTHON, "-c", "1")
-    if probe.returncode != 0:
-        pytest.skip(reason=f"strace cannot trace here (ptrace refused?): {probe.stderr.strip()}")
+    need("strace", probe.returncode == 0,
+         f"strace cannot trace here (ptrace refused?): {probe.stderr.strip()}")
     srv = ForkServer(tmp_path_factory.mktemp("forkserver"))
     yield srv
     srv.close()
@@ -283,6 +284,6 @@ def test_sigkill_at_every_syscall(server: ForkServer, tmp_path: Path, kind: str,
 
 def test_os_replace_is_one_rename_syscall() -> None:
     """The sweeps inject whatever os.replace calls; say which, and that it is only one."""
-    require_tool("strace")
+    require_tool("strace", tier="strace")
     assert rename_syscall() in ("rename", "renameat", "renameat2")
     print(f"os.replace is {rename_syscall()} here")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +74,36 @@ def test_json_has_the_fields(places: dict[str, Path]) -> None:
 def test_rows_accumulate_and_the_file_is_private(places: dict[str, Path]) -> None:
     probe_json(places)
     second = probe_json(places)
-    for label in ("$HOME", "cwd", "--path"):
-        assert by_label(second, label)["sqlite"]["rows_before"] == 1, label
-        assert by_label(second, label)["sqlite"]["boots_before"] == 1
+    assert by_label(second, "--path")["sqlite"]["rows_before"] == 1
+    assert by_label(second, "--path")["sqlite"]["boots_before"] == 1
     mode = stat.S_IMODE(os.stat(places["extra"] / PROBE_DB).st_mode)
     assert mode == 0o600
 
 
-def test_writes_nothing_where_it_was_not_asked(places: dict[str, Path]) -> None:
+def test_only_named_directories_are_written(places: dict[str, Path],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """/tmp, $HOME and the cwd are inspected, not written: no row of this run lands in
+    /tmp/.chatstate-probe.db (other programs may write that file meanwhile, so the check
+    looks for this run's own DEPLOY_ID), and $HOME and the cwd stay empty."""
+    mine = f"probe-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("DEPLOY_ID", mine)
     data = probe_json(places)
-    store = by_label(data, "store")
-    assert store["exists"] is False and store["writable"] is False
-    assert "does not exist" in store["sqlite"]["error"]
-    assert not places["store"].exists()  # the probe creates no directory
-    assert sorted(p.name for p in places["extra"].iterdir()) == [PROBE_DB]  # probe file gone
+    probe(places)
+    shared = Path("/tmp") / PROBE_DB
+    if shared.exists():
+        with contextlib.closing(sqlite3.connect(f"file:{shared}?mode=ro", uri=True)) as db:
+            rows = db.execute("SELECT count(*) FROM runs WHERE deploy_id = ?", (mine,))
+            assert rows.fetchone() == (0,)
+    for label in ("/tmp", "$HOME", "cwd"):
+        entry = by_label(data, label)
+        assert entry["sqlite"]["file"] is None and "not written" in entry["sqlite"]["error"]
+        assert entry["write_probe"] is None, entry
+    assert by_label(data, "$HOME")["writable"] is True  # the permission check alone
+    assert list(places["home"].iterdir()) == [] and list(places["cwd"].iterdir()) == []
+    extra = by_label(data, "--path")["sqlite"]
+    assert extra["rows_after"] == 1
+    with contextlib.closing(sqlite3.connect(extra["file"])) as db:  # the named one is written
+        assert db.execute("SELECT deploy_id FROM runs").fetchall() == [(mine,)]
 
 
 def test_same_directory_is_probed_once(places: dict[str, Path]) -> None:

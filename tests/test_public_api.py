@@ -30,8 +30,11 @@ PUBLIC = [
     "SchemaVersionError",
     "Store",
     "StoreUnavailable",
+    "Tool",
+    "ToolLoopError",
     "make_adapter",
     "open_store",
+    "tool",
 ]
 
 HEAVY = ["openai", "httpx2", "pydantic", "pydantic_settings"]

@@ -521,3 +521,32 @@ def test_doctor_reports_a_running_proxy(proxy: ServeProcess, tmp_path: Path) -> 
                    store=url)
     assert down.code == 1 and "NOT READY" in down.out
     assert "chatstate serve at http://127.0.0.1:9/readyz is not ready" in down.out
+
+
+def test_streamed_tool_calls_reach_the_client_only_once_stored(proxy: ServeProcess,
+                                                               fake: FakeModel) -> None:
+    fake.add_tool_rule(contains="weather", calls=[{"name": "get_weather",
+                                                   "arguments": {"city": "Oslo"}}])
+    fake.configure(arg_chunk=1, chunk_delay=0.01)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    pieces = []
+    with httpx2.stream("POST", proxy.base_url + "/chat/completions", timeout=30, json={
+            "model": "m", "stream": True, "tools": tools,
+            "messages": [{"role": "user", "content": "weather in Oslo?"}]},
+            headers={"X-Chatstate-Conversation": "tool-stream"}) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+            for call in delta.get("tool_calls") or []:
+                # the call is in the store before any piece of it reaches the client
+                stored = load(proxy.store_url, "tool-stream").messages[-1]  # type: ignore
+                assert stored.role == "assistant" and stored.tool_calls
+                pieces.append(call.get("function", {}).get("arguments") or "")
+    (call,) = load(proxy.store_url, "tool-stream").messages[-1].tool_calls  # type: ignore
+    assert call["function"]["name"] == "get_weather"
+    assert "".join(pieces) == call["function"]["arguments"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    assert len(pieces) > 5  # it really came in pieces

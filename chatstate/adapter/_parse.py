@@ -2,6 +2,12 @@
 
 Both backends hand decoded JSON here, so a reply that is not shaped like an
 OpenAI chat completion fails the same way whichever client fetched it.
+
+Streamed tool calls are put together the chat-completions way: each delta in
+``tool_calls`` names its call by ``index``; the first delta for an index
+carries the id, type and function name, later ones append to the arguments
+string. Tool calls are not text, so ``feed`` returns only text; the calls
+surface whole in the final reply.
 """
 
 from __future__ import annotations
@@ -20,11 +26,17 @@ _RAW_LIMIT = 8000  # what is kept of an error body at all
 Usage = dict[str, "int | dict[str, int]"]
 
 
+# Message fields worth keeping besides content and tool_calls: a later request may need them.
+EXTRA_FIELDS = ("refusal", "reasoning", "reasoning_content")
+
+
 class Reply(NamedTuple):
     text: str
     model: str | None
     usage: Usage | None
     finish_reason: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] | None = None
 
 
 def _malformed(detail: str) -> AttemptFailed:
@@ -69,8 +81,34 @@ def parse_completion(data: object) -> Reply:
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         raise _malformed("message content is not text")
+    calls = message.get("tool_calls")
+    if calls is not None and (not isinstance(calls, list) or
+                              not all(_is_whole_call(c) for c in calls)):
+        raise _malformed("tool_calls is not a list of function calls with id, name and "
+                         "arguments")
     return Reply(content or "", _str_or_none(data.get("model")), _usage(data.get("usage")),
-                 _str_or_none(choices[0].get("finish_reason")))
+                 _str_or_none(choices[0].get("finish_reason")),
+                 [_call(c["id"], c["function"]["name"], c["function"]["arguments"])
+                  for c in calls] if calls else None,
+                 _extra(message))
+
+
+def _is_whole_call(call: object) -> bool:
+    if not isinstance(call, Mapping) or not isinstance(call.get("id"), str):
+        return False
+    function = call.get("function")
+    return isinstance(function, Mapping) and isinstance(function.get("name"), str) and \
+        isinstance(function.get("arguments"), str)
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def _extra(message: Mapping[str, Any]) -> dict[str, Any] | None:
+    kept = {k: message[k] for k in EXTRA_FIELDS if message.get(k) is not None}
+    return kept or None
 
 
 class StreamAccumulator:
@@ -78,6 +116,8 @@ class StreamAccumulator:
 
     def __init__(self) -> None:
         self._parts: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._extra: dict[str, Any] = {}
         self.model: str | None = None
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
@@ -87,7 +127,43 @@ class StreamAccumulator:
         return "".join(self._parts)
 
     def reply(self) -> Reply:
-        return Reply(self.text, self.model, self.usage, self.finish_reason)
+        calls = None
+        if self._calls:
+            calls = [self._calls[i] for i in sorted(self._calls)]
+            incomplete = [c for c in calls if not c["id"] or not c["function"]["name"]]
+            if incomplete:
+                raise _malformed("a streamed tool call never got its id or function name")
+        return Reply(self.text, self.model, self.usage, self.finish_reason, calls,
+                     dict(self._extra) or None)
+
+    def _feed_calls(self, deltas: object) -> None:
+        if not isinstance(deltas, list):
+            raise _malformed("stream delta tool_calls is not a list")
+        for delta in deltas:
+            index = delta.get("index") if isinstance(delta, Mapping) else None
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise _malformed("stream tool call delta has no integer index")
+            function = delta.get("function") or {}
+            if not isinstance(function, Mapping):
+                raise _malformed("stream tool call delta has a non-object function")
+            call = self._calls.setdefault(index, _call("", "", ""))
+            for key, value in (("id", delta.get("id")), ("type", delta.get("type"))):
+                if isinstance(value, str) and value:
+                    call[key] = value
+            name, arguments = function.get("name"), function.get("arguments")
+            if isinstance(name, str) and name:
+                call["function"]["name"] = name
+            if arguments is not None and not isinstance(arguments, str):
+                raise _malformed("stream tool call arguments are not a string")
+            call["function"]["arguments"] += arguments or ""
+
+    def _feed_extra(self, delta: Mapping[str, Any]) -> None:
+        for key in EXTRA_FIELDS:
+            value = delta.get(key)
+            if isinstance(value, str) and value:  # text fields that stream like content
+                self._extra[key] = str(self._extra.get(key, "")) + value
+            elif value is not None and not isinstance(value, str):
+                self._extra[key] = value
 
     def feed(self, chunk: object) -> str:
         if not isinstance(chunk, Mapping):
@@ -111,6 +187,9 @@ class StreamAccumulator:
         if content is not None and not isinstance(content, str):
             raise _malformed("stream delta content is not text")
         self.finish_reason = _str_or_none(choice.get("finish_reason")) or self.finish_reason
+        if delta.get("tool_calls") is not None:
+            self._feed_calls(delta["tool_calls"])
+        self._feed_extra(delta)
         if content:
             self._parts.append(content)
         return content or ""

@@ -11,6 +11,11 @@ retry rules, the Retry-After handling and the error texts exist once.
 A stream that drops after it started is retried too: the new stream must
 re-produce the text already yielded, which is swallowed; if it diverges the
 adapter raises rather than yield text that contradicts what the caller shows.
+
+Tool calls (requested with ``tools``/``tool_choice`` in ``params``) are not
+text: a stream never yields them piecemeal, only whole, in the final
+Completion, assembled from the one attempt that finished. So a retry cannot
+show half a call, and nothing of a call from a failed attempt survives.
 """
 
 from __future__ import annotations
@@ -40,12 +45,20 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Completion:
-    """A whole reply: its text, the model that wrote it, token usage and why it stopped."""
+    """A whole reply: its text, the model that wrote it, token usage and why it stopped.
+
+    ``tool_calls`` are the calls the model asked for, in chat-completions form
+    (``{"id", "type": "function", "function": {"name", "arguments"}}``, arguments the
+    raw JSON string as sent); ``extra`` holds other message fields a later request
+    may need (``refusal``, ``reasoning``), as the provider sent them.
+    """
 
     text: str
     model: str | None
     usage: Usage | None
     finish_reason: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] | None = None
 
 
 @runtime_checkable
@@ -55,16 +68,17 @@ class ModelAdapter(Protocol):
     model: str
     """The model used when a call does not name one."""
 
-    def complete(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+    def complete(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> Completion:
         """Return the whole reply, retrying transient failures; raise ModelError when out."""
         ...
 
-    def stream(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+    def stream(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
         """Yields text deltas (str) and, last, one Completion whose text is the whole reply.
 
-        The deltas concatenate to ``Completion.text``. A retried stream never
+        The deltas concatenate to ``Completion.text``; tool calls come only whole,
+        in the Completion. A retried stream never
         yields a character twice, and never yields text that contradicts what
         was already yielded: it raises ModelError(retryable=True) instead.
         """
@@ -114,7 +128,7 @@ class RetryingAdapter:
     def close(self) -> None:
         self.backend.close()
 
-    def complete(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+    def complete(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> Completion:
         body = self._body(messages, model, params, stream=False)
 
@@ -126,7 +140,7 @@ class RetryingAdapter:
                 return item
         raise AssertionError("unreachable: _run always ends with a Completion")
 
-    def stream(self, messages: Sequence[Mapping[str, str]], *, model: str | None = None,
+    def stream(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
         body = self._body(messages, model, params, stream=True)
 
@@ -145,7 +159,7 @@ class RetryingAdapter:
 
         return self._run(attempt)
 
-    def _body(self, messages: Sequence[Mapping[str, str]], model: str | None,
+    def _body(self, messages: Sequence[Mapping[str, Any]], model: str | None,
               params: Mapping[str, Any] | None, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = dict(params or {})
         body["model"] = model or self.model

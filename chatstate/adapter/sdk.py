@@ -23,7 +23,7 @@ __all__ = ["SdkBackend"]
 
 # Sent as keyword arguments; every other request field travels in extra_body,
 # so per-call params the SDK does not know yet still reach the server.
-_KWARGS = ("model", "messages", "stream", "stream_options")
+_KWARGS = ("model", "messages", "stream", "stream_options", "tools", "tool_choice")
 
 
 class SdkBackend:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import click
@@ -13,6 +14,7 @@ from ..errors import ChatstateError, ModelError
 from . import waiting
 from .common import Env, fail
 from .daily import Daily, daily_options
+from .functions import functions_option, load_functions, tool_printer
 from .turns import attach_option, attachments, conversation_options, open_chat, valid_text
 
 
@@ -26,30 +28,34 @@ from .turns import attach_option, attachments, conversation_options, open_chat, 
               "instead of sending a new prompt.")
 @daily_options
 @attach_option
+@functions_option
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
         no_stream: bool, as_json: bool, retry: bool, daily: Daily,
-        attach: tuple[str, ...]) -> None:
+        attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
     The user message is durable before the request is sent, and each piece of
     the reply is durable before it is printed. `--id ID` continues ID or
-    creates it. Exit status: 0 ok, 1 failure, 2 usage.
+    creates it. With --functions, each tool call and its result is described
+    on stderr once stored. Exit status: 0 ok, 1 failure, 2 usage.
     """
     if retry and attach:
         raise click.UsageError("--retry completes the interrupted turn; it takes no --attach")
     text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
     parts = attachments(attach)  # read before anything is stored: a bad path stores nothing
+    tools = load_functions(functions)
     system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as chat:
         daily.configure(chat, params)
         click.echo(f"conversation {chat.id}", err=True)
         note_before(chat, retry=retry)
+        chat.on_tool = tool_printer(lambda line: click.echo(line, err=True))
         try:
             reply = one_turn(chat, text, stream=not (as_json or no_stream),
-                             show=not as_json, daily=daily, attach=parts)
+                             show=not as_json, daily=daily, attach=parts, tools=tools or None)
         except (KeyboardInterrupt, BrokenPipeError) as exc:
             # Ctrl-C, or the reader of stdout went away (`| head`): the partial is kept
             if chat.interrupted is not None:
@@ -97,7 +103,8 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
 
 
 def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
-             attach: list[dict[str, Any]] | None = None) -> Any:
+             attach: list[dict[str, Any]] | None = None,
+             tools: list[Any] | None = None) -> Any:
     """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
     from .markdown import ReplyPrinter, print_stats
 
@@ -105,7 +112,7 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
     more = {"attach": attach} if attach else {}
     if not stream:
         with waiting.waiting(spin):
-            reply = chat.send(text, **more) if text else chat.retry()
+            reply = chat.send(text, tools=tools, **more) if text else chat.retry(tools=tools)
         if not show:
             return reply
         printer = ReplyPrinter(markdown=daily.markdown())
@@ -113,7 +120,8 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
     else:
         printer = ReplyPrinter(markdown=daily.markdown())
         try:
-            deltas = chat.stream(text, **more) if text else chat.retry_stream()
+            deltas = (chat.stream(text, tools=tools, **more) if text
+                      else chat.retry_stream(tools=tools))
             for delta in waiting.until_first(deltas, spin):
                 printer.feed(delta)
         except BaseException:

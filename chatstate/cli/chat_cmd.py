@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import click
@@ -19,6 +20,7 @@ from ..replay_text import content_text
 from . import waiting
 from .common import Env
 from .daily import Daily, daily_options
+from .functions import functions_option, load_functions, tool_printer
 from .render import clip, neutralise
 from .repl_fork import ForkCommands
 from .turns import attach_option, attachments, conversation_options, open_chat, valid_text
@@ -46,27 +48,34 @@ Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 @click.option("--no-stream", is_flag=True, help="Print each reply whole.")
 @daily_options
 @attach_option
+@functions_option
 @click.pass_obj
 def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
          offline: bool, base_url: str | None, system: str | None, no_stream: bool,
-         daily: Daily, attach: tuple[str, ...]) -> None:
-    """The chat REPL. --attach goes with the first message you send."""
+         daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
+    """The chat REPL. --attach goes with the first message you send; with --functions,
+    each tool call and result is shown once stored."""
     parts = attachments(attach)
+    tools = load_functions(functions)
     system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system) as session:
         daily.configure(session, params)
-        repl = Repl(session, stream=not no_stream, daily=daily)
+        repl = Repl(session, stream=not no_stream, daily=daily, tools=tools)
         repl.pending = parts
         repl.run()
 
 
 class Repl(ForkCommands):
-    def __init__(self, session: Any, *, stream: bool, daily: Daily | None = None) -> None:
+    def __init__(self, session: Any, *, stream: bool, daily: Daily | None = None,
+                 tools: list[Any] | None = None) -> None:
         self.chat = session
         self.stream = stream
         self.daily = daily or Daily()
         self.told_fit: set[str] = set()  # conversations whose trimming was announced
+        self.tools = tools or None
+        self.printer: Any = None  # the reply being printed, if any
+        session.on_tool = tool_printer(self.tool_line)
         self.read = make_reader()
         self.pending: list[dict[str, Any]] = []  # /attach: parts for the next message
         # A shell starts background jobs with SIGINT ignored, and that is inherited; the
@@ -103,8 +112,8 @@ class Repl(ForkCommands):
             if turn is not None:
                 self.say(f"[{turn.describe()}: it is kept but not sent again]")
             more, self.pending = {"attach": self.pending} if self.pending else {}, []
-            self.render(partial(self.chat.stream, text, **more),
-                        partial(self.chat.send, text, **more))
+            self.render(partial(self.chat.stream, text, tools=self.tools, **more),
+                        partial(self.chat.send, text, tools=self.tools, **more))
         except KeyboardInterrupt:
             self.say("[interrupted]")
         except (ChatstateError, click.UsageError, OSError) as exc:
@@ -129,33 +138,47 @@ class Repl(ForkCommands):
 
     def show(self, m: Any, *, whole: bool = False) -> None:
         """One message; long ones clipped (``chatstate replay`` prints them whole)."""
-        tag = " (partial)" if m.status == "partial" else ""
-        tag += " (summary)" if (m.params or {}).get("summary") and m.role == "system" else ""
-        text = content_text(m.content)
-        text = text if whole else clip(text, f"chatstate replay {self.chat.id}")
-        click.echo(f"{m.role}{tag}> {neutralise(text)}")
+        if m.role != "tool" and (m.text or not m.tool_calls):
+            tag = " (partial)" if m.status == "partial" else ""
+            tag += " (summary)" if (m.params or {}).get("summary") and m.role == "system" \
+                else ""
+            text = content_text(m.content)
+            text = text if whole else clip(text, f"chatstate replay {self.chat.id}")
+            click.echo(f"{m.role}{tag}> {neutralise(text)}")
+        if m.tool_calls or m.role == "tool":
+            tool_printer(click.echo)(m)
+
+    def tool_line(self, line: str) -> None:
+        """A tool call or result, printed when it is stored, on a line of its own; the
+        reply's text goes on under it."""
+        from .markdown import ReplyPrinter
+
+        if self.printer is not None and self.printer.text:
+            self.printer.close()
+            self.printer = ReplyPrinter(markdown=self.printer.markdown, prefix="assistant> ")
+        click.echo(line)
 
     def render(self, streamer: Callable[[], Iterator[str]], sender: Callable[[], Any]) -> None:
         from ..errors import ChatstateError
         from .markdown import ReplyPrinter, print_stats
 
         spin = waiting.enabled()
-        printer = ReplyPrinter(markdown=self.daily.markdown(), prefix="assistant> ")
+        self.printer = ReplyPrinter(markdown=self.daily.markdown(), prefix="assistant> ")
         try:
             if self.stream:
                 for delta in waiting.until_first(streamer(), spin):
-                    printer.feed(delta)
+                    self.printer.feed(delta)
             else:
                 with waiting.waiting(spin):
                     reply = sender()
-                printer.feed(reply.text)
+                self.printer.feed(reply.text)
         except KeyboardInterrupt:
-            self._abort(printer)
+            self._abort(self.printer)
             self.say("[interrupted: the partial reply is kept; /retry completes the turn]")
         except ChatstateError as exc:
             from ..errors import ModelError
 
-            self._abort(printer)
+            self._abort(self.printer)
             self.say(f"error: {exc}")
             if self.chat.interrupted is None:
                 return
@@ -166,10 +189,12 @@ class Repl(ForkCommands):
             else:
                 self.say("[your message is stored; /retry completes the turn]")
         else:
-            printer.close()
-            if printer.markdown and not self.daily.quiet:
-                print_stats(printer.stats(self.chat.messages[-1].usage))
+            self.printer.close()
+            if self.printer.markdown and not self.daily.quiet:
+                print_stats(self.printer.stats(self.chat.messages[-1].usage))
             self.note_cut()
+        finally:
+            self.printer = None
         self.tell_fit()
 
     def _abort(self, printer: Any) -> None:
@@ -227,7 +252,8 @@ class Repl(ForkCommands):
         if self.chat.interrupted is None and self.chat.cut_short is None:
             self.say("nothing to retry: the last turn is complete")
         else:
-            self.render(self.chat.retry_stream, self.chat.retry)
+            self.render(partial(self.chat.retry_stream, tools=self.tools),
+                        partial(self.chat.retry, tools=self.tools))
 
     def do_continue(self, _: str) -> None:
         if self.chat.interrupted is not None:

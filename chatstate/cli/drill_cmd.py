@@ -41,10 +41,14 @@ from .common import Env, describe_store, fail
               "SIGKILL the proxy under concurrent streams (needs the serve extra).")
 @click.option("--clients", type=click.IntRange(1), default=8, show_default=True,
               help="With --serve: concurrent streamed conversations per trial.")
+@click.option("--tools", is_flag=True,
+              help="Drill the tool loop instead: kill a writer at every step of it, then "
+                   "count duplicated side effects and orphaned calls (both must be 0).")
 @click.pass_obj
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
-          max_seconds: float, as_json: bool, serve_mode: bool, clients: int) -> None:
+          max_seconds: float, as_json: bool, serve_mode: bool, clients: int,
+          tools: bool) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -55,6 +59,12 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     is stored, interrupted turns are reported and retry() completes them, no
     temp file or lock is left. The drill's conversations are deleted at the
     end; no other conversation is read or written.
+
+    With --tools, each writer runs a tool loop (an idempotent tool and one that
+    appends to a file) and is killed while a tool runs, between a stored result
+    and the next model call, or at random; the drill proves no call is left
+    without its result (stored or sent), no non-idempotent tool ran twice, and
+    every acknowledged message is still there.
 
     Exit status 0 when nothing was lost, corrupt or duplicated and no other
     problem was found; 1 otherwise. --json prints the result of one store as
@@ -81,6 +91,9 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
                 results.append(_serve_drill(url, trials, clients, seed))
                 continue
             left = max_seconds - sum(r.seconds for r in results)
+            if tools:
+                results.append(_tool_drill(url, trials, seed, trial_timeout, max(left, 1.0)))
+                continue
             opts = DrillOptions(trials=trials, seed=seed, trial_timeout=trial_timeout,
                                 max_seconds=max(left, 1.0))
             results.append(run_drill(url, opts, progress=_progress(trials)))
@@ -94,6 +107,8 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
 
         click.echo(json.dumps([r.to_dict() for r in results], indent=2) if as_json
                    else render_serve(results))
+    elif tools:
+        _print_tools(results, as_json, all_stores)
     else:
         _print(results, as_json, all_stores)
     if not all(r.ok for r in results):
@@ -172,3 +187,35 @@ def _print(results: list[Any], as_json: bool, all_stores: bool) -> None:
     if not console.is_terminal:
         console = Console(highlight=False, width=200)
     render(results, console)
+
+
+def _tool_drill(url: str, trials: int, seed: int | None, trial_timeout: float,
+                max_seconds: float) -> Any:
+    from ..drill.tooldrill import run_tool_drill
+
+    def show(result: Any) -> None:
+        if result.kills % max(1, trials // 10) == 0:
+            click.echo(f"drill --tools {result.store}: {result.kills}/{trials} kills, "
+                       f"{len(result.problems)} problems", err=True)
+    return run_tool_drill(url, trials=trials, seed=seed, trial_timeout=trial_timeout,
+                          max_seconds=max_seconds, progress=show)
+
+
+def _print_tools(results: list[Any], as_json: bool, all_stores: bool) -> None:
+    if as_json:
+        doc = {"ok": all(r.ok for r in results), "stores": [r.to_dict() for r in results]} \
+            if all_stores else results[0].to_dict()
+        click.echo(json.dumps(doc, indent=2))
+        return
+    for r in results:
+        verdict = "ok" if r.ok else "FAILED"
+        click.echo(f"{r.store}: {verdict}: {r.kills} kills, {r.calls} tool calls, "
+                   f"{r.tool_runs} side effects, {r.duplicates} duplicates, "
+                   f"{r.orphans} orphans, {r.lost} acknowledged messages lost, "
+                   f"{r.unknown} outcomes unknown, {r.requests} model requests "
+                   f"(seed {r.seed}, {r.seconds:.0f} s)")
+        click.echo("  kills by step: " + ", ".join(f"{k} {v}" for k, v in sorted(r.steps.items())))
+        if r.stopped_early:
+            click.echo(f"  stopped early: {r.stopped_early}")
+        for problem in r.problems[:20]:
+            click.echo(f"  problem: {problem}")

@@ -23,14 +23,16 @@ def probe(ctx: click.Context, as_json: bool, paths: tuple[str, ...]) -> None:
 
     For /tmp, $HOME, the current directory, the store's directory (from the
     store URL; the store is not opened) and each --path: exists, writable,
-    device, filesystem, durability verdict, and a SQLite row count.
+    device, filesystem and durability verdict; for the store's directory and
+    each --path also a SQLite row count.
 
-    What it writes: in each of those directories that exists, one row per run
-    in a small SQLite file .chatstate-probe.db (kept, so that the next run can
-    count the rows earlier runs left: run it again after a reboot or a redeploy
-    and compare with `chatstate probe diff`), and a write+fsync+read probe file
-    that is deleted at once. It creates no directory. The probe files may be
-    deleted at any time.
+    What it writes, only in the store's directory and each --path that exists:
+    one row per run in a small SQLite file .chatstate-probe.db (kept, so that
+    the next run can count the rows earlier runs left: run it again after a
+    reboot or a redeploy and compare with `chatstate probe diff`), and a
+    write+fsync+read probe file that is deleted at once. /tmp, $HOME and the
+    current directory are only inspected unless named with --path. It creates
+    no directory. The probe files may be deleted at any time.
     """
     if ctx.invoked_subcommand is not None:
         return

@@ -8,7 +8,10 @@ Modules: ``writer`` (the fork server and the writer it forks, run as ``python
 -m chatstate.drill.writer``), ``plan`` (where to kill, which phase it hit),
 ``server`` (the runner's end of the writer's pipes), ``check`` (the fresh-open
 checker), ``leftovers`` (temp files, locks, orphan objects; cleanup),
-``runner`` (the loop) and ``report`` (table and JSON).
+``runner`` (the loop) and ``report`` (table and JSON). The tool-loop drill
+(``drill --tools``): ``toolwriter`` (its writer fork server), ``toolserver``
+(the drill's end of its pipe) and ``tooldrill`` (the loop, the checks, the
+result).
 
 Importing this package loads nothing else: the writer's imports stay lean.
 """

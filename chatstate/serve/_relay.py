@@ -7,6 +7,10 @@ while a write is in flight go into the next one (group commit). The final
 events are written after the reply is committed into the chain. So whatever a
 client received is a prefix of what the store holds, and a slow disk makes the
 client's stream move in larger steps, not fall behind.
+
+Tool calls are not text: the partial reply holds text only, so once a tool-call
+delta arrives, that event and every later one is held back and written after the
+commit, which stores the calls whole.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class StreamRelay:
         self.acc = StreamAccumulator()
         self.saved = ""
         self.committed = False
+        self.holding = False  # a tool-call delta arrived: hold events until the commit
+        self.held: list[bytes] = []
 
     async def events(self) -> AsyncIterator[bytes]:
         queue: asyncio.Queue[object] = asyncio.Queue()
@@ -87,13 +93,15 @@ class StreamRelay:
                     assert isinstance(item, str)
                     if item.strip() == "[DONE]":
                         done = True
-                    else:
-                        self._feed(item)
-                    out.append(f"data: {item}\n\n".encode())
+                    elif self._feed(item) and not self.holding:
+                        self.holding = True
+                    event = f"data: {item}\n\n".encode()
+                    (self.held if self.holding else out).append(event)
                 finished = done or (ended and self.acc.finish_reason is not None)
                 if finished and not self.committed:
                     await asyncio.to_thread(self._commit, self.reply())
                     self.committed = True
+                    out, self.held, self.holding = out + self.held, [], False
                 elif self.acc.text != self.saved and not self.committed:
                     await self.save()
                 if out:
@@ -101,16 +109,21 @@ class StreamRelay:
         finally:
             reader.cancel()
 
-    def _feed(self, data: str) -> None:
+    def _feed(self, data: str) -> bool:
+        """Fold one event into the reply; True when it carries a tool-call delta."""
         try:
             chunk = json.loads(data)
         except ValueError:
             log.warning("serve: relaying an upstream event that is not JSON: %.80s", data)
-            return
+            return False
         try:
             self.acc.feed(chunk)
         except AttemptFailed as exc:  # an error event or a misshapen chunk: relayed as is
             log.warning("serve: upstream stream: %s", exc)
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        delta = choices[0].get("delta") if isinstance(choices, list) and choices and \
+            isinstance(choices[0], dict) else None
+        return isinstance(delta, dict) and bool(delta.get("tool_calls"))
 
     async def save(self) -> None:
         text = self.acc.text
@@ -125,7 +138,14 @@ class StreamRelay:
 
     def reply(self) -> dict[str, Any]:
         r = self.acc.reply()
-        return {"content": r.text, "model": r.model, "usage": r.usage}
+        fields: dict[str, Any] = {"content": r.text, "model": r.model, "usage": r.usage}
+        if r.tool_calls:
+            fields["tool_calls"] = r.tool_calls
+        if r.extra:
+            fields["extra"] = r.extra
+        if r.finish_reason not in (None, "stop", "tool_calls"):
+            fields["finish_reason"] = r.finish_reason
+        return fields
 
 
 class RelayResponse(StreamingResponse):

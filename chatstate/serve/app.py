@@ -404,13 +404,26 @@ def _reply_fields(data: object) -> dict[str, Any]:
         fields["tool_calls"] = message["tool_calls"]
     if extra:
         fields["extra"] = extra
+    finish = data["choices"][0].get("finish_reason")
+    if finish not in (None, "stop", "tool_calls"):
+        fields["finish_reason"] = finish
     return fields
 
 
-def _int_usage(usage: object) -> dict[str, int] | None:
+def _int_usage(usage: object) -> dict[str, Any] | None:
+    """Token counts, with one level of detail (``prompt_tokens_details``), as stored."""
     if not isinstance(usage, dict):
         return None
-    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+    kept: dict[str, Any] = {}
+    for key, value in usage.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            kept[key] = value
+        elif isinstance(value, dict):
+            inner = {k: v for k, v in value.items()
+                     if isinstance(v, int) and not isinstance(v, bool)}
+            if inner:
+                kept[key] = inner
+    return kept
 
 
 _HOP_BY_HOP = {"server", "date", "connection", "keep-alive", "transfer-encoding", "content-length",

@@ -20,12 +20,15 @@ from typing import Any, NamedTuple
 
 from ._parts import received_parts
 from ._replies import (
+    CHUNK_BOUNDARY,
+    call_deltas,
     chunk_body,
     completion_body,
     default_error_message,
     error_body,
     prompt_tokens,
     reply_chunks,
+    tool_reply,
     usage,
 )
 from ._script import Fault, Script
@@ -173,20 +176,29 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _reply(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> _Reply:
-        options = self.server.script.options
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        chunks, finish = reply_chunks(messages, options.reply_words,
-                                      max_tokens if isinstance(max_tokens, int) else None)
+        script = self.server.script
+        options = script.options
+        with script.lock:
+            scripted = tool_reply(messages, list(script.tool_rules), _offered(body))
+        calls: list[dict[str, Any]] = []
+        if scripted is not None:
+            text, calls = scripted
+            chunks = [c for c in CHUNK_BOUNDARY.split(text) if c]
+            finish = "tool_calls" if calls else "stop"
+        else:
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+            chunks, finish = reply_chunks(messages, options.reply_words,
+                                          max_tokens if isinstance(max_tokens, int) else None)
         return _Reply(f"chatcmpl-fake-{next(self.server.ids)}",
                       str(body.get("model") or options.model), int(time.time()),
-                      chunks, finish, usage(messages, chunks))
+                      chunks, finish, usage(messages, chunks), calls)
 
     def _complete(self, reply: _Reply, fault: Fault | None) -> None:
         if fault is not None and fault.kind == "malformed":
             self._raw(200, b'{"choices": [{"message": ', "application/json")
             return
         raw = json.dumps(completion_body(reply.id, reply.model, reply.created, "".join(
-            reply.chunks), reply.finish, reply.usage)).encode()
+            reply.chunks), reply.finish, reply.usage, reply.calls)).encode()
         if fault is not None and fault.kind == "cut":
             self._send_head(200, "application/json", len(raw))
             self.wfile.write(raw[: len(raw) // 2])
@@ -204,10 +216,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._event(chunk(delta={"role": "assistant", "content": "", "refusal": None}))
         if fault is not None and fault.kind == "malformed":
             self._event_raw("{this is not json")
-        for index, piece in enumerate(reply.chunks):
+        deltas = [{"content": piece} for piece in reply.chunks]
+        deltas += call_deltas(reply.calls, self.server.script.options.arg_chunk)
+        for index, delta in enumerate(deltas):
             if fault is not None and fault.kind == "cut" and index >= fault.after_chunks:
                 break
-            self._event(chunk(delta={"content": piece}))
+            self._event(chunk(delta=delta))
         else:
             self._event(chunk(delta={}, finish_reason=reply.finish))
             if include_usage:
@@ -309,6 +323,15 @@ class _Reply(NamedTuple):
     chunks: list[str]
     finish: str
     usage: dict[str, int]
+    calls: list[dict[str, Any]]
+
+
+def _offered(body: dict[str, Any]) -> list[str]:
+    """The names of the tools a request offers."""
+    tools = body.get("tools")
+    return [str(t["function"]["name"]) for t in tools if isinstance(t, dict) and
+            isinstance(t.get("function"), dict) and "name" in t["function"]] \
+        if isinstance(tools, list) else []
 
 
 def _header_seconds(value: float | str) -> str:

@@ -26,7 +26,7 @@ FILLER = (
 
 # Split before every non-space that follows a space: pieces keep their
 # trailing whitespace, so "".join(chunks) == text exactly.
-_CHUNK_BOUNDARY = re.compile(r"(?<=\s)(?=\S)")
+CHUNK_BOUNDARY = re.compile(r"(?<=\s)(?=\S)")
 
 
 def _content(message: Mapping[str, Any]) -> str:
@@ -44,10 +44,54 @@ def reply_chunks(messages: Sequence[Mapping[str, Any]], reply_words: int = 8,
     digest = hashlib.sha256(canonical.encode()).digest()
     filler = [FILLER[digest[i % len(digest)] % len(FILLER)] for i in range(max(reply_words, 0))]
     text = f"Echo: {last_user}" + "".join(f" {word}" for word in filler)
-    chunks = [c for c in _CHUNK_BOUNDARY.split(text) if c]
+    chunks = [c for c in CHUNK_BOUNDARY.split(text) if c]
     if max_tokens is not None and 0 <= max_tokens < len(chunks):
         return chunks[:max_tokens], "length"
     return chunks, "stop"
+
+
+def tool_reply(messages: Sequence[Mapping[str, Any]], rules: Sequence[Any],
+               offered: Sequence[str] = ()) -> tuple[str, list[dict[str, Any]]] | None:
+    """The reply of a turn scripted by tool rules: (text, tool calls), or None for an echo.
+
+    While the turn (the messages after the last user message) has had fewer than
+    ``rule.rounds`` replies with tool calls, the reply calls the rule's tools; once a
+    round is answered, a request ending in ``tool`` messages is answered by reading
+    those results back, so a test can see exactly what the model received.
+
+    Without a rule, a user message that writes ``NAME(JSON)`` for a tool the request
+    offers gets that call (once per turn): the offline demo's way to call a tool.
+    """
+    start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    last_user = _content(messages[start]) if start >= 0 else ""
+    rounds = sum(1 for m in messages[start + 1:]
+                 if m.get("role") == "assistant" and m.get("tool_calls"))
+    rule = next((r for r in rules if r.contains in last_user), None)
+    wanted = rule.calls if rule is not None and rounds < rule.rounds else \
+        _written_calls(last_user, offered) if rule is None and rounds == 0 else []
+    if wanted:
+        seed = hashlib.sha256(json.dumps([dict(m) for m in messages], sort_keys=True,
+                                         ensure_ascii=True).encode()).hexdigest()
+        calls = [{"id": f"call_{seed[:10]}_{i}", "type": "function", "function": {
+            "name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str)
+            else json.dumps(c["arguments"])}} for i, c in enumerate(wanted)]
+        return (rule.text if rule is not None else ""), calls
+    if messages and messages[-1].get("role") == "tool":
+        results = []
+        for m in reversed(messages):
+            if m.get("role") != "tool":
+                break
+            results.append(f"{m.get('tool_call_id')}={_content(m)}")
+        return "Tool results: " + "; ".join(reversed(results)), []
+    return None
+
+
+def _written_calls(text: str, offered: Sequence[str]) -> list[dict[str, Any]]:
+    if not offered:
+        return []
+    names = "|".join(re.escape(n) for n in offered)
+    return [{"name": m.group(1), "arguments": m.group(2).strip() or "{}"}
+            for m in re.finditer(rf"\b({names})\((.*?)\)(?!\S*\))", text)]
 
 
 def reply_text(messages: Sequence[Mapping[str, Any]], reply_words: int = 8,
@@ -68,12 +112,32 @@ def usage(messages: Sequence[Mapping[str, Any]], chunks: Sequence[str]) -> dict[
             "total_tokens": prompt + len(chunks)}
 
 
+def call_deltas(calls: Sequence[Mapping[str, Any]], arg_chunk: int) -> list[dict[str, Any]]:
+    """Stream deltas for tool calls, as chat-completions sends them: per call, one delta
+    with index, id, type and name, then the arguments in ``arg_chunk``-sized pieces."""
+    deltas: list[dict[str, Any]] = []
+    for index, call in enumerate(calls):
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                       "function": {"name": name, "arguments": ""}}]})
+        step = arg_chunk if arg_chunk > 0 else max(len(arguments), 1)
+        for at in range(0, len(arguments), step):
+            deltas.append({"tool_calls": [{"index": index, "function": {
+                "arguments": arguments[at:at + step]}}]})
+    return deltas
+
+
 def completion_body(cid: str, model: str, created: int, text: str, finish_reason: str,
-                    token_usage: dict[str, int]) -> dict[str, Any]:
+                    token_usage: dict[str, int],
+                    tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+        message["content"] = text or None
     return {
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+            "index": 0, "message": message,
             "logprobs": None, "finish_reason": finish_reason,
         }],
         "usage": token_usage, "system_fingerprint": "fp_chatstate_fake",

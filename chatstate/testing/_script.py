@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Controls", "Fault", "Options", "Rule", "Script"]
+__all__ = ["Controls", "Fault", "Options", "Rule", "Script", "ToolRule"]
 
 
 @dataclass
@@ -49,6 +49,21 @@ class Rule:
 
 
 @dataclass
+class ToolRule:
+    """While the last user message contains ``contains``, the reply calls tools.
+
+    ``calls`` are ``{"name": ..., "arguments": {...} or "raw string"}``, all asked for in
+    one reply (after ``text``, if any). ``rounds`` is how many replies of the turn call
+    them; the reply after the last round reads the tool results back.
+    """
+
+    contains: str
+    calls: list[dict[str, Any]]
+    text: str = ""
+    rounds: int = 1
+
+
+@dataclass
 class Options:
     latency: float = 0.0
     """Seconds before the response headers of every chat request."""
@@ -64,6 +79,8 @@ class Options:
     context_window: int | None = None
     """Prompt tokens (counted as ``usage`` counts them) past which a request gets the
     OpenAI-style 400 "maximum context length is N tokens"; None: no limit."""
+    arg_chunk: int = 0
+    """Streamed tool call arguments come in pieces of this many characters (0: whole)."""
 
 
 @dataclass
@@ -73,6 +90,7 @@ class Script:
     options: Options = field(default_factory=Options)
     faults: deque[Fault] = field(default_factory=deque)
     rules: list[Rule] = field(default_factory=list)
+    tool_rules: list[ToolRule] = field(default_factory=list)
     log: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -108,18 +126,22 @@ class Script:
                 self.faults.append(Fault(_FAULT_KINDS[command], **args))
             elif command == "add_rule":
                 self.rules.append(Rule(**args))
+            elif command == "add_tool_rule":
+                self.tool_rules.append(ToolRule(**args))
             elif command == "configure":
                 self._configure(args)
             elif command == "reset":
                 self.faults.clear()
                 self.rules.clear()
+                self.tool_rules.clear()
                 self.log.clear()
             elif command == "log":
                 return [dict(e) for e in self.log]
             elif command == "state":
                 return {"options": asdict(self.options),
                         "faults": [asdict(f) for f in self.faults],
-                        "rules": [asdict(r) for r in self.rules]}
+                        "rules": [asdict(r) for r in self.rules],
+                        "tool_rules": [asdict(r) for r in self.tool_rules]}
             else:
                 raise ValueError(f"unknown command {command!r}")
         return None
@@ -174,14 +196,32 @@ class Controls(ABC):
         self._command("add_rule", {"contains": contains, "status": status,
                                    "retry_after": retry_after, "message": message})
 
+    def add_tool_rule(self, *, contains: str, calls: list[dict[str, Any]], text: str = "",
+                      rounds: int = 1) -> None:
+        """Until reset, a turn whose last user message contains the text calls tools.
+
+        ``calls``: ``[{"name": "get_weather", "arguments": {"city": "Paris"}}, ...]``, all in
+        one reply; arguments given as a string are sent as they are (even if not JSON).
+        The turn's first ``rounds`` replies call them; the next one reads the results:
+        ``"Tool results: <tool_call_id>=<content>; ..."``. Call ids are derived from the
+        messages, so a retried request gets the same ids.
+        """
+        self._command("add_tool_rule", {"contains": contains, "calls": list(calls),
+                                        "text": text, "rounds": rounds})
+
     def configure(self, **options: Any) -> None:
-        """Change latency, chunk_delay, reply_words, model, strict_roles or context_window
-        for the requests that follow."""
+        """Change latency, chunk_delay, reply_words, model, strict_roles, context_window or
+        arg_chunk for the requests that follow."""
         self._command("configure", dict(options))
 
     def reset(self) -> None:
-        """Forget queued faults, rules and the request log (options stay)."""
+        """Forget queued faults, rules, tool rules and the request log (options stay)."""
         self._command("reset", {})
+
+    def state(self) -> dict[str, Any]:
+        """The fake's options, queued faults, rules and tool rules."""
+        result: dict[str, Any] = self._command("state", {})
+        return result
 
     @property
     def request_log(self) -> list[dict[str, Any]]:
