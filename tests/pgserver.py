@@ -4,7 +4,8 @@
 installs them). PostgreSQL refuses to run as root, so under root the server runs
 as user ``nobody`` (``setpriv``); the scratch path is made searchable (not
 listable) for that user. The server listens on a free loopback port and on a
-unix socket in its own folder, with password (scram) auth over TCP, so the
+unix socket in its own folder (when that path fits in 107 bytes), with password
+(scram) auth over TCP, so the
 DSNs the tests use carry a credential that must never show up anywhere.
 
 Fixtures:
@@ -101,7 +102,7 @@ class PgServer:
 
     def _run(self, *args: str, timeout: float = 120) -> None:
         done = subprocess.run(self._cmd(*args), capture_output=True, text=True, timeout=timeout,
-                              check=False, env=self._env())
+                              check=False, env=self._env(), cwd=self.root)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stdout}{done.stderr}")
 
@@ -125,11 +126,14 @@ class PgServer:
                       "-E", "UTF8", "--no-instructions")
         finally:
             pwfile.unlink()
+        # a unix socket path holds at most 107 bytes; in a deep scratch folder the server
+        # listens on loopback TCP only (which is what the tests connect to anyway)
+        sockets = str(self.sock) if len(str(self.sock)) + 20 <= 107 else ""
         with open(self.data / "postgresql.conf", "a") as conf:
             # durable defaults (fsync, synchronous_commit, full_page_writes stay on):
             # the store refuses a server that acknowledges before flushing
             conf.write(f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
-                       f"unix_socket_directories = '{self.sock}'\nmax_connections = 200\n"
+                       f"unix_socket_directories = '{sockets}'\nmax_connections = 200\n"
                        "shared_buffers = 16MB\n")
         return self
 
@@ -140,7 +144,7 @@ class PgServer:
             os.chown(self.log, NOBODY, NOBODY)
         self.proc = subprocess.Popen(self._cmd(str(self.bin / "postgres"), "-D", str(self.data)),
                                      stdout=logf, stderr=logf, env=self._env(),
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=self.root)
         logf.close()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
