@@ -62,8 +62,9 @@ def in_use(where: str, cid: str, holder: Holder) -> ConversationInUse:
     left = max(0.0, holder.until - time.time())
     return ConversationInUse(
         f"{where}: conversation {cid!r} is in use by host {holder.host}, pid {holder.pid} "
-        f"(its lease runs {left:.0f} s more unless renewed); nothing was written. Wait for "
-        "it to finish, or retry with a wait timeout.", host=holder.host, pid=holder.pid,
+        f"(its lease runs {left:.0f} s more unless renewed); nothing was written. Try again "
+        "when it finishes (a dead writer's lease lapses after its term), or wait for it: "
+        "Chat(lease_wait=SECONDS).", host=holder.host, pid=holder.pid,
         until=holder.until)
 
 

@@ -56,6 +56,11 @@ class PgTarget:
         self.password = unquote(parts.password) if parts.password else None
         self.conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path,
                                     urlencode(query), ""))
+        # the store's own URL: the same, less the password (it parses again, and
+        # redact_url still hides the user name wherever it is shown)
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0] + "@" if len(netloc) == 2 else ""
+        self.url = urlunsplit((parts.scheme, user + netloc[-1], parts.path, parts.query, ""))
         host = parts.hostname or "localhost (unix socket)"
         self.shown = f"{host}:{parts.port or 5432}{parts.path or '/'} schema {self.schema}"
 
@@ -68,7 +73,7 @@ class PgConnection:
 
     def __init__(self, target: PgTarget, url: str) -> None:
         self.target = target
-        self.url = redact_url(url)
+        self.url = target.url
         self.recovery: list[str] = []
         self._pool: Any = None
 
