@@ -39,6 +39,22 @@ def _holder(record: Any, lease: Lease) -> Holder | None:
 
 class JsonLease(LeaseMethods):
     root: Path
+    recovery: list[str]
+
+    def _remove_lease_temps(self) -> None:
+        """Temp files of lease writes a killed writer left in ``.locks`` (on open)."""
+        from ._files import TMP_MARK, locked, remove_durably, temp_target
+
+        for tmp in sorted((self.root / ".locks").glob(f".*.lease{TMP_MARK}*")):
+            target = temp_target(tmp.name)
+            if target is None or not target.endswith(".lease"):
+                continue
+            with locked(tmp.parent / (target.removesuffix(".lease") + ".lock"),
+                        blocking=False) as got:
+                if got:  # no live writer holds the conversation: a dead writer's
+                    remove_durably(tmp)
+                    self.recovery.append(f"removed {tmp.name}, a temp file left by a killed "
+                                         "writer")
 
     def _lease_file(self, cid: str) -> Path:
         return self.root / ".locks" / f"{validate_id(cid)}.lease"

@@ -100,6 +100,7 @@ class JsonStore(JsonLease, JsonBlobs):
                 for tmp in sorted(directory.glob(f".*{TMP_MARK}*")):
                     self._remove_stray(tmp)
             self._remove_blob_temps()
+            self._remove_lease_temps()
             for partial in sorted((self.root / ".partials").glob("*.json")):
                 try:
                     self._reconcile_partial(partial.name[:-5])
