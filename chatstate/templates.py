@@ -84,7 +84,7 @@ def _path(name: str) -> Path:
 
 def save(template: Template) -> Path:
     """Write (or replace) a template, durably, 0600 in a 0700 directory."""
-    from .stores._files import atomic_write
+    from .stores.fsutil import atomic_write
 
     path = _path(template.name)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -244,7 +244,7 @@ LLAMA_OVERFLOW = ("request (831 tokens) exceeds the available context size (512 
 def test_a_context_length_400_names_the_window_and_says_what_to_change(
         store_url: str, fake: FakeModel) -> None:
     env = {"CHATSTATE_BASE_URL": fake.base_url, "CHATSTATE_API_KEY": "k-test-key"}
-    fake.fail_next(400, message=LLAMA_OVERFLOW)
+    fake.fail_next(400, message=LLAMA_OVERFLOW, times=2)  # learning the window cannot help "hi"
     result = invoke(["ask", "--id", "ctx", "hi"], store=store_url, env=env)
     assert result.code == 1
     assert "831 tokens" in result.err and "context window of 512 tokens" in result.err
@@ -356,7 +356,7 @@ def test_repl_waits_visibly_continues_cut_replies_and_survives_a_400(
     fake.configure(strict_roles=True)
     env = cli_env(tmp_path, CHATSTATE_BASE_URL=fake.base_url, CHATSTATE_API_KEY="k-test-key",
                   CHATSTATE_MODEL="fake-model")
-    child = pexpect.spawn(CHATSTATE, ["--store", store_url, "chat", "--id", "r"], env=env,
+    child = pexpect.spawn(CHATSTATE, ["--store", store_url, "chat", "--id", "r", "--raw"], env=env,
                           encoding="utf-8", timeout=40, dimensions=(50, 200))
     child.expect("cut at the token limit; /continue asks the model to go on")
     child.expect("you>")
