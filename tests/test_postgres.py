@@ -316,3 +316,19 @@ def test_text_with_a_nul_character_round_trips(pg_url: str) -> None:
     assert store.load("c1").messages == [msg]
     assert store.search("after") == [("c1", 0, "before after")]
     store.close()
+
+
+def test_drill_on_postgresql(pg_url: str) -> None:
+    """`chatstate drill`: writers SIGKILLed in every phase lose nothing acknowledged (their
+    leases are taken over at once: their pids are gone)."""
+    from test_drill import assert_clean, drill
+
+    code, doc, err = drill(pg_url, "--trials", "12", "--seed", "3")
+    assert code == 0, (doc, err)
+    assert_clean(doc, 12)
+    assert pg_server_password_absent(pg_url, json.dumps(doc) + err)
+
+
+def pg_server_password_absent(url: str, text: str) -> bool:
+    password = url.split("@", 1)[0].rsplit(":", 1)[1]
+    return password not in text
