@@ -9,10 +9,12 @@ was sent is in the fake's request log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -592,6 +594,28 @@ def test_second_writer_waits_for_a_live_stream(url: str, store: Any, fake: FakeM
     conv = fresh(url, "shared")
     assert roles(conv) == [("user", "complete"), ("assistant", "complete")] * 2
     assert conv.messages[1].content == shown and conv.messages[2].content == "b1"
+
+
+def test_the_lease_is_renewed_while_the_model_is_slow(url: str, store: Any) -> None:
+    """No chunk for several lease terms: the renewal keeps the turn's lease all the same."""
+    with FakeModel(latency=4.0) as slow:
+        chat = chat_for(store, slow, conversation_id="slow", lease_term=0.6)
+        thread = threading.Thread(target=chat.send, args=("a1",))
+        thread.start()
+        other = open_store(url)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the user message is stored: the call is out
+            with contextlib.suppress(ChatstateError):
+                if other.load("slow").messages:
+                    break
+            time.sleep(0.05)
+        time.sleep(1.5)  # more than two terms of 0.6 s
+        assert thread.is_alive()  # still waiting for the model's first byte
+        with pytest.raises(ConversationInUse):
+            other.acquire_lease("slow")
+        thread.join(60)
+    assert fresh(url, "slow").messages[-1].role == "assistant"
+    other.release_lease(other.acquire_lease("slow"))  # the turn ended: released
 
 
 def test_two_chats_creating_one_conversation_both_land(url: str, store: Any,
