@@ -45,7 +45,7 @@ class CheckReport:
 
 @runtime_checkable
 class Store(Protocol):
-    """A transcript store. Implementations: JsonStore, SqliteStore, S3Store.
+    """A transcript store. Implementations: JsonStore, SqliteStore, S3Store, PostgresStore.
 
     Optional parts, each its own protocol below, checked with ``isinstance``, so a
     third-party store takes part by defining the methods: ``Quarantines``
