@@ -86,7 +86,7 @@ def test_old_transcripts_load_and_verify_unchanged(old_store: Any, old_store_url
     if old_store_url.startswith("sqlite:"):
         db = sqlite3.connect(old_store.path)
         try:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == 4  # m004_blobs ran
+            assert db.execute("PRAGMA user_version").fetchone()[0] == 5  # m004, m005 ran
         finally:
             db.close()
 
