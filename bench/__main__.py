@@ -8,12 +8,12 @@ import time
 import traceback
 from collections.abc import Callable
 
-from . import report, s_append, s_batch, s_load, s_startup, s_stream
+from . import report, s_append, s_batch, s_load, s_serve, s_slowdisk, s_startup, s_stream
 from .common import BENCH, WORK, Section, log
 from .moto import Moto
 from .setup_env import describe, ensure_compare_venv
 
-SCENARIOS = ("append", "load", "stream", "startup", "batch")
+SCENARIOS = ("append", "load", "stream", "startup", "batch", "slowdisk", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
             "stream": lambda: s_stream.run(args.quick, moto),
             "startup": lambda: s_startup.run(args.quick),
             "batch": lambda: s_batch.run(args.quick),
+            "slowdisk": lambda: s_slowdisk.run(args.quick),
+            "serve": lambda: s_serve.run(args.quick),
         }
         for name in args.only:
             started = time.perf_counter()

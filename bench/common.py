@@ -55,7 +55,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "")
 
 @dataclass
 class Target:
-    """One target of issue 8, as measured in this run."""
+    """One target (issues 8 and 16), as measured in this run."""
 
     scenario: str
     target: str

@@ -7,7 +7,7 @@
 messages as conversation ``<prefix>-<n>`` in every store given. ``load`` runs
 in a fresh process per measurement: it opens the store (untimed), then times
 ``store.load`` - which parses every message and verifies the whole hash chain
-- and reports peak RSS (getrusage maxrss) before and after.
+- and reports peak RSS (VmHWM, else getrusage maxrss) before and after.
 """
 
 from __future__ import annotations
@@ -41,15 +41,29 @@ def prepare(urls: list[str], sizes: list[int], prefix: str) -> dict[str, object]
     return out
 
 
+def peak_rss_kb() -> int:
+    """This process's own peak RSS. getrusage's maxrss is carried over an exec on Linux,
+    so a driver started by a large orchestrator would report the orchestrator's peak;
+    /proc's VmHWM belongs to this process's memory map alone."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def load(url: str, cid: str) -> dict[str, object]:
     from chatstate import open_store
 
     store = open_store(url)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_kb()
     t0 = time.perf_counter()
     conv = store.load(cid)
     elapsed = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = peak_rss_kb()
     return {"seconds": elapsed, "messages": len(conv.messages), "maxrss_before_kb": before,
             "maxrss_after_kb": after}
 

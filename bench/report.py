@@ -33,7 +33,7 @@ def render(machine: list[tuple[str, str]], sections: list[Section], command: str
           "run.",
         "## Machine",
         table(["", ""], machine, "ll"),
-        "## Targets (issue 8)",
+        "## Targets (issues 8 and 16)",
         table(["scenario", "target", "measured", "verdict", "why, when missed"], targets,
               "lllll") if targets else "(none measured)",
     ]

@@ -1,7 +1,8 @@
-"""Scenario 5: batch throughput, by running bench/batch_throughput.py (its own table).
+"""Scenario 5: batch throughput, by running bench/batch_throughput.py (its own table),
+then bench/batch_hosts.py (1 worker against 3 on a shared PostgreSQL ledger).
 
-That script belongs to the batch runner; this scenario only runs it as a
-subprocess with its work directory under bench/work and includes what it prints.
+Those scripts belong to the batch runner; this scenario only runs them as
+subprocesses with their work directory under bench/work and includes what they print.
 """
 
 from __future__ import annotations
@@ -32,4 +33,17 @@ def run(quick: bool) -> Section:
         body = (f"Output of `bench/batch_throughput.py --latency 0.2 --seconds {seconds} "
                 f"--dir bench/work/batch` (the ideal is concurrency ÷ latency):\n\n"
                 f"{out.stdout.strip()}")
-    return Section("5. Batch throughput", body)
+    return Section("5. Batch throughput", body + "\n\n" + _hosts(quick, work))
+
+
+def _hosts(quick: bool, work: object) -> str:
+    records = "200" if quick else "400"
+    log(f"batch: bench/batch_hosts.py --records {records}")
+    out = subprocess.run([str(PROJECT_PY), str(BENCH / "batch_hosts.py"), "--latency", "0.2",
+                          "--records", records, "--dir", str(work)], capture_output=True,
+                         text=True, cwd=WORK)
+    if out.returncode:
+        return (f"`bench/batch_hosts.py` failed (exit {out.returncode}):\n\n```\n"
+                f"{out.stderr[-2000:]}\n```")
+    return (f"Output of `bench/batch_hosts.py --latency 0.2 --records {records} --dir "
+            f"bench/work/batch`:\n\n{out.stdout.strip()}")

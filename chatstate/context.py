@@ -224,7 +224,10 @@ def fit(conversation: Conversation, window: int | None, *,
 
     ``exclude``: seqs never to send (e.g. unanswered user messages of earlier turns).
     """
-    complete = [m for m in conversation.messages
+    from .events import shown  # lazy, as transcript (pydantic) is: keeps this import light
+
+    # Events (a framework's pop or clear) hide messages and are never sent themselves.
+    complete = [m for m in shown(conversation.messages)
                 if m.status != "partial" and m.seq not in exclude]
     summaries = [m for m in complete if summary_covers(m) is not None]
     summary = summaries[-1] if summaries else None

@@ -35,7 +35,6 @@ interrupted too, and ``interrupted.pending_calls`` names the calls.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -403,28 +402,34 @@ class Chat:
             done = self._call(turn_id, model, params, streaming)
             yield self._commit(turn_id, done, "", model)
             return
-        shown, pending, last_flush = "", "", time.monotonic()
+        from ._groupcommit import GroupCommit
+
+        # While one partial write is in flight the deltas that arrive are coalesced
+        # into the next (group commit): text is yielded only once it is durable.
+        feed = GroupCommit(self._call(turn_id, model, params, streaming), self.flush_interval)
+        shown = ""
         try:
-            for event in self._call(turn_id, model, params, streaming):
-                if isinstance(event, Completion):
-                    rest = self._commit(turn_id, event, shown, model)
-                    pending = ""  # committed whole: nothing is left to keep as partial
+            for item in feed:
+                if isinstance(item, Completion):
+                    rest = self._commit(turn_id, item, shown, model)
+                    shown = feed.arrived()  # committed whole: nothing is left to keep as partial
                     if rest:
                         yield rest
                     return
-                pending += event
-                if time.monotonic() - last_flush >= self.flush_interval:
-                    self._save_partial(turn_id, shown + pending, model)
-                    out, shown, pending = pending, shown + pending, ""
-                    last_flush = time.monotonic()
-                    yield out
+                assert isinstance(item, str)
+                self._save_partial(turn_id, item, model)
+                out, shown = item[len(shown):], item
+                yield out
             raise ModelError("the model stream ended without a final completion",
                              retryable=True)
         except BaseException:
             # Ctrl-C, a closed generator or a model error: keep what arrived, then let it go.
-            if pending:
-                self._save_partial(turn_id, shown + pending, model, quiet=True)
+            arrived = feed.arrived()
+            if len(arrived) > len(shown):
+                self._save_partial(turn_id, arrived, model, quiet=True)
             raise
+        finally:
+            feed.close()
 
     def _save_partial(self, turn_id: str, text: str, model: str | None,
                       quiet: bool = False) -> None:

@@ -41,7 +41,9 @@ when it holds something 0.1 cannot read (see ``schema_for``); anything else is s
 written as schema 1, so 0.1 keeps reading plain conversations, and refuses rich ones
 with its "written by a newer chatstate" error instead of calling them damaged."""
 
-Role = Literal["system", "user", "assistant", "tool"]
+Role = Literal["system", "user", "assistant", "tool", "event"]
+"""``event`` marks a change to what a framework's session shows (an SDK ``pop_item``, a
+``clear_session``): it is recorded in the chain, never sent to a model."""
 Status = Literal["complete", "partial", "error", "unknown"]
 """``complete`` and ``partial`` (a cut-off reply) for any message; a ``tool`` result is
 ``error`` when the tool raised (or the call was invalid) and ``unknown`` when a

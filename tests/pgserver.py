@@ -14,7 +14,11 @@ Fixtures:
 - ``pg_url``: a fresh ``postgresql://…?schema=t_…`` store URL per test.
 
 Without the binaries the fixtures skip, saying why; with
-``CHATSTATE_REQUIRE_TIERS=1`` (CI) they fail instead.
+``CHATSTATE_REQUIRE_TIERS=1`` (CI) they fail instead. ``start_server(root)``
+gives a dedicated server, for tests that kill or restart it. The module
+registers itself as both ``tests.pgserver`` and ``pgserver``, and keeps the
+names the batch-across-hosts tests use (``find_bin``, ``PgServer.pid``,
+``wait_port``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +37,9 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+
+for _alias in ("tests.pgserver", "pgserver"):
+    sys.modules.setdefault(_alias, sys.modules[__name__])
 
 PG_BIN_DIRS = [Path(f"/usr/lib/postgresql/{v}/bin") for v in (17, 16, 15, 14, 13)]
 NOBODY = 65534
@@ -46,6 +54,9 @@ def pg_bin() -> Path | None:
             return d
     found = shutil.which("initdb")
     return Path(found).parent if found and shutil.which("pg_ctl") else None
+
+
+find_bin = pg_bin
 
 
 def missing(reason: str) -> None:
@@ -137,7 +148,12 @@ class PgServer:
                        "shared_buffers = 16MB\n")
         return self
 
-    def start(self) -> None:
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid, or None when it is not running."""
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def start(self, timeout: float = 60.0) -> None:
         """Start the postmaster directly (so a test can SIGKILL it) and wait until it serves."""
         logf = open(self.log, "ab")  # noqa: SIM115  (the server keeps writing to it)
         if self.as_root:
@@ -146,14 +162,15 @@ class PgServer:
                                      stdout=logf, stderr=logf, env=self._env(),
                                      start_new_session=True, cwd=self.root)
         logf.close()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"postgres exited: {self.log.read_text()[-2000:]}")
             if self._accepts():
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"postgres did not start in 60 s: {self.log.read_text()[-2000:]}")
+        raise RuntimeError(f"postgres did not start in {timeout:.0f} s: "
+                           f"{self.log.read_text()[-2000:]}")
 
     def _accepts(self) -> bool:
         import psycopg
@@ -177,10 +194,10 @@ class PgServer:
                 break
             time.sleep(0.1)
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "fast") -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGINT)  # "fast" shutdown
+        self.proc.send_signal(signal.SIGTERM if mode == "smart" else signal.SIGINT)
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -252,3 +269,13 @@ def pg_dsn(pg_server: PgServer) -> str:
 def pg_url(pg_dsn: str) -> str:
     """A fresh PostgreSQL store URL (own schema) for one test."""
     return fresh_schema_url(pg_dsn)
+
+
+def wait_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")

@@ -533,3 +533,52 @@ def test_no_api_key_for_the_openai_default_is_a_clear_error_before_any_request(
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ModelError, match=r"no API key .* --model fake"):
         make_adapter()
+
+
+def test_dotenv_syntax_and_empty_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    Path(".env").write_text(
+        "# a comment\n\nexport CHATSTATE_MODEL='quoted model'\n"
+        'CHATSTATE_BASE_URL="http://dotenv.invalid/v1" # trailing comment\n'
+        "chatstate_max_retries=5  # lower-case name, inline comment\n"
+        "OPENAI_API_KEY=\n"  # empty: unset, as in .env.example
+        "not a variable line\n")
+    settings = ModelSettings()
+    assert settings.model == "quoted model"
+    assert settings.base_url == "http://dotenv.invalid/v1"
+    assert settings.max_retries == 5 and settings.api_key is None
+    monkeypatch.setenv("CHATSTATE_MODEL", "")  # empty in the environment: the .env value
+    assert ModelSettings().model == "quoted model"
+    monkeypatch.setenv("chatstate_model", "lower-env")
+    assert ModelSettings(timeout=5).model == "lower-env"
+
+
+def test_a_bad_value_or_unreadable_dotenv_is_a_clear_error() -> None:
+    from pydantic import ValidationError
+
+    Path(".env").write_text("CHATSTATE_MAX_RETRIES=lots\n")
+    with pytest.raises(ValidationError, match="max_retries"):
+        ModelSettings()
+    Path(".env").write_bytes(b"CHATSTATE_MODEL=\xff\xfe\n")
+    with pytest.raises(ValueError, match=r"\.env"):
+        ModelSettings()
+
+
+def test_plain_settings_match_the_model_when_nothing_needs_validating(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's text-only configuration skips building ModelSettings; the values,
+    defaults included, are the same as the model's."""
+    from dataclasses import fields
+
+    from chatstate.adapter._env import PlainSettings, resolve
+
+    plain = resolve({"model": "m", "base_url": "http://127.0.0.1:9/v1"})
+    model = ModelSettings(model="m", base_url="http://127.0.0.1:9/v1")
+    assert isinstance(plain, PlainSettings)
+    names = [f.name for f in fields(PlainSettings) if f.name != "model_fields_set"]
+    assert sorted(names) == sorted(ModelSettings.model_fields)
+    assert {n: getattr(plain, n) for n in names} == model.model_dump()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary")
+    keyed = resolve({})
+    assert keyed.api_key.get_secret_value() == "sk-canary" and "sk-canary" not in repr(keyed)
+    monkeypatch.setenv("CHATSTATE_TIMEOUT", "5")  # a number: validated by the model
+    assert isinstance(resolve({}), ModelSettings) and resolve({}).timeout == 5.0

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("no_model_settings_from_env")
 
 @pytest.fixture
 def fake() -> Iterator[FakeModel]:
-    with FakeModel(reply_words=20) as model:
+    with FakeModel(reply_words=20, chunk_delay=0.01) as model:  # slower than the disk
         yield model
 
 

@@ -92,6 +92,30 @@ def test_async_chat(local_store_url: str, tmp_path: Path) -> None:
         assert f"{conv.id}: 4 messages, last reply {conv.messages[-1].content!r}" in out
 
 
+def test_agents_session(local_store_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("agents", reason="the Agents SDK is not installed (chatstate[agents])")
+    out = run("agents_session.py", local_store_url, cwd=tmp_path).stdout
+    assert "assistant> Tool results:" in out and "sunny in Paris" in out
+    assert "assistant> Echo: Thanks! What did I ask?" in out
+    (conv,) = conversations(local_store_url)
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant",
+                                               "user", "assistant"]
+    assert f"session agents-demo: {len(conv.messages)} messages, hash chain intact" in out
+
+
+def test_langchain_history(local_store_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("langchain_core", reason="langchain-core is not installed "
+                        "(chatstate[langchain])")
+    out = run("langchain_history.py", local_store_url, cwd=tmp_path).stdout
+    assert "tool call: weather {'city': 'Paris'}" in out
+    assert "assistant> You asked about Paris." in out
+    (conv,) = conversations(local_store_url)
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant",
+                                               "user", "assistant"]
+    assert conv.messages[1].tool_calls is not None and conv.messages[2].tool_call_id
+    assert "conversation langchain-demo: 6 messages, hash chain intact" in out
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_every_example_is_short_and_documented(script: str) -> None:
     text = (EXAMPLES / script).read_text()
@@ -154,7 +178,9 @@ def test_the_tools_page_example_runs(local_store_url: str, tmp_path: Path) -> No
 # first word of each sample line must appear in what the command really printed). A
 # command ending in ``# exit N`` must exit N, any other 0. All blocks of a page share one
 # scratch directory and HOME (so the default store is fresh) and, as CHATSTATE_BASE_URL,
-# a fake model server, so a block that talks to "gpt-4o-mini" runs offline. A block that
+# a fake model server, so a block that talks to "gpt-4o-mini" runs offline. The scratch
+# directory stands in for the checkout's root: `examples/` and `.venv/` are linked into it,
+# so `.venv/bin/python examples/X.py` runs as the pages say. A block that
 # cannot run here is preceded by ``<!-- not run: REASON -->``, and the reason is required.
 # Blocks in any other language (``text``, none) are sample output and are not run, so
 # they must not hold ``$ `` commands.
@@ -179,21 +205,40 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
+FENCE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+
+
+def fences(lines: list[str]) -> list[tuple[int, int, str]]:
+    """CommonMark fenced blocks as (opening line, closing line, language), 0-based.
+
+    A fence is three or more backticks or tildes; it is closed by a fence of the same
+    character, at least as long, with nothing after it, so a ~~~~ block may hold ```
+    lines. An unclosed fence runs to the end of the page (the closing line is then
+    len(lines))."""
+    found: list[tuple[int, int, str]] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m or (m.group("fence")[0] == "`" and "`" in m.group("info")):
+            i += 1
+            continue
+        fence = m.group("fence")
+        closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}\s*$")
+        end = next((j for j in range(i + 1, len(lines)) if closing.match(lines[j])), len(lines))
+        info = m.group("info").strip()
+        found.append((i, end, info.split()[0] if info else ""))
+        i = end + 1
+    return found
+
+
 def code_blocks(page: Path) -> list[Block]:
     lines = page.read_text().splitlines()
     found: list[Block] = []
-    i = 0
-    while i < len(lines):
-        if not lines[i].startswith("```"):
-            i += 1
-            continue
-        start, lang = i, lines[i][3:].strip()
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+    for start, end, lang in fences(lines):
         before = next((lines[j].strip() for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         marked = NOT_RUN.match(before)
         found.append(Block(page, start + 1, lang, "\n".join(lines[start + 1:end]),
                            marked.group("reason") if marked else None))
-        i = end + 1
     return found
 
 
@@ -259,11 +304,27 @@ def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
                              f"page shows it printing:\n{said}")
 
 
+def test_fences_follow_commonmark(tmp_path: Path) -> None:
+    """A ~~~~ or ```` block may show ``` lines; only its own kind and length closes it."""
+    page = tmp_path / "page.md"
+    page.write_text("~~~~console\n$ cat a.md\n```python\nx = 1\n```\n~~~~\n\n"
+                    "````\n```\n````\n\n```sh\necho ~~~\n```\n# After\n"
+                    "```text\nunclosed\n# Not a heading\n")
+    assert [(b.line, b.lang, b.text) for b in code_blocks(page)] == [
+        (1, "console", "$ cat a.md\n```python\nx = 1\n```"),
+        (8, "", "```"),
+        (12, "sh", "echo ~~~"),
+        (16, "text", "unclosed\n# Not a heading")]
+    assert anchors(page) == {"after"}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_code_block_on_the_page_runs(page: Path, tmp_path: Path) -> None:
     blocks = code_blocks(page)
     home = tmp_path / "home"
     home.mkdir()
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))  # this venv, as `make setup` builds it
     ran = 0
     with FakeModel() as model:
         env = page_env(home, model.base_url)
@@ -293,10 +354,11 @@ LINK = re.compile(r"\]\((?P<target>[^)#\s]*)(?:#(?P<anchor>[^)\s]*))?\)")
 
 def anchors(page: Path) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
-    found, fenced = set(), False
-    for line in page.read_text().splitlines():
-        fenced ^= line.startswith("```")
-        if not fenced and line.startswith("#"):
+    lines = page.read_text().splitlines()
+    fenced = {j for start, end, _ in fences(lines) for j in range(start, end + 1)}
+    found = set()
+    for i, line in enumerate(lines):
+        if i not in fenced and line.startswith("#"):
             title = line.lstrip("#").strip().lower()
             found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
     return found

@@ -86,7 +86,10 @@ def test_old_transcripts_load_and_verify_unchanged(old_store: Any, old_store_url
     if old_store_url.startswith("sqlite:"):
         db = sqlite3.connect(old_store.path)
         try:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == 5  # m004, m005 ran
+            from chatstate.stores._sqlite_schema import MIGRATIONS
+
+            # every migration ran, m004_blobs to m006_leases included
+            assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6
         finally:
             db.close()
 

@@ -71,3 +71,14 @@ def test_import_chatstate_loads_no_heavy_dependency() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert json.loads(out.stdout) == []
+
+
+def test_importing_chatstate_imports_no_framework() -> None:
+    """The integrations are optional: chatstate and chatstate.integrations import neither
+    the Agents SDK nor LangChain (each is imported by its own submodule only)."""
+    frameworks = ["agents", "langchain_core", "langchain"]
+    code = ("import json, sys, chatstate, chatstate.integrations; "
+            f"print(json.dumps([m for m in {frameworks!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert json.loads(out.stdout) == []

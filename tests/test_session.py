@@ -40,7 +40,9 @@ pytestmark = pytest.mark.usefixtures("no_model_settings_from_env")
 
 @pytest.fixture
 def fake() -> Iterator[FakeModel]:
-    with FakeModel(reply_words=12) as model:
+    # A stream slower than the disk, so each delta is written and yielded on its own;
+    # a faster one is coalesced into fewer writes (group commit, test_group_commit.py).
+    with FakeModel(reply_words=12, chunk_delay=0.01) as model:
         yield model
 
 
@@ -310,6 +312,10 @@ def test_consumer_interrupt_keeps_everything_yielded(url: str, store: Any, fake:
             gen.close()
     conv = fresh(url, chat.id)
     assert conv.partial is not None and conv.partial.content.startswith(shown)
+    if how == "raise":  # the generator was left open: closing it keeps what arrived since
+        gen.close()
+        conv = fresh(url, chat.id)
+        assert conv.partial is not None and conv.partial.content.startswith(shown)
     gen.close()
     assert fresh(url, chat.id).partial == conv.partial  # closing later changes nothing
 
@@ -532,6 +538,9 @@ def test_writer_that_loaded_mid_stream_never_drops_text_already_shown(
     first writer's newer one: it raises ConflictError instead, and the first
     writer's turn completes untouched.
     """
+    # a stream long enough to be still running after the second writer's steps: the
+    # deltas that arrive meanwhile are coalesced, so a short one would end early
+    fake.configure(chunk_delay=0.05, reply_words=40)
     first = chat_for(store, fake, conversation_id="shared")
     gen = first.stream("a1")
     shown = next(gen)

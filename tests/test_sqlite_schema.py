@@ -86,3 +86,54 @@ def test_network_filesystem_falls_back_to_a_rollback_journal(
     store.create(Conversation(id="c"))
     store.append("c", seal_turns(None, "still works"))
     assert [m.content for m in store.load("c").messages] == ["still works"]
+
+
+def test_a_version_3_database_upgrades_to_appends_that_dirty_fewer_pages(
+        tmp_path: Path) -> None:
+    """m005 drops the index that every append's updated_at used to dirty; what is
+    stored loads and verifies, new appends work, and listing still sorts by recency."""
+    db = tmp_path / "v3.db"
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    for migration in MIGRATIONS[:3]:
+        migration(con)
+    con.execute("PRAGMA user_version=3")
+    con.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    msgs = seal_turns(None, "from version 3", "still here")
+    for cid, stamp in (("old", "2026-01-01T00:00:00Z"), ("older", "2025-01-01T00:00:00Z")):
+        con.execute("INSERT INTO conversations (id, created_at, updated_at, message_count, "
+                    "last_hash) VALUES (?, ?, ?, 2, ?)", (cid, stamp, stamp, msgs[-1].hash))
+        for m in msgs:
+            con.execute("INSERT INTO messages VALUES (?, ?, ?, ?)", (cid, m.seq, m.body(), m.hash))
+    assert con.execute("SELECT 1 FROM sqlite_master WHERE name='conversations_updated'").fetchone()
+    con.close()
+
+    store = open_store(f"sqlite://{db}")
+    assert [m.content for m in store.load("old").messages] == ["from version 3", "still here"]
+    with sqlite3.connect(db) as check:
+        assert check.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        assert check.execute("SELECT 1 FROM sqlite_master "
+                             "WHERE name='conversations_updated'").fetchone() is None
+    store.append("older", seal_turns(msgs[-1], "a new turn"))
+    assert [s.id for s in store.list_conversations()] == ["older", "old"]
+    assert [m.content for m in store.load("older").messages][-1] == "a new turn"
+    store.close()
+
+
+def test_a_new_database_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    from chatstate.stores._sqlite_schema import PAGE_SIZE
+
+    open_store(f"sqlite://{tmp_path}/new.db").close()
+    old = tmp_path / "old.db"
+    con = sqlite3.connect(old, isolation_level=None)
+    con.execute("PRAGMA page_size=4096")
+    con.execute("PRAGMA journal_mode=WAL")
+    for migration in MIGRATIONS[:3]:
+        migration(con)
+    con.execute("PRAGMA user_version=3")
+    con.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    con.close()
+    open_store(f"sqlite://{old}").close()
+    for path, size in ((tmp_path / "new.db", PAGE_SIZE), (old, 4096)):
+        with sqlite3.connect(path) as check:
+            assert check.execute("PRAGMA page_size").fetchone()[0] == size

@@ -72,13 +72,13 @@ class Faults:
 
         def fake_write(fd: int, data: Any) -> int:
             p = _fd_path(fd)
-            if ".tmp-" in os.path.basename(p) and self._hit("write", p):
+            if _written(p) and self._hit("write", p):
                 raise self._fail(p)
             return real_write(fd, data)
 
         def fake_fsync(fd: int) -> None:
             p = _fd_path(fd)
-            step = "fsync-file" if ".tmp-" in os.path.basename(p) else (
+            step = "fsync-file" if _written(p) else (
                 "fsync-dir" if os.path.isdir(p) else "fsync-other")
             if self._hit(step, p):
                 raise self._fail(p)
@@ -93,6 +93,12 @@ class Faults:
         monkeypatch.setattr(os, "write", fake_write)
         monkeypatch.setattr(os, "fsync", fake_fsync)
         monkeypatch.setattr(os, "replace", fake_replace)
+
+
+def _written(path: str) -> bool:
+    """A file a store writes data into: a temp file, or the json partial-reply log,
+    which a flush appends to in place (one fsync instead of rename + directory)."""
+    return ".tmp-" in os.path.basename(path) or f"{os.sep}.partials{os.sep}" in path
 
 
 BEFORE_RENAME = ["open-temp", "write", "fsync-file", "replace"]
@@ -156,8 +162,14 @@ def test_json_partial_and_header_faults(json_store: Any, monkeypatch: pytest.Mon
     before = snapshot(root)
     faults = Faults(root, step, errno.ENOSPC)
     faults.install(monkeypatch)
-    with pytest.raises(StoreUnavailable, match="disk is full"):
-        store.save_partial("c1", old.model_copy(update={"content": "newer"}))
+    newer = old.model_copy(update={"content": "newer"})
+    if step == "replace":  # a flush appends to the partial log: there is no rename to fail
+        store.save_partial("c1", newer)
+        store.save_partial("c1", old)
+        before = snapshot(root)
+    else:
+        with pytest.raises(StoreUnavailable, match="disk is full"):
+            store.save_partial("c1", newer)  # the failed append is cut off again
     with pytest.raises(StoreUnavailable, match="disk is full"):
         store.set_header("c1", title="lost")
     faults.armed = False

@@ -5,8 +5,8 @@
     adapter.complete(messages)  -> Completion
     adapter.stream(messages)    -> str deltas ..., then one Completion
 
-Importing this package is cheap: httpx2, pydantic-settings and openai load
-only when an adapter is made (openai only for an SDK client).
+Importing this package is cheap: httpx2 and openai load only when an adapter
+is made (openai only for an SDK client).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # ModelSettings pulls in pydantic-settings; load it on first use only.
+    # ModelSettings builds a pydantic model; load it on first use only.
     if name == "ModelSettings":
         from .settings import ModelSettings
 
@@ -53,7 +53,7 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
     """
     from pydantic import SecretStr
 
-    from .settings import ModelSettings
+    from ._env import resolve
 
     given: dict[str, Any] = {"model": model, "base_url": base_url,
                              "api_key": SecretStr(api_key) if api_key is not None else None,
@@ -61,7 +61,7 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
                              "backoff_base": backoff_base}
     overrides = {k: v for k, v in given.items() if v is not None}
     if settings is None:
-        settings = ModelSettings(**overrides)
+        settings = resolve(overrides)
     elif overrides:
         settings = settings.model_copy(update=overrides)
     policy = RetryPolicy(max_retries=settings.max_retries, backoff_base=settings.backoff_base,
@@ -73,7 +73,7 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
     return RetryingAdapter(backend, model=settings.model, policy=policy)
 
 
-def _backend(settings: ModelSettings, client: Any, *, explicit_timeout: bool,
+def _backend(settings: Any, client: Any, *, explicit_timeout: bool,
              conflicting: bool) -> Backend:
     if client is None:
         from .wire import WireBackend

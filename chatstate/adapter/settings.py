@@ -6,45 +6,41 @@
 4. a ``.env`` file in the current directory (either spelling)
 
 The key is a ``SecretStr`` so it never shows in a repr, a log line or a traceback.
+The environment and ``.env`` are read by a small reader of our own (``_env``),
+not pydantic-settings, which cost ~50 ms of every `chatstate ask`'s start-up;
+the values are validated by this model as before. ``make_adapter`` builds this
+model only when a value needs validating (``_env.resolve``): plain text from
+the CLI (model, base URL, key) goes around it.
 """
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from ._env import DEFAULT_BASE_URL, DEFAULT_MODEL, VARIABLES, lookup
 
 __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "ModelSettings"]
 
-DEFAULT_MODEL = "gpt-4o-mini"
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
+class ModelSettings(BaseModel):
+    """The model endpoint, credentials, timeouts and retry budget.
 
-class ModelSettings(BaseSettings):
-    """The model endpoint, credentials, timeouts and retry budget."""
+    ``ModelSettings()`` reads the environment and ``.env``; keyword arguments win.
+    """
 
-    model_config = SettingsConfigDict(
-        env_prefix="CHATSTATE_",
-        env_file=".env",
-        extra="ignore",
-        env_ignore_empty=True,  # `OPENAI_API_KEY=` (as in .env.example) means unset
-        validate_by_name=True,
-        validate_by_alias=True,
-    )
+    model_config = ConfigDict(extra="ignore")
 
     model: str = DEFAULT_MODEL
-    # Within the environment, CHATSTATE_* wins over OPENAI_* (AliasChoices order);
-    # the .env source as a whole ranks below the real environment.
-    base_url: str = Field(
-        default=DEFAULT_BASE_URL,
-        validation_alias=AliasChoices("CHATSTATE_BASE_URL", "OPENAI_BASE_URL"),
-    )
-    api_key: SecretStr | None = Field(
-        default=None,
-        validation_alias=AliasChoices("CHATSTATE_API_KEY", "OPENAI_API_KEY"),
-    )
+    base_url: str = DEFAULT_BASE_URL
+    api_key: SecretStr | None = None
     timeout: float | None = Field(default=60.0, gt=0, description="read timeout, seconds")
     connect_timeout: float = Field(default=10.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     backoff_base: float = Field(default=0.5, ge=0, description="first retry waits about this long")
     backoff_max: float = Field(default=20.0, ge=0)
     retry_after_max: float = Field(default=60.0, ge=0, description="cap on a server's Retry-After")
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**{**lookup(VARIABLES), **values})

@@ -10,9 +10,11 @@ before the first write; work is claimed with one atomic statement; each output
 is written atomically and its sha256 recorded with ``done``; every run starts
 by recovering what a killed one left; ``verify`` proves no row is stuck, every
 ``done`` file matches its hash, and the files on disk are exactly the ``done``
-rows. Modules: ``inputs`` (JSONL/directory records), ``ledger`` (SQLite),
-``outputs`` (names, atomic writes, quarantine), ``recovery`` (recover,
-verify), ``runner`` (``Batch``), ``workers`` (who holds a row, and is it alive).
+rows. Modules: ``inputs`` (JSONL/directory records), ``ledger`` (SQLite, one
+host), ``pgledger`` (PostgreSQL, many hosts: claims with leases), ``outputs``
+(names, atomic writes, quarantine), ``s3outputs`` (create-only objects on S3),
+``recovery`` (recover, verify), ``runner`` (``Batch``), ``workers`` (who holds
+a row, and is it alive); ``_api`` is the ledger and outputs interfaces.
 """
 
 from __future__ import annotations

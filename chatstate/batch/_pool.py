@@ -7,6 +7,11 @@ wait for a writer (back-pressure on a slow disk). The first unexpected error
 (a full disk, a bad API key) stops every thread from claiming more; the run
 re-raises it once the records in flight have landed. Ctrl-C does the same, and
 a second Ctrl-C abandons them (the next run recovers their rows).
+
+On a shared ledger a heartbeat thread renews the leases of the rows this
+worker holds (every third of the lease), and a slot that finds nothing to
+claim waits while another worker still holds rows: if that worker dies or
+freezes, its lease lapses and this one takes the rows over.
 """
 
 from __future__ import annotations
@@ -19,22 +24,23 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ._record import Reply, call, counts_in_claim, land
-from .ledger import Ledger
 from .report import Progress
 from .workers import Worker
 
 if TYPE_CHECKING:
+    from ._api import LedgerAPI
     from .runner import Batch
 
 
 class Pool:
-    def __init__(self, batch: Batch, ledger: Ledger, worker: Worker, limit: int | None) -> None:
+    def __init__(self, batch: Batch, ledger: LedgerAPI, worker: Worker, limit: int | None) -> None:
         self.batch, self.ledger, self.worker = batch, ledger, worker
         self.tally: Counter[str] = Counter()
         self.interrupted = False
         self._left = limit
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._finished = threading.Event()
         self._errors: list[BaseException] = []
         self._owned = batch._adapter is None
         self._base = batch._adapter if batch._adapter is not None else self._make_adapter()
@@ -56,6 +62,9 @@ class Pool:
             started: float) -> None:
         threads = [threading.Thread(target=self._loop, name=f"batch-{n}", daemon=True)
                    for n in range(self.batch.concurrency)]
+        beat = threading.Thread(target=self._heartbeat, name="batch-lease", daemon=True)
+        if self.ledger.lease_seconds is not None:
+            beat.start()
         for thread in threads:
             thread.start()
         try:
@@ -69,6 +78,9 @@ class Pool:
                 self._wait(threads, None, interval, started)
         finally:
             self._writers.shutdown(wait=True)  # every reply lands before rows are released
+            self._finished.set()
+            if beat.is_alive():
+                beat.join()
         if progress is not None:
             progress(self.snapshot(started))
         if self._errors:
@@ -117,6 +129,8 @@ class Pool:
                 claim = self.ledger.claim(self.worker.id, self.batch.max_attempts, count=count)
                 if claim is None:
                     self._give_back()
+                    if self._wait_for_others():
+                        continue
                     return
                 result = call(self.batch, self.ledger, self.worker, claim, self._base,
                               self._counted)
@@ -126,6 +140,24 @@ class Pool:
                     continue
                 self._room.acquire()
                 self._writers.submit(self._land, result)
+        except BaseException as exc:
+            self._failed(exc)
+
+    def _wait_for_others(self) -> bool:
+        """Nothing claimable: wait (True) while another worker's lease may still lapse."""
+        hint = self.ledger.wait_hint(self.worker.id)
+        if hint is None:
+            return False
+        self.ledger.expire(self.batch.max_attempts)  # lapsed rows out of attempts: not claimable
+        self._stop.wait(min(max(hint, 0.05), 1.0))
+        return True
+
+    def _heartbeat(self) -> None:
+        """Renew this worker's leases until the request slots and writers are done."""
+        lease = float(self.ledger.lease_seconds or 0)
+        try:
+            while not self._finished.wait(lease / 3):
+                self.ledger.renew(self.worker.id)
         except BaseException as exc:
             self._failed(exc)
 

@@ -17,10 +17,11 @@ from ..errors import ModelError
 from . import outputs
 from ._work import CountingAdapter, OutOfAttempts, ask, ask_with_transcript, conversation_id
 from .inputs import fill
-from .ledger import Claim, Ledger
+from .ledger import Claim
 from .workers import Worker
 
 if TYPE_CHECKING:
+    from ._api import LedgerAPI
     from .runner import Batch
 
 FATAL_STATUS = frozenset({401, 403, 404})  # would fail every record the same way: stop the run
@@ -39,7 +40,7 @@ def counts_in_claim(batch: Batch) -> bool:
     return batch._store is None
 
 
-def call(batch: Batch, ledger: Ledger, worker: Worker, claim: Claim, base: Any,
+def call(batch: Batch, ledger: LedgerAPI, worker: Worker, claim: Claim, base: Any,
          on_request: Callable[[], None]) -> Reply | str:
     """Get the record's reply; or give the row up and return its new status."""
     max_attempts = batch.max_attempts
@@ -73,7 +74,7 @@ def call(batch: Batch, ledger: Ledger, worker: Worker, claim: Claim, base: Any,
     return Reply(claim, text, cid)
 
 
-def land(batch: Batch, ledger: Ledger, worker: Worker, reply: Reply) -> str:
+def land(batch: Batch, ledger: LedgerAPI, worker: Worker, reply: Reply) -> str:
     """Write the reply as the record's output and mark it done; returns the outcome."""
     claim = reply.claim
     data = reply.text.encode("utf-8", "surrogatepass")
@@ -81,8 +82,19 @@ def land(batch: Batch, ledger: Ledger, worker: Worker, reply: Reply) -> str:
     # The hash is durable before the rename, so a file that lands just before a
     # kill is recognised by recovery and adopted instead of paid for twice.
     if not ledger.set_writing(claim.id, worker.id, sha):
+        batch.echo(f"dropped the reply for {claim.id!r} ({len(data)} bytes, sha256 "
+                   f"{sha[:12]}…): the record is no longer this worker's (its lease lapsed "
+                   "and another worker took it over)")
         return "lost"
-    moved = outputs.write_output(batch.out, claim.output_path, data)
-    if moved:
-        batch.echo(f"moved {claim.output_path} (not written by this batch) to {moved}")
+    written = batch.outputs.write(claim.output_path, data)
+    if written.moved:
+        batch.echo(f"moved {claim.output_path} (not written by this batch) to {written.moved}")
+    if written.taken is not None:
+        # Create-only on shared storage: the output a worker that lost its lease wrote
+        # first stays, and becomes the record's; ours is dropped, never written over it.
+        kept = written.taken
+        batch.echo(f"refused to write {claim.output_path}: another worker's output is already "
+                   f"there (sha256 {kept[:12]}…); ours (sha256 {sha[:12]}…) is dropped")
+        return "done" if ledger.finish(claim.id, worker.id, kept, reply.conversation_id) \
+            else "lost"
     return "done" if ledger.finish(claim.id, worker.id, sha, reply.conversation_id) else "lost"

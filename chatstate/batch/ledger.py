@@ -54,6 +54,9 @@ class Row:
     last_error: str | None
     done_at: str | None
     conversation_id: str | None
+    leased: bool | None = None
+    """A shared ledger's verdict on the holder: lease still running (True) or lapsed (False).
+    None on SQLite, where the holder's process is checked instead (``workers.liveness``)."""
 
 
 _ROW_COLUMNS = ("id, status, attempts, output_path, output_sha256, writing_sha256, worker, "
@@ -61,10 +64,18 @@ _ROW_COLUMNS = ("id, status, attempts, output_path, output_sha256, writing_sha25
 
 
 class Ledger:
-    """Open with ``Ledger.open``; safe to share between threads (writes are group-committed)."""
+    """Open with ``Ledger.open``; safe to share between threads (writes are group-committed).
+
+    The one-host ledger; ``pgledger.PgLedger`` is the shared one. Both implement
+    ``_api.LedgerAPI``.
+    """
+
+    where = ""
+    lease_seconds: float | None = None  # no leases: a holder's liveness is checked by pid
 
     def __init__(self, path: Path, *, network: bool = False) -> None:
         self.path = path
+        self.where = str(path)
         with translate(path, "open"):
             self._db = Database(path, network=network)
 
@@ -246,6 +257,14 @@ class Ledger:
         where, args = ("WHERE status=?", (status,)) if status else ("", ())
         rows = self._read(f"SELECT {_ROW_COLUMNS} FROM records {where} ORDER BY rowid", args)
         return [Row(*r) for r in rows]
+
+    def renew(self, worker_id: str) -> int:
+        """Leases are for shared ledgers; here a holder's process is checked instead."""
+        return 0
+
+    def wait_hint(self, worker_id: str) -> float | None:
+        """One host: nothing to wait for once no row can be claimed."""
+        return None
 
     def counts(self) -> dict[str, int]:
         counts = dict.fromkeys(STATUSES, 0)

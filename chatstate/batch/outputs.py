@@ -141,3 +141,45 @@ def write_output(out_dir: Path, rel: str, data: bytes) -> str | None:
         moved = quarantine(out_dir, rel)
     atomic_write(target, data)
     return moved
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write did: ``moved`` a foreign file aside (local), or found the output ``taken``.
+
+    ``taken`` is the sha256 of an output another worker already wrote (shared
+    storage, create-only): this write was refused and changed nothing.
+    """
+
+    moved: str | None = None
+    taken: str | None = None
+
+
+class LocalOutputs:
+    """The output directory on this host's disk (see the module docstring)."""
+
+    shared = False
+
+    def __init__(self, out_dir: Path) -> None:
+        self.dir = out_dir
+        self.where = str(out_dir)
+
+    def prepare(self) -> None:
+        ensure_dir(self.dir)
+
+    def scan(self) -> Scan:
+        return scan(self.dir)
+
+    def sha256(self, rel: str) -> str | None:
+        return file_sha256(self.dir / rel)
+
+    def quarantine(self, rel: str) -> str:
+        return quarantine(self.dir, rel)
+
+    def remove_temp(self, rel: str) -> bool:
+        from ..stores.fsutil import remove_durably
+
+        return remove_durably(self.dir / rel)
+
+    def write(self, rel: str, data: bytes) -> Written:
+        return Written(moved=write_output(self.dir, rel, data))

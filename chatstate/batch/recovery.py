@@ -10,7 +10,8 @@
 - temp files of killed writes are removed (never one a live worker is writing);
 - output files with no ``done`` row are reported, and quarantined on request.
 
-Rows of live workers, here or on another host, are never touched. The output
+Rows of live workers, here or on another host, are never touched. On a shared
+ledger a holder is alive while its lease runs; on SQLite, while its process does. The output
 directory is scanned *before* the ledger is read, so a file that a live worker
 renames meanwhile is either not seen or belongs to a row still seen as its own.
 """
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..stores.fsutil import remove_durably
-from .ledger import Ledger, Row
-from .outputs import file_sha256, quarantine, scan
+from .ledger import Row
 from .workers import Liveness, liveness
+
+if TYPE_CHECKING:
+    from ._api import LedgerAPI, Outputs
 
 
 @dataclass
@@ -76,9 +78,9 @@ def _few(items: Iterable[str], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def holders(ledger: Ledger, rows: Iterable[Row]) -> dict[str, Liveness]:
+def holders(ledger: LedgerAPI, rows: Iterable[Row]) -> dict[str, Liveness]:
     """Liveness of every worker holding one of ``rows`` (an unregistered worker is dead)."""
-    ids = {r.worker for r in rows if r.worker}
+    ids = {r.worker for r in rows if r.worker and r.leased is None}
     known = ledger.workers(ids)
     out: dict[str, Liveness] = {}
     for wid in ids:
@@ -88,33 +90,39 @@ def holders(ledger: Ledger, rows: Iterable[Row]) -> dict[str, Liveness]:
     return out
 
 
-def recover(ledger: Ledger, out_dir: Path, *, max_attempts: int,
+def _state(row: Row, alive: dict[str, Liveness]) -> Liveness:
+    if row.leased is not None:
+        return "elsewhere" if row.leased else "dead"
+    return alive.get(row.worker or "", "dead")
+
+
+def recover(ledger: LedgerAPI, out: Outputs, *, max_attempts: int,
             quarantine_extras: bool = False) -> Recovery:
-    found = scan(out_dir)
+    found = out.scan()
     rec = Recovery()
     running = ledger.rows("running")
     alive = holders(ledger, running)
     busy: set[str] = set()  # output paths that live workers may be writing
     for row in running:
-        state = alive.get(row.worker or "", "dead")
+        state = _state(row, alive)
         if state != "dead":
             rec.live[str(row.worker)] = rec.live.get(str(row.worker), 0) + 1
             busy.add(row.output_path)
         else:
-            _reclaim(ledger, out_dir, row, max_attempts, rec)
+            _reclaim(ledger, out, row, max_attempts, rec)
     for temp, target in found.temps.items():
-        if target not in busy and remove_durably(out_dir / temp):
+        if target not in busy and out.remove_temp(temp):
             rec.temps.append(temp)
     moved: set[str] = set()
     for row in ledger.rows("done"):
-        actual = file_sha256(out_dir / row.output_path)
+        actual = out.sha256(row.output_path)
         if actual == row.output_sha256:
             continue
         if actual is None:
             if ledger.redo(row.id, str(row.output_sha256), "its output file went missing"):
                 rec.missing.append(row.id)
             continue
-        dest = quarantine(out_dir, row.output_path)
+        dest = out.quarantine(row.output_path)
         moved.add(row.output_path)
         if ledger.redo(row.id, str(row.output_sha256),
                        f"its output file changed after it was done (moved to {dest})"):
@@ -122,14 +130,14 @@ def recover(ledger: Ledger, out_dir: Path, *, max_attempts: int,
     done = {r.output_path for r in ledger.rows("done")}
     rec.extras = sorted(found.files - done - busy - moved)
     if quarantine_extras:
-        rec.quarantined = [(rel, quarantine(out_dir, rel)) for rel in rec.extras]
+        rec.quarantined = [(rel, out.quarantine(rel)) for rel in rec.extras]
     return rec
 
 
-def _reclaim(ledger: Ledger, out_dir: Path, row: Row, max_attempts: int,
+def _reclaim(ledger: LedgerAPI, out: Outputs, row: Row, max_attempts: int,
              rec: Recovery) -> None:
     """A running row whose worker is dead: adopt its landed output, requeue it, or fail it."""
-    if row.writing_sha256 and file_sha256(out_dir / row.output_path) == row.writing_sha256:
+    if row.writing_sha256 and out.sha256(row.output_path) == row.writing_sha256:
         if ledger.finish(row.id, row.worker, row.writing_sha256):
             rec.adopted.append(row.id)
         return
@@ -140,23 +148,22 @@ def _reclaim(ledger: Ledger, out_dir: Path, row: Row, max_attempts: int,
         (rec.failed if status == "failed" else rec.requeued).append(row.id)
 
 
-def verify(ledger: Ledger, out_dir: Path) -> list[str]:
+def verify(ledger: LedgerAPI, out: Outputs) -> list[str]:
     """Every violation of the recovery contract, in words; empty when the batch is consistent."""
     problems = []
     running = ledger.rows("running")
     alive = holders(ledger, running)
     for row in running:
-        state = alive.get(row.worker or "", "dead")
-        if state == "dead":
+        if _state(row, alive) == "dead":
             problems.append(f"record {row.id!r} is 'running' but its worker {row.worker} is "
                             "gone: run `chatstate batch recover`")
         else:
             problems.append(f"record {row.id!r} is 'running' under worker {row.worker}, which "
                             "is still alive (or on another host): verify after it finishes")
-    found = scan(out_dir)
+    found = out.scan()
     done = ledger.rows("done")
     for row in done:
-        actual = file_sha256(out_dir / row.output_path)
+        actual = out.sha256(row.output_path)
         if actual is None:
             problems.append(f"record {row.id!r} is done but its output {row.output_path} is "
                             "missing")

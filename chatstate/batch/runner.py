@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ChatstateError
-from ..stores.fsutil import ensure_dir
-from . import outputs
+from . import outputs, pgledger, s3outputs
 from ._work import SerialisedStore
 from .inputs import InputError, Record, read_records, records_from
 from .ledger import Ledger
@@ -33,6 +32,7 @@ from .workers import Worker
 
 if TYPE_CHECKING:
     from ..durability import Report
+    from ._api import LedgerAPI, Outputs
 
 LEDGER_NAME = ".chatstate-batch.db"
 DEFAULT_MAX_ATTEMPTS = 3
@@ -44,11 +44,17 @@ class Batch:
 
     ``Batch(out, *, prompt="{text}", ledger=None, system=None, model=None,
     base_url=None, api_key=None, adapter=None, params=None, concurrency=4,
-    max_attempts=None, transcripts=None, allow_ephemeral=False, echo=None)``
+    max_attempts=None, transcripts=None, allow_ephemeral=False, echo=None,
+    host_id=None, lease=30.0)``
 
-    - ``out``: the output directory (one ``<encoded id>.txt`` per record).
+    - ``out``: the output directory (one ``<encoded id>.txt`` per record), or
+      ``s3://bucket/prefix?endpoint_url=…`` (shared: written create-only).
     - ``prompt``: template; ``{text}`` and ``{id}`` are filled in.
-    - ``ledger``: the SQLite ledger path (default ``out/.chatstate-batch.db``).
+    - ``ledger``: the SQLite ledger path (default ``out/.chatstate-batch.db``),
+      or ``postgresql://…`` for a ledger shared by workers on many hosts (each
+      claim then holds a lease of ``lease`` seconds, renewed while in flight).
+    - ``host_id``: this worker's host name in the ledger (default:
+      ``CHATSTATE_HOST_ID``, else the hostname).
     - ``model``/``base_url``/``api_key`` or ``adapter``: the model, as for
       ``make_adapter``; ``params``: extra request parameters (temperature, ...).
     - ``max_attempts``: model requests per record before it is ``failed``
@@ -73,16 +79,32 @@ class Batch:
                  params: Mapping[str, Any] | None = None, concurrency: int = 4,
                  max_attempts: int | None = None, transcripts: Any = None,
                  allow_ephemeral: bool = False,
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None, host_id: str | None = None,
+                 lease: float = pgledger.DEFAULT_LEASE) -> None:
         if "{text}" not in prompt and "{id}" not in prompt:
             raise ValueError("the prompt template must contain {text} (or {id})")
         if concurrency < 1 or (max_attempts is not None and max_attempts < 1):
             raise ValueError("concurrency and max_attempts must be at least 1")
-        self.out = Path(out).expanduser().absolute()
-        raw = os.fspath(ledger) if ledger is not None else None
+        if lease <= 0:
+            raise ValueError("lease must be a positive number of seconds")
+        out_s, raw = os.fspath(out), os.fspath(ledger) if ledger is not None else None
+        self.ledger_url = raw if raw and pgledger.is_url(raw) else None
+        self.outputs: Outputs
+        if s3outputs.is_url(out_s):
+            if self.ledger_url is None:
+                raise ChatstateError(f"outputs on shared storage ({out_s.split('?')[0]}) need a "
+                                     "shared ledger: pass --ledger postgresql://…")
+            self.outputs = s3outputs.S3Outputs(out_s)
+            self.out = Path(out_s.split("?", 1)[0])  # a name for messages only
+        else:
+            self.out = Path(out_s).expanduser().absolute()
+            self.outputs = outputs.LocalOutputs(self.out)
         if raw and raw.startswith("sqlite://"):
             raw = raw[len("sqlite://"):]
-        self.ledger_path = Path(raw).expanduser().absolute() if raw else self.out / LEDGER_NAME
+        self.ledger_path = Path(raw).expanduser().absolute() if raw and not self.ledger_url \
+            else self.out / LEDGER_NAME
+        self.host_id = host_id or os.environ.get("CHATSTATE_HOST_ID") or None
+        self.lease = lease
         self.prompt, self.system, self.params = prompt, system, dict(params or {})
         self.concurrency = concurrency
         self._max_attempts = max_attempts
@@ -91,17 +113,17 @@ class Batch:
         self._store = SerialisedStore(transcripts) if transcripts is not None else None
         self.allow_ephemeral = allow_ephemeral
         self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
-        self._ledger: Ledger | None = None
+        self._ledger: LedgerAPI | None = None
         self._reports: list[Report] | None = None
 
-    def _same_prompt(self, ledger: Ledger) -> None:
+    def _same_prompt(self, ledger: LedgerAPI) -> None:
         """One output directory, one prompt: a changed template would mix two jobs' outputs."""
         job = json.dumps({"prompt": self.prompt, "system": self.system}, sort_keys=True)
         first = ledger.set_meta("job", job, only_if_absent=True)
         if first != job:
             was = json.loads(first)
             raise InputError(
-                f"{self.out} was started with another prompt or system message "
+                f"{self.outputs.where} was started with another prompt or system message "
                 f"(prompt {was['prompt']!r}, system {was['system']!r}); its done outputs came "
                 "from that one. Rerun with the same --prompt/--system, or use a new --out.")
         for name in sorted(set(re.findall(r"\{(\w+)\}", self.prompt)) - {"text", "id"}):
@@ -127,8 +149,11 @@ class Batch:
             from ..errors import EphemeralStoreError
             from ..stores import allow_ephemeral_from_env
 
-            reports = [inspect(self.ledger_path), inspect(self.out)]
             allowed = self.allow_ephemeral or allow_ephemeral_from_env()
+            if self.ledger_url or self.outputs.shared:
+                self._reports = self._probe_shared(inspect)
+                return self._reports
+            reports = [inspect(self.ledger_path), inspect(self.out)]
             named = list(zip(("ledger", "outputs"), reports, strict=True))
             for what, rep in named:
                 self.echo(f"{what} {rep.path} {rep.one_line()} (device {rep.device or '?'})")
@@ -147,27 +172,59 @@ class Batch:
             self._reports = reports
         return self._reports
 
-    def _open(self, *, create: bool) -> Ledger:
+    def _probe_shared(self, inspect: Callable[[Path], Report]) -> list[Report]:
+        """A server ledger is checked by the server's own settings (``pgledger``); a local
+        output directory beside it is probed as always; S3 acknowledges durably."""
+        from ..errors import EphemeralStoreError
+        from ..stores import allow_ephemeral_from_env
+
+        self.echo(f"ledger {pgledger.shown(self.ledger_url or '')} (PostgreSQL: fsync and "
+                  "synchronous_commit checked on open)")
+        if self.outputs.shared:
+            self.echo(f"outputs {self.outputs.where} (object store: create-only writes)")
+            return []
+        rep = inspect(self.out)
+        self.echo(f"outputs {rep.path} {rep.one_line()} (device {rep.device or '?'})")
+        if rep.verdict == "ephemeral" and not (self.allow_ephemeral or allow_ephemeral_from_env()):
+            raise EphemeralStoreError(
+                f"refusing batch outputs at {rep.path}: {rep.reasons[0]} That would not survive "
+                "a restart. Use a durable directory, or accept the loss with --allow-ephemeral.")
+        return [rep]
+
+    def _open(self, *, create: bool) -> LedgerAPI:
         if self._ledger is None:
-            network = bool(self._reports and self._reports[0].network_fs)
-            ledger = Ledger.open(self.ledger_path, create=create, network=network)
+            ledger: LedgerAPI
+            if self.ledger_url:
+                from ..stores import allow_ephemeral_from_env
+
+                ledger = pgledger.PgLedger(self.ledger_url, lease=self.lease, allow_unsafe=(
+                    self.allow_ephemeral or allow_ephemeral_from_env()))
+            else:
+                network = bool(self._reports and self._reports[0].network_fs)
+                ledger = Ledger.open(self.ledger_path, create=create, network=network)
             self._bind(ledger)
             self._ledger = ledger
         return self._ledger
 
-    def _bind(self, ledger: Ledger) -> None:
+    def _bind(self, ledger: LedgerAPI) -> None:
         """A ledger outside DIR belongs to one DIR; inside, it moves with it.
 
         Writes only to a new ledger, so that status and verify leave it untouched.
         """
-        here = str(self.out)
+        here = self.outputs.where
         stored = ledger.meta("out_dir") or ledger.set_meta("out_dir", here, only_if_absent=True)
-        if stored != here and self.out not in self.ledger_path.parents:
+        inside = not self.ledger_url and self.out in self.ledger_path.parents
+        if stored != here and not inside:
             ledger.close()
-            raise ChatstateError(f"ledger {self.ledger_path} belongs to output directory "
+            raise ChatstateError(f"ledger {ledger.where} belongs to output directory "
                                  f"{stored}, not {here}: pass --out {stored}, or another --ledger")
         if ledger.meta("batch_id") is None:
             ledger.set_meta("batch_id", os.urandom(4).hex(), only_if_absent=True)
+
+    @property
+    def ledger_where(self) -> str:
+        """The ledger, for messages: a path, or the URL without its password."""
+        return pgledger.shown(self.ledger_url) if self.ledger_url else str(self.ledger_path)
 
     @property
     def max_attempts(self) -> int:
@@ -179,14 +236,16 @@ class Batch:
     # -- verbs -------------------------------------------------------------------
     def add(self, source: Source) -> tuple[int, list[str]]:
         """Register records idempotently. Returns (added, ids whose text changed: not applied)."""
+        local = not self.outputs.shared
         if isinstance(source, (str, os.PathLike)):
-            self._outside_out(Path(source))
-            records = read_records(source, skip=self.out)
+            if local:
+                self._outside_out(Path(source))
+            records = read_records(source, skip=self.out if local else None)
         else:
             records = records_from(source)
         self.probe()
         ledger = self._open(create=True)
-        ensure_dir(self.out)
+        self.outputs.prepare()
         added, changed = ledger.register(
             (r.id, r.text, r.sha256, outputs.output_name(r.id)) for r in records)
         if changed:
@@ -207,7 +266,7 @@ class Batch:
         """Reconcile the ledger with DIR after a crash (see ``recovery``); says what it did."""
         self.probe()
         ledger = self._open(create=False)
-        result = recover(ledger, self.out, max_attempts=self.max_attempts,
+        result = recover(ledger, self.outputs, max_attempts=self.max_attempts,
                          quarantine_extras=quarantine)
         for note in result.notes():
             self.echo(f"recovered: {note}" if not note.startswith("left") else note)
@@ -223,7 +282,7 @@ class Batch:
 
     def verify(self) -> list[str]:
         """Every violation of the recovery contract (empty: consistent). Writes nothing."""
-        return verify(self._open(create=False), self.out)
+        return verify(self._open(create=False), self.outputs)
 
     def run(self, source: Source | None = None, *, limit: int | None = None,
             progress: Callable[[Progress], None] | None = None,
@@ -241,7 +300,7 @@ class Batch:
         self.probe()
         ledger = self._open(create=True)
         self._same_prompt(ledger)
-        ensure_dir(self.out)
+        self.outputs.prepare()
         self._max_attempts = self.max_attempts  # resolved once: the threads read it often
         ledger.set_meta("max_attempts", str(self._max_attempts))
         found = self.recover()
@@ -250,7 +309,7 @@ class Batch:
             self.echo(f"retrying {len(again)} failed record(s) with fresh attempts")
         for rid in ledger.expire(self.max_attempts):
             self.echo(f"failed {rid!r}: it has used its {self.max_attempts} attempts")
-        worker = Worker.current()
+        worker = Worker.current(self.host_id)
         ledger.add_worker(worker)
         pool = Pool(self, ledger, worker, limit)
         try:

@@ -46,8 +46,9 @@ class Worker:
     start_ticks: int | None
 
     @classmethod
-    def current(cls) -> Worker:
-        host, pid = socket.gethostname(), os.getpid()
+    def current(cls, host: str | None = None) -> Worker:
+        """This process; ``host`` names the host in a shared ledger (default: the hostname)."""
+        host, pid = host or socket.gethostname(), os.getpid()
         ticks = start_ticks(pid)
         wid = f"{host}:{pid}:{ticks if ticks is not None else '?'}:{secrets.token_hex(3)}"
         return cls(id=wid, host=host, pid=pid, boot_id=boot_id(), start_ticks=ticks)

@@ -22,11 +22,11 @@ PLAIN_EVERY = 5.0  # seconds between progress lines when stderr is not a termina
 
 
 def _where(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--ledger", metavar="PATH", help="The SQLite ledger (default: "
-                     "DIR/.chatstate-batch.db).")(f)
-    return click.option("--out", "out", required=True, metavar="DIR",
-                        type=click.Path(file_okay=False),
-                        help="The output directory: one file per record.")(f)
+    f = click.option("--ledger", metavar="PATH|URL", help="The SQLite ledger (default: "
+                     "DIR/.chatstate-batch.db), or postgresql://… shared by many hosts.")(f)
+    return click.option("--out", "out", required=True, metavar="DIR|URL",
+                        help="The output directory: one file per record; or "
+                        "s3://bucket/prefix?endpoint_url=… shared by many hosts.")(f)
 
 
 def _echo(line: str) -> None:
@@ -64,11 +64,16 @@ def batch() -> None:
               "conversation in the transcript store (--store), for replay.")
 @click.option("--retry-failed", is_flag=True, help="Give records that ended 'failed' fresh "
               "attempts (once their cause is fixed).")
+@click.option("--host-id", metavar="NAME", help="This worker's host name in a shared ledger "
+              "(default: CHATSTATE_HOST_ID, else the hostname).")
+@click.option("--lease", type=click.FloatRange(0.5), default=30.0, show_default=True,
+              metavar="SECONDS", help="Shared ledger: how long a claim holds without a "
+              "heartbeat before another worker may take it over.")
 @click.pass_obj
 def run(env: Env, input_path: str, prompt: str, out: str, ledger: str | None,
         system: str | None, model: str | None, base_url: str | None, concurrency: int,
         max_attempts: int | None, limit: int | None, transcripts: bool,
-        retry_failed: bool) -> None:
+        retry_failed: bool, host_id: str | None, lease: float) -> None:
     """Run TEMPLATE over every record of INPUT (.jsonl or directory).
 
     Rerun the same command after a crash: it recovers first, then carries on.
@@ -87,7 +92,8 @@ def run(env: Env, input_path: str, prompt: str, out: str, ledger: str | None,
         job = stack.enter_context(Batch(
             out, prompt=prompt, ledger=ledger, system=system, model=model, base_url=base_url,
             api_key=api_key, concurrency=concurrency, max_attempts=max_attempts,
-            transcripts=store, allow_ephemeral=env.allow_ephemeral, echo=_echo))
+            transcripts=store, allow_ephemeral=env.allow_ephemeral, echo=_echo,
+            host_id=host_id, lease=lease))
         with _progress() as show:
             summary = job.run(input_path, limit=limit, progress=show,
                               retry_failed=retry_failed)
@@ -141,7 +147,7 @@ def status(env: Env, out: str, ledger: str | None, as_json: bool) -> None:
             click.echo(json.dumps({"counts": counts, "total": sum(counts.values()),
                                    "failures": [{"id": i, "error": e} for i, e in failures]}))
             return
-        click.echo(f"ledger {job.ledger_path}\noutputs {job.out}")
+        click.echo(f"ledger {job.ledger_where}\noutputs {job.outputs.where}")
         click.echo(f"{sum(counts.values())} records: " + ", ".join(
             f"{n} {state}" for state, n in counts.items()))
         for rid, error in failures:

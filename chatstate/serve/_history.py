@@ -45,7 +45,7 @@ def stored_form(message: Message) -> dict[str, Any]:
 
 def visible(conv: Conversation) -> list[Message]:
     """What a client's history holds of a conversation: cut-off replies left out."""
-    return [m for m in conv.messages if m.status != "partial"]
+    return [m for m in conv.messages if m.status != "partial" and m.role != "event"]
 
 
 def _step(digest: str, message: Mapping[str, Any]) -> str:

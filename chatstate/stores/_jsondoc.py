@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from ..errors import CorruptTranscriptError
 from ..transcript import (
     Conversation,
@@ -21,8 +23,8 @@ from ..transcript import (
     check_schema,
     parse_message,
     schema_for,
-    verify_chain,
 )
+from ._fastload import canonical, first_break, validate_items
 
 HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
 
@@ -43,18 +45,9 @@ def encode(header: dict[str, Any], lines: list[str], schema: int = 1) -> bytes:
 def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
     """Parse and fully verify a stored conversation; raise CorruptTranscriptError naming where."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CorruptTranscriptError(
-            f"{where}: not valid UTF-8 at byte {exc.start}; the file was left as it is. "
-            "Restore it from a backup or move it aside with `chatstate repair`.",
-            where=where) from exc
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CorruptTranscriptError(
-            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
-            "it may be truncated. The file was left as it is.", where=where) from exc
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        doc = _strict_parse(raw, where)  # names the byte or line that is wrong
     if not isinstance(doc, dict):
         raise CorruptTranscriptError(f"{where}: expected a JSON object, found "
                                      f"{type(doc).__name__}", where=where)
@@ -66,8 +59,13 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
         raise CorruptTranscriptError(
             f"{where}: header field(s) {', '.join(wrong) or 'messages'} missing or of the "
             "wrong type; the file was left as it is.", where=where)
-    messages = [parse_message(item, where, index) for index, item in enumerate(doc["messages"])]
-    bad = verify_chain(messages)
+    items = doc["messages"]
+    try:
+        messages = validate_items(items)
+    except ValueError:  # pydantic's ValidationError: name the first bad message
+        messages = [parse_message(item, where, index) for index, item in enumerate(items)]
+    bodies = (canonical(item) if isinstance(item, dict) else None for item in items)
+    bad = first_break(messages, bodies)
     if bad is not None:
         raise CorruptTranscriptError(
             f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
@@ -83,9 +81,47 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
     return header, messages
 
 
-def decode_partial(raw: bytes, where: str) -> Message:
+def _strict_parse(raw: bytes, where: str) -> Any:
     try:
-        doc = json.loads(raw)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptTranscriptError(
+            f"{where}: not valid UTF-8 at byte {exc.start}; the file was left as it is. "
+            "Restore it from a backup or move it aside with `chatstate repair`.",
+            where=where) from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptTranscriptError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            "it may be truncated. The file was left as it is.", where=where) from exc
+
+
+def stored_lines(raw: bytes, count: int) -> list[str] | None:
+    """The message lines of a file in the layout ``encode`` writes, as they are on disk
+    (what ``message_line`` would write again); None if the file is laid out otherwise."""
+    lines = raw.decode("utf-8").split("\n")
+    if count == 0 or len(lines) != count + 3 or lines[-2] != "]}" or lines[-1] != "" \
+            or not lines[0].endswith(',"messages":['):
+        return None
+    body = lines[1:count + 1]
+    if not all(line.endswith(",") for line in body[:-1]) or body[-1].endswith(","):
+        return None
+    return [line[:-1] for line in body[:-1]] + [body[-1]]
+
+
+def decode_partial(raw: bytes, where: str) -> Message:
+    """The partial reply in a sidecar: the last complete line of an append-only log.
+
+    Each flush appends one whole record and its newline; a last line without its
+    newline is a write that a crash cut off before it was acknowledged, so the
+    record before it stands. A file of one line without a newline is the older
+    single-document sidecar.
+    """
+    lines = raw.split(b"\n")
+    record = lines[-2] if len(lines) > 1 else lines[0]
+    try:
+        doc = json.loads(record)
         check_schema(doc.get("schema"), where)
         return Message.model_validate(doc["message"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -94,8 +130,9 @@ def decode_partial(raw: bytes, where: str) -> Message:
 
 
 def encode_partial(conversation_id: str, msg: Message) -> bytes:
+    """One line of the sidecar (see decode_partial)."""
     return json.dumps({"schema": schema_for([msg]), "conversation": conversation_id,
-                       "message": msg.stored()}, ensure_ascii=False).encode()
+                       "message": msg.stored()}, ensure_ascii=False).encode() + b"\n"
 
 
 def to_conversation(header: dict[str, Any], messages: list[Message],

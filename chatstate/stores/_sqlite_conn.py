@@ -22,7 +22,7 @@ from urllib.parse import quote
 from ..errors import ChatstateError, StoreUnavailable
 from ._files import ensure_dir
 from ._sqlite_errors import AT_COMMIT, translate
-from ._sqlite_schema import APPLICATION_ID, MIGRATIONS
+from ._sqlite_schema import APPLICATION_ID, MIGRATIONS, PAGE_SIZE
 from .sqlite_setup import check_owner, check_version, configure, migrate
 
 STORE_WHAT = "chatstate store"
@@ -100,7 +100,8 @@ class SqliteConnection:
                     if os.stat(path).st_mode & 0o777 != 0o600:
                         os.chmod(path, 0o600)
         self.journal_mode = configure(db, self.path, network=network,
-                                      busy_timeout_ms=self.busy_timeout_ms)
+                                      busy_timeout_ms=self.busy_timeout_ms,
+                                      page_size=PAGE_SIZE)
         with translate(self.path, "configure"):
             if network:
                 self.recovery.append(f"{self.path} is on a network filesystem: WAL is unsafe "

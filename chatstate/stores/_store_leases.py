@@ -3,7 +3,7 @@
 - json: ``DIR/.locks/<id>.lease``, a small JSON file rewritten atomically under the
   conversation's flock. The flock alone would not do: it dies with its holder at
   once, while a lease must outlive a short stall and lapse only after its term.
-- sqlite: a ``leases`` row (migration ``m005_leases``), taken by one upsert.
+- sqlite: a ``leases`` row (migration ``m006_leases``), taken by one upsert.
 - s3: ``_leases/<id>.json``, created with If-None-Match and replaced with If-Match,
   so two hosts cannot both take it. Expiry is judged by the writers' clocks.
 """

@@ -1,7 +1,7 @@
 """The json store: one human-readable JSON file per conversation in a directory.
 
     DIR/<id>.json             the conversation (header line + one message per line)
-    DIR/.partials/<id>.json   the in-progress reply, O(reply) to rewrite while streaming
+    DIR/.partials/<id>.json   the in-progress reply: an append-only log, one fsync per flush
     DIR/.locks/<id>.lock      flock guarding every read-modify-write of <id>
     DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
     DIR/blobs/<sha256>        images and files named by messages, stored once (_jsonblobs)
@@ -49,6 +49,7 @@ from ._files import (
     temp_target,
 )
 from ._jsonblobs import JsonBlobs
+from ._sidecar import SidecarLog
 from ._store_leases import JsonLease
 from .base import (
     CheckReport,
@@ -73,6 +74,7 @@ class JsonStore(JsonLease, JsonBlobs):
         self.url = url or f"json://{root}"
         self.recovery: list[str] = []
         self._cache: dict[str, tuple[tuple[int, int, int], Snapshot]] = {}
+        self._sidecar = SidecarLog()
 
     @classmethod
     def from_url(cls, url: str) -> JsonStore:
@@ -165,7 +167,9 @@ class JsonStore(JsonLease, JsonBlobs):
         if raw is None:
             raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
         header, messages = doc.decode(raw, str(path))
-        snap = (header, [doc.message_line(m) for m in messages], messages)
+        # the verified lines as read, when laid out as written: no re-serialising
+        lines = doc.stored_lines(raw, len(messages)) or [doc.message_line(m) for m in messages]
+        snap = (header, lines, messages)
         self._cache[cid] = (key, snap)
         return snap
 
@@ -245,8 +249,10 @@ class JsonStore(JsonLease, JsonBlobs):
                 raise ConflictError(f"{self._file(conversation_id)}: partial reply for seq "
                                     f"{partial.seq}, but the next seq is {expected}",
                                     expected_seq=partial.seq - 1, actual_seq=expected - 1)
-            atomic_write(self._partial(conversation_id),
-                         doc.encode_partial(conversation_id, partial))
+            record = doc.encode_partial(conversation_id, partial)
+            if not self._sidecar.append(self._partial(conversation_id), record):
+                atomic_write(self._partial(conversation_id), record)
+                self._sidecar.wrote(self._partial(conversation_id))
 
     def clear_partial(self, conversation_id: str) -> None:
         with locked(self._lock(conversation_id)):

@@ -38,15 +38,18 @@ def check_owner(db: sqlite3.Connection, path: Path, application_id: int, what: s
 
 
 def configure(db: sqlite3.Connection, path: Path, *, network: bool,
-              busy_timeout_ms: int) -> str:
+              busy_timeout_ms: int, page_size: int | None = None) -> str:
     """Busy timeout, journal and sync mode; returns the journal mode ("wal" or "delete").
 
     WAL with synchronous=FULL (a commit fsyncs); on a network filesystem, where
     WAL's shared memory is unsafe, a rollback journal with synchronous=EXTRA.
+    ``page_size`` applies to a new, empty file only (WAL fixes it once set).
     Call only after ``check_owner``: these PRAGMAs write.
     """
     with translate(path, "configure"):
         db.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        if page_size and not db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone():
+            db.execute(f"PRAGMA page_size={page_size}")
         if network:
             db.execute("PRAGMA journal_mode=DELETE")
             db.execute("PRAGMA synchronous=EXTRA")

@@ -1,0 +1,280 @@
+"""The shared batch ledger in PostgreSQL: many hosts, one queue, claims with leases.
+
+``postgresql://user@host:5432/db?schema=chatstate_batch`` (credentials from the
+URL, the libpq environment or ``.pgpass``; never stored, never printed). Every
+statement runs in its own transaction (autocommit), so it is durable when it
+returns on a server that flushes before it acknowledges (checked on open).
+
+A claim is one statement: ``UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED
+LIMIT 1)``. It takes the oldest row that is ``pending``, or ``running`` with a
+lapsed lease (its worker died or froze), counts the attempt and sets
+``lease_until``; workers on other hosts skip the rows it has locked instead of
+waiting for them. A heartbeat (``renew``) extends the leases of the rows a
+worker holds while their requests are in flight. Every later step applies only
+while the row is still this worker's, so a worker that wakes up after its row
+was taken over finds out and drops its result.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
+from ..transcript import now_iso
+from ._pgschema import MIGRATIONS, is_url, shown, split_schema
+from .ledger import STATUSES, Claim, Row
+from .workers import Worker
+
+__all__ = ["DEFAULT_LEASE", "PgLedger", "is_url", "shown"]
+
+DEFAULT_LEASE = 30.0
+_LEASE = "clock_timestamp() + %s * interval '1 second'"
+_ROW_COLUMNS = ("id, status, attempts, output_path, output_sha256, writing_sha256, worker, "
+                "last_error, done_at, conversation_id, lease_until > clock_timestamp()")
+
+
+class PgLedger:
+    """The ``LedgerAPI`` on PostgreSQL. Thread-safe: one autocommit connection, serialised."""
+
+    def __init__(self, url: str, *, lease: float = DEFAULT_LEASE,
+                 allow_unsafe: bool = False) -> None:
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise ChatstateError("a postgresql:// ledger needs psycopg: pip install "
+                                 "'chatstate[postgres]'") from exc
+        self._psycopg = psycopg
+        self.where = shown(url)
+        self.lease_seconds: float | None = lease
+        conninfo, self.schema = split_schema(url)
+        self._lock = threading.Lock()
+        with self._translate("connect to"):
+            self._db = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
+        try:
+            self._check_server(allow_unsafe)
+            self._migrate()
+            with self._translate("use"):
+                self._db.execute(f"SET search_path TO {self.schema}")
+        except BaseException:
+            self._db.close()
+            raise
+
+    @contextmanager
+    def _translate(self, action: str) -> Iterator[None]:
+        """psycopg's errors become chatstate errors here, and nowhere else."""
+        try:
+            yield
+        except ChatstateError:
+            raise
+        except self._psycopg.OperationalError as exc:
+            raise StoreUnavailable(
+                f"could not {action} the batch ledger {self.where}: {_first_line(exc)}. Check "
+                "that the server runs and the URL, PGPASSWORD or ~/.pgpass are right.") from exc
+        except self._psycopg.Error as exc:
+            raise ChatstateError(f"could not {action} the batch ledger {self.where}: "
+                                 f"{_first_line(exc)}") from exc
+
+    def _check_server(self, allow_unsafe: bool) -> None:
+        """A server that acknowledges before it flushes is refused, as an ephemeral disk is."""
+        names = ("fsync", "synchronous_commit", "default_transaction_read_only")
+        names = ("fsync", "synchronous_commit", "default_transaction_read_only")
+        with self._translate("inspect"):
+            settings = {name: str(self._one(f"SHOW {name}")) for name in names}
+            standby = bool(self._one("SELECT pg_is_in_recovery()"))
+        if standby or settings["default_transaction_read_only"] == "on":
+            raise ChatstateError(f"the batch ledger {self.where} is on a read-only server (a "
+                                 "standby, or default_transaction_read_only=on): point --ledger "
+                                 "at the primary")
+        unsafe = [f"{k}={settings[k]}" for k in ("fsync", "synchronous_commit")
+                  if settings[k] == "off"]
+        if unsafe and not allow_unsafe:
+            raise EphemeralStoreError(
+                f"refusing the batch ledger {self.where}: the server runs with "
+                f"{', '.join(unsafe)}, so a commit it acknowledged can vanish in a crash. Turn "
+                "it on, or accept the loss with --allow-ephemeral, allow_ephemeral=True or "
+                "CHATSTATE_ALLOW_EPHEMERAL=1.")
+
+    def _one(self, sql: str) -> Any:
+        row = self._db.execute(sql).fetchone()
+        return None if row is None else row[0]
+
+    def _migrate(self) -> None:
+        """Named, append-only migrations, applied under an advisory lock (hosts start at once)."""
+        s = self.schema
+        with self._translate("migrate"), self._db.transaction():
+            self._db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"chatstate:{s}",))
+            self._db.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS {s}.migrations "
+                             "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+            done = {r[0] for r in self._db.execute(f"SELECT name FROM {s}.migrations")}
+            unknown = done - {name for name, _ in MIGRATIONS}
+            if unknown:
+                raise ChatstateError(f"the batch ledger {self.where} (schema {s}) has migrations "
+                                     f"this chatstate does not know ({', '.join(sorted(unknown))})"
+                                     ": upgrade chatstate")
+            for name, steps in MIGRATIONS:
+                if name not in done:
+                    for sql in steps(s):
+                        self._db.execute(sql)
+                    self._db.execute(f"INSERT INTO {s}.migrations VALUES (%s, %s)",
+                                     (name, now_iso()))
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _exec(self, sql: str, args: Iterable[Any] = ()) -> Any:
+        with self._lock, self._translate("write to"):
+            return self._db.execute(sql, tuple(args))
+
+    def _read(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
+        with self._lock, self._translate("read"):
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    # -- meta and workers --------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        rows = self._read("SELECT value FROM meta WHERE key=%s", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: str, *, only_if_absent: bool = False) -> str:
+        then = "NOTHING" if only_if_absent else "UPDATE SET value=EXCLUDED.value"
+        self._exec(f"INSERT INTO meta(key, value) VALUES (%s, %s) ON CONFLICT (key) DO {then}",
+                   (key, value))
+        return self.meta(key) or value
+
+    def add_worker(self, w: Worker) -> None:
+        self._exec("INSERT INTO workers(id, host, pid, boot_id, start_ticks, started_at) "
+                   "VALUES (%s, %s, %s, %s, %s, %s)",
+                   (w.id, w.host, w.pid, w.boot_id, w.start_ticks, now_iso()))
+
+    def end_worker(self, worker_id: str) -> None:
+        self._exec("UPDATE workers SET ended_at=%s WHERE id=%s", (now_iso(), worker_id))
+
+    def workers(self, ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        rows = self._read("SELECT id, host, pid, boot_id, start_ticks, ended_at FROM workers "
+                          "WHERE id = ANY(%s)", (sorted(set(ids)),))
+        return {r[0]: tuple(r[1:]) for r in rows}
+
+    # -- records -----------------------------------------------------------------
+    def register(self, records: Iterable[tuple[str, str, str, str]]) -> tuple[int, list[str]]:
+        """Insert rows not yet known (any number of hosts at once); report changed texts."""
+        rows = list(records)
+        cols = [list(c) for c in zip(*rows, strict=True)] if rows else [[], [], [], []]
+        now = now_iso()
+        with self._lock, self._translate("register records in"), self._db.transaction():
+            known: dict[str, str] = dict(self._db.execute(
+                "SELECT id, text_sha256 FROM records WHERE id = ANY(%s)", (cols[0],)).fetchall())
+            added = self._db.execute(
+                "INSERT INTO records(id, text, text_sha256, output_path, created_at, updated_at) "
+                "SELECT i, t, s, o, %s, %s FROM unnest(%s::text[], %s::text[], %s::text[], "
+                "%s::text[]) WITH ORDINALITY AS u(i, t, s, o, n) ORDER BY n "
+                "ON CONFLICT DO NOTHING", (now, now, *cols)).rowcount
+        changed = [rid for rid, _, sha, _ in rows if rid in known and known[rid] != sha]
+        return added, changed
+
+    def claim(self, worker_id: str, max_attempts: int, *, count: bool = False) -> Claim | None:
+        """Take the oldest pending row, or a running one whose lease lapsed; None if none."""
+        n = 1 if count else 0
+        row = self._exec(
+            "UPDATE records r SET status='running', worker=%s, attempts=r.attempts+%s, "
+            f"writing_sha256=NULL, lease_until={_LEASE}, updated_at=%s "
+            "FROM (SELECT seq FROM records WHERE attempts<%s AND (status='pending' OR "
+            "(status='running' AND lease_until < clock_timestamp())) ORDER BY seq LIMIT 1 "
+            "FOR UPDATE SKIP LOCKED) c WHERE r.seq=c.seq "
+            "RETURNING r.id, r.text, r.attempts-%s, r.output_path",
+            (worker_id, n, self.lease_seconds, now_iso(), max_attempts, n)).fetchone()
+        return None if row is None else Claim(row[0], row[1], row[2], row[3])
+
+    def count_attempt(self, rid: str, worker_id: str, max_attempts: int) -> bool:
+        cur = self._exec("UPDATE records SET attempts=attempts+1, updated_at=%s WHERE id=%s AND "
+                         "status='running' AND worker=%s AND attempts<%s",
+                         (now_iso(), rid, worker_id, max_attempts))
+        return bool(cur.rowcount == 1)
+
+    def set_writing(self, rid: str, worker_id: str, sha: str) -> bool:
+        """Only under a live lease (extended here): a lapsed one may be taken over any moment."""
+        cur = self._exec(f"UPDATE records SET writing_sha256=%s, lease_until={_LEASE} "
+                         "WHERE id=%s AND status='running' AND worker=%s "
+                         "AND lease_until > clock_timestamp()",
+                         (sha, self.lease_seconds, rid, worker_id))
+        return bool(cur.rowcount == 1)
+
+    def finish(self, rid: str, worker_id: str | None, sha: str,
+               conversation_id: str | None = None) -> bool:
+        now = now_iso()
+        cur = self._exec(
+            "UPDATE records SET status='done', output_sha256=%s, writing_sha256=NULL, "
+            "worker=NULL, lease_until=NULL, last_error=NULL, "
+            "conversation_id=coalesce(%s, conversation_id), done_at=%s, updated_at=%s "
+            "WHERE id=%s AND status='running' AND worker IS NOT DISTINCT FROM %s",
+            (sha, conversation_id, now, now, rid, worker_id))
+        return bool(cur.rowcount == 1)
+
+    def fail(self, rid: str, worker_id: str | None, error: str, *, final: bool,
+             max_attempts: int) -> str | None:
+        row = self._exec(
+            "UPDATE records SET status=CASE WHEN %s OR attempts>=%s THEN 'failed' ELSE "
+            "'pending' END, last_error=%s, worker=NULL, writing_sha256=NULL, lease_until=NULL, "
+            "updated_at=%s WHERE id=%s AND status='running' "
+            "AND worker IS NOT DISTINCT FROM %s RETURNING status",
+            (final, max_attempts, error, now_iso(), rid, worker_id)).fetchone()
+        return None if row is None else str(row[0])
+
+    def release(self, worker_id: str, max_attempts: int, error: str) -> int:
+        return int(self._exec(
+            "UPDATE records SET status=CASE WHEN attempts>=%s THEN 'failed' ELSE 'pending' END, "
+            "last_error=CASE WHEN attempts>=%s THEN %s ELSE last_error END, worker=NULL, "
+            "writing_sha256=NULL, lease_until=NULL, updated_at=%s "
+            "WHERE worker=%s AND status='running'",
+            (max_attempts, max_attempts, error, now_iso(), worker_id)).rowcount)
+
+    def redo(self, rid: str, sha: str, why: str) -> bool:
+        return bool(self._exec(
+            "UPDATE records SET status='pending', attempts=0, output_sha256=NULL, "
+            "last_error=%s, done_at=NULL, updated_at=%s "
+            "WHERE id=%s AND status='done' AND output_sha256=%s",
+            (why, now_iso(), rid, sha)).rowcount == 1)
+
+    def requeue_failed(self) -> list[str]:
+        rows = self._exec("UPDATE records SET status='pending', attempts=0, updated_at=%s "
+                          "WHERE status='failed' RETURNING id", (now_iso(),)).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def expire(self, max_attempts: int) -> list[str]:
+        """Pending rows, and lapsed running ones, that used their attempts become failed."""
+        rows = self._exec(
+            "UPDATE records SET status='failed', worker=NULL, lease_until=NULL, "
+            "last_error=coalesce(last_error, %s), updated_at=%s WHERE attempts>=%s AND "
+            "(status='pending' OR (status='running' AND lease_until < clock_timestamp())) "
+            "RETURNING id", (f"used its {max_attempts} attempts", now_iso(),
+                             max_attempts)).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def renew(self, worker_id: str) -> int:
+        return int(self._exec(f"UPDATE records SET lease_until={_LEASE} "
+                              "WHERE worker=%s AND status='running'",
+                              (self.lease_seconds, worker_id)).rowcount)
+
+    def wait_hint(self, worker_id: str) -> float | None:
+        row = self._read(
+            "SELECT extract(epoch FROM min(lease_until) - clock_timestamp()) FROM records "
+            "WHERE status='running' AND worker <> %s", (worker_id,))[0]
+        return None if row[0] is None else max(float(row[0]), 0.0)
+
+    def rows(self, status: str | None = None) -> list[Row]:
+        where, args = ("WHERE status=%s", (status,)) if status else ("", ())
+        rows = self._read(f"SELECT {_ROW_COLUMNS} FROM records {where} ORDER BY seq", args)
+        return [Row(*r[:10], leased=bool(r[10]) if r[1] == "running" else None)  # type: ignore[misc]
+                for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATUSES, 0)
+        for status, n in self._read("SELECT status, count(*) FROM records GROUP BY status"):
+            counts[status] = int(n)
+        return counts
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,76 @@
+"""Loading a stored chain fast: one validation pass, hashes over the bytes as stored.
+
+Both local stores load by validating every message in one pydantic-core call
+(``messages``) and verifying the chain in one loop (``first_break``). The hash
+is taken over canonical bytes the load already has: the sqlite store keeps
+each message's canonical JSON as its row, and for the json store orjson
+rewrites the parsed dict canonically (sorted keys, compact, UTF-8), which is
+byte for byte what ``Message.body()`` produces for every message chatstate
+writes. Where it might not be (a float orjson spells differently, a lone
+surrogate, a hand-edited file missing a default field) the hash would differ,
+and then the exact ``Message.expected_hash`` decides: the fast path can only
+say "matches" for bytes whose sha256 is the stored hash, never accept
+anything the exact path would refuse, and never refuse what it accepts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from functools import cache
+from typing import Any
+
+import orjson
+from pydantic import TypeAdapter
+
+from ..transcript import OPTIONAL_FIELDS, Message
+
+_OPTIONAL = frozenset(OPTIONAL_FIELDS)
+
+
+@cache
+def _message_list() -> TypeAdapter[list[Message]]:
+    return TypeAdapter(list[Message])
+
+
+def validate_json_array(array: bytes) -> list[Message]:
+    """Messages from a JSON array, in one pydantic-core call (ValidationError if any is bad)."""
+    return _message_list().validate_json(array)
+
+
+def validate_items(items: list[Any]) -> list[Message]:
+    """Messages from parsed dicts, in one pydantic-core call (ValidationError if any is bad)."""
+    return _message_list().validate_python(items)
+
+
+def canonical(item: dict[str, Any]) -> bytes | None:
+    """What ``Message.body()`` would hash for this stored dict, or None if orjson cannot."""
+    try:
+        return orjson.dumps({k: v for k, v in item.items()
+                             if k != "hash" and not (v is None and k in _OPTIONAL)},
+                            option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
+def first_break(messages: Sequence[Message], bodies: Iterable[bytes | None],
+                prev: str | None = None, start: int = 0, *, exact: bool = False) -> int | None:
+    """The first position whose seq or chain hash is wrong, else None.
+
+    ``bodies[i]`` is the canonical JSON of ``messages[i]`` as loaded (None: unknown).
+    ``exact``: the bodies are the hashed bytes themselves (sqlite rows), so a
+    mismatch is final, with no second opinion from ``Message.body()``.
+    """
+    for offset, (msg, body) in enumerate(zip(messages, bodies, strict=True)):
+        position = start + offset
+        if msg.seq != position:
+            return position
+        ok = False
+        if body is not None:
+            h = hashlib.sha256((prev or "").encode())
+            h.update(body)
+            ok = h.hexdigest() == msg.hash
+        if not ok and (exact or msg.expected_hash(prev) != msg.hash):
+            return position
+        prev = msg.hash
+    return None

@@ -1,0 +1,67 @@
+"""`chatstate ask` stays light: its import graph leaves out what it does not use.
+
+The CLI runs in a subprocess against the fake model over real HTTP (a local
+endpoint, not ``--model fake``), with a real sqlite store; at exit it lists
+the heavy modules it loaded. openai is only for an SDK client, pydantic-settings
+is not used at all, rich only renders in a terminal, and chatstate.testing is
+only for ``--model fake``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chatstate.testing import FakeModel
+
+FORBIDDEN = ("openai", "pydantic_settings", "rich", "chatstate.testing",
+             "chatstate.adapter.settings")  # the settings model: only when a value needs it
+PROBE = f"""
+import json, sys
+FORBIDDEN = {FORBIDDEN!r}
+from chatstate.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+loaded = sorted(m for m in sys.modules
+                if any(m == f or m.startswith(f + ".") for f in FORBIDDEN))
+print(json.dumps({{"code": code, "loaded": loaded}}), file=sys.stderr)
+"""
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeModel]:
+    with FakeModel(reply_words=3) as model:
+        yield model
+
+
+def run_cli(tmp_path: Path, *args: str) -> tuple[dict[str, object], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHATSTATE_", "OPENAI_"))}
+    env["CHATSTATE_STORE"] = f"sqlite://{tmp_path / 'ask.db'}"
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env=env, check=False)
+    report: dict[str, object] = json.loads(out.stderr.strip().splitlines()[-1])
+    return report, out.stdout
+
+
+def test_ask_against_a_local_endpoint_imports_nothing_heavy(tmp_path: Path,
+                                                            fake: FakeModel) -> None:
+    report, stdout = run_cli(tmp_path, "ask", "--base-url", fake.base_url, "hello")
+    assert report["code"] in (0, None), report
+    assert stdout.startswith("Echo: hello")  # a real turn, stored and printed
+    assert report["loaded"] == [], f"`chatstate ask` imported {report['loaded']}"
+
+
+def test_the_probe_sees_a_heavy_import_when_there_is_one(tmp_path: Path) -> None:
+    """--model fake does import chatstate.testing: the check above can fail."""
+    report, stdout = run_cli(tmp_path, "ask", "--model", "fake", "hello")
+    assert report["code"] in (0, None) and stdout.startswith("Echo: hello")
+    loaded = report["loaded"]
+    assert isinstance(loaded, list) and "chatstate.testing" in loaded
