@@ -265,8 +265,9 @@ class Llm:
 
 
 SYSTEMS = {"floor": Floor, "chatstate-json": Chatstate, "chatstate-sqlite": Chatstate,
-           "chatstate-s3": Chatstate, "langchain-file": LangchainFile,
-           "langchain-sql": LangchainSql, "agents-sqlite": AgentsSqlite, "llm": Llm}
+           "chatstate-s3": Chatstate, "chatstate-postgresql": Chatstate,
+           "langchain-file": LangchainFile, "langchain-sql": LangchainSql,
+           "agents-sqlite": AgentsSqlite, "llm": Llm}
 
 
 def main() -> None:

@@ -32,8 +32,9 @@ from .common import (
     table,
 )
 from .moto import Moto
+from .pg import LocalPostgres
 
-CHATSTATE = ("chatstate-json", "chatstate-sqlite", "chatstate-s3")
+CHATSTATE = ("chatstate-json", "chatstate-sqlite", "chatstate-s3", "chatstate-postgresql")
 LIBRARIES = ("langchain-file", "langchain-sql", "agents-sqlite", "llm")
 SYSTEMS = ("floor", *CHATSTATE, *LIBRARIES)
 NOTES = {
@@ -41,6 +42,8 @@ NOTES = {
     "chatstate-json": "temp file, fsync, rename, fsync dir; rewrites the file per append",
     "chatstate-sqlite": "WAL, synchronous=FULL, one transaction per message",
     "chatstate-s3": "conditional PUTs to moto on 127.0.0.1 (in-memory server)",
+    "chatstate-postgresql": "one transaction per message on a local PostgreSQL 15 "
+                            "(loopback TCP, fsync=on, synchronous_commit=on)",
     "langchain-file": "FileChatMessageHistory: re-reads and rewrites the JSON file per "
                       "message",
     "langchain-sql": "SQLChatMessageHistory on SQLite via SQLAlchemy defaults",
@@ -66,13 +69,15 @@ def plan(quick: bool) -> Plan:
                 {10: 5, 100: 5, 1000: 5, 10_000: 3}, {10: 10, 100: 10, 1000: 25, 10_000: 3})
 
 
-def _drivers(work: Path, moto: Moto, strace_dir: Path | None = None) -> dict[str, Driver]:
+def _drivers(work: Path, moto: Moto, pg: LocalPostgres,
+             strace_dir: Path | None = None) -> dict[str, Driver]:
     drivers = {}
     for name in SYSTEMS:
         py = PROJECT_PY if name == "floor" or name in CHATSTATE else COMPARE_PY
         url = {"chatstate-json": f"json://{work / 'json'}",
                "chatstate-sqlite": f"sqlite://{work / 'chatstate.db'}",
-               "chatstate-s3": moto.new_store_url() if name == "chatstate-s3" else ""}.get(name)
+               "chatstate-s3": moto.new_store_url() if name == "chatstate-s3" else "",
+               "chatstate-postgresql": pg.new_store_url()}.get(name)
         wrap: list[str] = []
         if strace_dir is not None:
             wrap = ["strace", "-f", "-qq", "-y", "-s", "0", "--seccomp-bpf", "-e",
@@ -90,11 +95,11 @@ def _one(driver: Driver, n: int, k: int, mark: bool = False) -> list[float]:
     return [t / 1e9 for t in times]
 
 
-def measure(p: Plan, moto: Moto) -> dict[tuple[str, int], list[float]]:
+def measure(p: Plan, moto: Moto, pg: LocalPostgres) -> dict[tuple[str, int], list[float]]:
     work = WORK / "append"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    drivers = _drivers(work, moto)
+    drivers = _drivers(work, moto, pg)
     samples: dict[tuple[str, int], list[float]] = {}
     try:
         for n in p.lengths:
@@ -115,7 +120,7 @@ def measure(p: Plan, moto: Moto) -> dict[tuple[str, int], list[float]]:
 Counts = dict[tuple[str, int], tuple[float, float]]  # (system, n) -> (fsyncs, bytes) per turn
 
 
-def count_fsyncs(p: Plan, moto: Moto) -> Counts:
+def count_fsyncs(p: Plan, moto: Moto, pg: LocalPostgres) -> Counts:
     """fsync + fdatasync calls and bytes written to files, per turn, from an strace of
     each driver (all threads)."""
     if shutil.which("strace") is None:
@@ -123,7 +128,7 @@ def count_fsyncs(p: Plan, moto: Moto) -> Counts:
     work = WORK / "append-strace"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    drivers = _drivers(work, moto, strace_dir=work)
+    drivers = _drivers(work, moto, pg, strace_dir=work)
     try:
         for n in p.lengths:
             log(f"append: counting fsyncs at length {n}")
@@ -181,6 +186,8 @@ def _cell(xs: list[float]) -> str:
 def _durable(name: str, counts: Counts, lengths: tuple[int, ...]) -> str:
     if name == "chatstate-s3":
         return "remote ack (moto keeps objects in memory; a real S3 acks after storing)"
+    if name == "chatstate-postgresql":
+        return "server ack after its WAL fsync (in the server's processes, not counted here)"
     if not counts:
         return "not counted (no strace)"
     if all(counts[(name, n)][0] == 0 for n in lengths):
@@ -332,8 +339,9 @@ def count_s3_requests(p: Plan, moto: Moto) -> dict[int, float]:
 
 def run(quick: bool, moto: Moto) -> Section:
     p = plan(quick)
-    samples = measure(p, moto)
-    counts = count_fsyncs(p, moto)
+    with LocalPostgres() as pg:
+        samples = measure(p, moto, pg)
+        counts = count_fsyncs(p, moto, pg)
     section = report(p, samples, counts)
     requests = count_s3_requests(p, moto)
     row = ["chatstate-s3", *(f"{requests[n]:.1f}" for n in p.lengths),

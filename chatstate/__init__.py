@@ -25,6 +25,7 @@ _EXPORTS = {
     "Completion": "chatstate.adapter",
     "ConflictError": "chatstate.errors",
     "Conversation": "chatstate.transcript",
+    "ConversationInUse": "chatstate.errors",
     "ConversationNotFound": "chatstate.errors",
     "CorruptTranscriptError": "chatstate.errors",
     "EphemeralStoreError": "chatstate.errors",
@@ -51,6 +52,7 @@ __all__ = [
     "Completion",
     "ConflictError",
     "Conversation",
+    "ConversationInUse",
     "ConversationNotFound",
     "CorruptTranscriptError",
     "EphemeralStoreError",
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
     from .errors import (
         ChatstateError,
         ConflictError,
+        ConversationInUse,
         ConversationNotFound,
         CorruptTranscriptError,
         EphemeralStoreError,

@@ -4,6 +4,7 @@
     ├── InvalidConversationId      (also a ValueError) an id that is not 1-128 of [A-Za-z0-9._-]
     ├── EphemeralStoreError        the store lives where bytes will not survive a restart
     ├── ConflictError              another writer appended first; nothing of ours was written
+    │   └── ConversationInUse      another live writer holds the conversation's lease
     ├── CorruptTranscriptError     a stored document fails to parse or its hash chain breaks
     ├── SchemaVersionError         a stored document is from a newer chatstate
     ├── ConversationNotFound       (also a KeyError) no conversation with that id
@@ -70,6 +71,21 @@ class StoreUnavailable(ChatstateError):
 
     A retry of the same append is safe: appends are idempotent by message hash.
     """
+
+
+class ConversationInUse(ConflictError):
+    """Another live writer holds this conversation's lease (host, pid say which).
+
+    Nothing was written. Wait for it to finish (its lease expires if it died), or
+    pass a wait timeout.
+    """
+
+    def __init__(self, message: str, *, host: str = "", pid: int = 0,
+                 until: float = 0.0) -> None:
+        super().__init__(message)  # a ConflictError: whoever handles those handles this
+        self.host = host
+        self.pid = pid
+        self.until = until
 
 
 class ModelError(ChatstateError):

@@ -83,7 +83,8 @@ class Chat:
                  params: Mapping[str, Any] | None = None,
                  flush_interval: float | None = None, allow_ephemeral: bool = False,
                  context_window: int | None = None, max_tool_rounds: int = 8,
-                 on_tool: Callable[[Message], None] | None = None) -> None:
+                 on_tool: Callable[[Message], None] | None = None, lease_wait: float = 0.0,
+                 lease_term: float = 15.0) -> None:
         if store is None or isinstance(store, str):
             from .stores import open_store
 
@@ -107,6 +108,10 @@ class Chat:
         self.last_fit: Any = None  # what the last request sent (context.Fit)
         self._title = title
         self._system = system
+        # the writer lease (see writer_lease): a second writer waits lease_wait seconds,
+        # then gets ConversationInUse; this Chat re-takes its own lease at once
+        self.lease_wait, self.lease_term = lease_wait, lease_term
+        self._lease_owner = new_id()
         self.conversation = self._load()
 
     # -- state -----------------------------------------------------------------------
@@ -280,14 +285,33 @@ class Chat:
               streaming: bool, attach: Iterable[Any] = (),
               tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
         body = _user_content(text, attach)
-        self._ensure_created()
-        toolloop.abandon(self)  # calls left pending by an interrupted turn get their results
-        self._settle_partial()
-        merged = {**self.params, **params}
-        user = self._append_user(self._store_blobs(body), merged)
-        if not self.conversation.title and self._title is None:
-            self._auto_title(user.text or _first_name(body))
-        return self._reply(user.turn_id, merged, streaming, tools)
+        held = self._hold()
+        try:
+            self._ensure_created()
+            toolloop.abandon(self)  # calls left pending by an interrupted turn get results
+            self._settle_partial()
+            merged = {**self.params, **params}
+            user = self._append_user(self._store_blobs(body), merged)
+            if not self.conversation.title and self._title is None:
+                self._auto_title(user.text or _first_name(body))
+        except BaseException:
+            held.release()
+            raise
+        return self._held(held, self._reply(user.turn_id, merged, streaming, tools))
+
+    def _hold(self) -> Any:
+        """Take the writer lease before the turn writes anything (ConversationInUse)."""
+        from .writer_lease import hold
+
+        return hold(self.store, self.id, self._lease_owner, term=self.lease_term,
+                    wait=self.lease_wait)
+
+    @staticmethod
+    def _held(held: Any, gen: Generator[str, None, None]) -> Generator[str, None, None]:
+        try:
+            yield from gen
+        finally:
+            held.release()
 
     def _retry(self, params: dict[str, Any], *, streaming: bool,
                tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
@@ -298,14 +322,19 @@ class Chat:
                 return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
                                                     **params}, streaming=streaming, tools=tools)
             raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
-        self._settle_partial()
-        turn = self.interrupted
-        if turn is None:  # the settle reloaded: another writer completed the turn meanwhile
-            raise ConflictError(f"conversation {self.id!r}: another writer completed the "
-                                "interrupted turn meanwhile; there is nothing to retry")
+        held = self._hold()
+        try:
+            self._settle_partial()
+            turn = self.interrupted
+            if turn is None:  # the settle reloaded: another writer completed the turn
+                raise ConflictError(f"conversation {self.id!r}: another writer completed the "
+                                    "interrupted turn meanwhile; there is nothing to retry")
+        except BaseException:
+            held.release()
+            raise
         merged = {**self.params, **(turn.user_message.params or {} if turn.user_message
                                     else {}), **params}
-        return self._reply(turn.turn_id, merged, streaming, tools)
+        return self._held(held, self._reply(turn.turn_id, merged, streaming, tools))
 
     def _auto_title(self, text: str) -> None:
         title = " ".join(text.split())[:60]

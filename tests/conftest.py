@@ -3,10 +3,12 @@
 A store joins the suite by adding a parameter to ``store_url``, not a test file.
 The S3 store joins through ``tests/s3server.py`` (a moto server on loopback). It
 skips only when its optional packages are not installed (see ``tests/tiers.py``);
-a broken import of ``chatstate.stores.s3`` fails the suite.
+a broken import of ``chatstate.stores.s3`` fails the suite. The PostgreSQL store
+joins through ``tests/pgserver.py`` (a real server per session, one fresh schema
+per test).
 
 Every session starts clean of the developer's environment (``clean_environment``):
-no ``CHATSTATE_*``/``OPENAI_*``/``AWS_*`` variables, no ``~/.aws`` files, no
+no ``CHATSTATE_*``/``OPENAI_*``/``AWS_*``/``PG*`` variables, no ``~/.aws`` files, no
 instance metadata service, and a working directory of its own (no ``.env``).
 """
 
@@ -73,7 +75,8 @@ def clean_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     cwd = tmp_path_factory.mktemp("cwd")
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
-            if name.startswith(("CHATSTATE_", "OPENAI_", "AWS_")) and name not in SUITE_SWITCHES:
+            if name.startswith(("CHATSTATE_", "OPENAI_", "AWS_", "PG")) and \
+                    name not in SUITE_SWITCHES:
                 mp.delenv(name)
         mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
         mp.setenv("AWS_CONFIG_FILE", str(cwd / "no-aws-config"))
@@ -90,7 +93,9 @@ def no_leaked_credentials() -> None:
     assert not leaked, f"an earlier test left {leaked} in the environment"
 
 
-STORE_KINDS = ["json", "sqlite", "s3"]
+from pgserver import fresh_schema_url, pg_dsn, pg_server, pg_url  # noqa: E402, F401
+
+STORE_KINDS = ["json", "sqlite", "s3", "postgresql"]
 LOCAL_KINDS = ["json", "sqlite"]
 
 
@@ -100,6 +105,8 @@ def url_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         return f"json://{tmp_path}/store"
     if kind == "sqlite":
         return f"sqlite://{tmp_path}/s.db"
+    if kind == "postgresql":
+        return fresh_schema_url(request.getfixturevalue("pg_dsn"))
     need_s3()
     assert new_bucket_url is not None
     endpoint = request.getfixturevalue("moto_endpoint")

@@ -1,101 +1,210 @@
-"""A real PostgreSQL server on loopback for the tests, run as an unprivileged user.
+"""A real PostgreSQL server for the tests, started in the test scratch folder.
 
-Join a test module to the shared server with::
+``initdb`` and ``pg_ctl`` come from the distribution's packages (scripts/test-prereqs
+installs them). PostgreSQL refuses to run as root, so under root the server runs
+as user ``nobody`` (``setpriv``); the scratch path is made searchable (not
+listable) for that user. The server listens on a free loopback port and on a
+unix socket in its own folder (when that path fits in 107 bytes), with password
+(scram) auth over TCP, so the
+DSNs the tests use carry a credential that must never show up anywhere.
 
-    from pgserver import pg_server  # a fixture
+Fixtures:
+- ``pg_server``: the session's server (a ``PgServer``), stopped at the end.
+- ``pg_dsn``: its DSN (``postgresql://chatstate:…@127.0.0.1:PORT/postgres``).
+- ``pg_url``: a fresh ``postgresql://…?schema=t_…`` store URL per test.
 
-    def test_something(pg_server):
-        dsn = pg_server.new_database()  # a fresh database: postgresql://chatstate@127.0.0.1:P/db
-
-``pg_server`` (session scope) runs ``initdb`` and ``pg_ctl start`` from the
-distribution's packages (``/usr/lib/postgresql/*/bin``, or ``pg_ctl`` on PATH)
-in the test scratch directory, on a free loopback port with no Unix socket,
-trust authentication for one role, and ``fsync`` on (the ledger refuses a
-server that acknowledges before it flushes). Under root, the server runs as
-``nobody``: PostgreSQL refuses to run as root, and the tests must too. Without
-the binaries the tests that need them skip, naming ``scripts/test-prereqs``.
-``start_server(root)`` gives a dedicated server, for tests that kill or restart it.
-The interface (``PgServer.dsn``, ``new_database``, ``sql``, ``stop``,
-``kill9``, ``start_server``, the ``pg_server`` fixture) is the one the
-postgresql:// store's branch has, so either module serves both.
-
-The module registers itself as both ``tests.pgserver`` and ``pgserver``.
+Without the binaries the fixtures skip, saying why; with
+``CHATSTATE_REQUIRE_TIERS=1`` (CI) they fail instead. ``start_server(root)``
+gives a dedicated server, for tests that kill or restart it. The module
+registers itself as both ``tests.pgserver`` and ``pgserver``, and keeps the
+names the batch-across-hosts tests use (``find_bin``, ``PgServer.pid``,
+``wait_port``).
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import pwd
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
 for _alias in ("tests.pgserver", "pgserver"):
     sys.modules.setdefault(_alias, sys.modules[__name__])
 
-ROLE = "chatstate"
-__all__ = ["PgServer", "find_bin", "pg_server", "start_server"]
+PG_BIN_DIRS = [Path(f"/usr/lib/postgresql/{v}/bin") for v in (17, 16, 15, 14, 13)]
+NOBODY = 65534
+USER = "chatstate"
+PASSWORD_PREFIX = "pg-secret-"
 
 
-def find_bin() -> Path | None:
-    """The directory holding initdb and pg_ctl, or None."""
-    found = shutil.which("pg_ctl")
-    if found and shutil.which("initdb"):
-        return Path(found).parent
-    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
-        if os.access(os.path.join(candidate, "initdb"), os.X_OK):
-            return Path(candidate)
-    return None
+def pg_bin() -> Path | None:
+    """The folder holding initdb and pg_ctl, or None."""
+    for d in PG_BIN_DIRS:
+        if (d / "initdb").exists() and (d / "pg_ctl").exists():
+            return d
+    found = shutil.which("initdb")
+    return Path(found).parent if found and shutil.which("pg_ctl") else None
 
 
-def _free_port() -> int:
+find_bin = pg_bin
+
+
+def missing(reason: str) -> None:
+    """Skip, or fail under CHATSTATE_REQUIRE_TIERS (tests/tiers.py)."""
+    from tiers import need
+
+    need("postgresql", False, reason)
+
+
+def require_psycopg() -> None:
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        missing("psycopg is not installed (pip install 'chatstate[postgres]')")
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _runner() -> dict[str, Any]:
-    """subprocess kwargs that drop root to ``nobody`` (PostgreSQL refuses to run as root)."""
-    if os.geteuid() != 0:
-        return {}
-    user = pwd.getpwnam("nobody")
-    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+def _searchable_by_others(path: Path) -> None:
+    """Let another user walk down to ``path`` (o+x, not o+r: nothing becomes listable)."""
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode
+        if mode & 0o001:
+            break
+        os.chmod(p, mode | 0o001)
 
 
-def _traversable(path: Path) -> None:
-    """Under root, let ``nobody`` reach ``path``: o+x (search only, no listing) on its parents."""
-    if os.geteuid() != 0:
-        return
-    for parent in [path, *path.parents]:
-        mode = parent.stat().st_mode
-        if not mode & 0o001:
-            os.chmod(parent, (mode & 0o7777) | 0o001)
-
-
-@dataclass
 class PgServer:
-    data: Path
-    port: int
-    bindir: Path
+    """One PostgreSQL cluster in ``root``: initdb once, then start/stop/kill at will."""
+
+    def __init__(self, root: Path) -> None:
+        bindir = pg_bin()
+        assert bindir is not None
+        self.bin = bindir
+        self.root = root
+        self.data = root / "data"
+        self.sock = root / "sock"
+        self.log = root / "server.log"
+        self.port = free_port()
+        self.password = PASSWORD_PREFIX + secrets.token_hex(8)
+        self.as_root = os.geteuid() == 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # -- running as the server's user ---------------------------------------------------
+    def _cmd(self, *args: str) -> list[str]:
+        if not self.as_root:
+            return list(args)
+        return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *args]
+
+    def _run(self, *args: str, timeout: float = 120) -> None:
+        done = subprocess.run(self._cmd(*args), capture_output=True, text=True, timeout=timeout,
+                              check=False, env=self._env(), cwd=self.root)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stdout}{done.stderr}")
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        return dict(env, LC_ALL="C", HOME=str(self.root))
+
+    def initdb(self) -> PgServer:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.sock.mkdir(exist_ok=True)
+        pwfile = self.root / "pw"
+        pwfile.write_text(self.password + "\n")
+        if self.as_root:
+            _searchable_by_others(self.root.parent)
+            for p in (self.root, self.sock, pwfile):
+                os.chown(p, NOBODY, NOBODY)
+        os.chmod(pwfile, 0o600)
+        try:
+            self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", USER,
+                      f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
+                      "-E", "UTF8", "--no-instructions")
+        finally:
+            pwfile.unlink()
+        # a unix socket path holds at most 107 bytes; in a deep scratch folder the server
+        # listens on loopback TCP only (which is what the tests connect to anyway)
+        sockets = str(self.sock) if len(str(self.sock)) + 20 <= 107 else ""
+        with open(self.data / "postgresql.conf", "a") as conf:
+            # durable defaults (fsync, synchronous_commit, full_page_writes stay on):
+            # the store refuses a server that acknowledges before flushing
+            conf.write(f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
+                       f"unix_socket_directories = '{sockets}'\nmax_connections = 200\n"
+                       "shared_buffers = 16MB\n")
+        return self
 
     @property
-    def base_url(self) -> str:
-        return f"postgresql://{ROLE}@127.0.0.1:{self.port}"
+    def pid(self) -> int | None:
+        """The postmaster's pid, or None when it is not running."""
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the postmaster directly (so a test can SIGKILL it) and wait until it serves."""
+        logf = open(self.log, "ab")  # noqa: SIM115  (the server keeps writing to it)
+        if self.as_root:
+            os.chown(self.log, NOBODY, NOBODY)
+        self.proc = subprocess.Popen(self._cmd(str(self.bin / "postgres"), "-D", str(self.data)),
+                                     stdout=logf, stderr=logf, env=self._env(),
+                                     start_new_session=True, cwd=self.root)
+        logf.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"postgres exited: {self.log.read_text()[-2000:]}")
+            if self._accepts():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"postgres did not start in {timeout:.0f} s: "
+                           f"{self.log.read_text()[-2000:]}")
+
+    def _accepts(self) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn(), connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+    def kill9(self) -> None:
+        """SIGKILL the postmaster (its backends die with it once it is gone)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        # orphaned backends exit when they notice the postmaster is gone; wait for
+        # the shared memory to be released so a restart is not refused
+        deadline = time.monotonic() + 30
+        while (self.data / "postmaster.pid").exists() and time.monotonic() < deadline:
+            if not _pid_alive(self.data / "postmaster.pid"):
+                break
+            time.sleep(0.1)
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM if mode == "smart" else signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill9()
 
     def dsn(self, dbname: str = "postgres") -> str:
-        return f"{self.base_url}/{dbname}"
+        return (f"postgresql://{USER}:{quote(self.password)}@127.0.0.1:{self.port}/{dbname}")
 
     def sql(self, statement: str, dbname: str = "postgres") -> list[Any]:
         """Run one statement as the superuser (autocommit) and return its rows."""
@@ -107,80 +216,59 @@ class PgServer:
 
     def new_database(self) -> str:
         """A fresh, empty database; returns its DSN."""
-        name = f"db_{uuid.uuid4().hex[:12]}"
+        name = "db_" + secrets.token_hex(6)
         self.sql(f"CREATE DATABASE {name}")
         return self.dsn(name)
 
-    @property
-    def pid(self) -> int | None:
-        """The postmaster's pid (from postmaster.pid), or None when it is not running."""
-        try:
-            return int((self.data / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
 
-    def start(self, timeout: float = 60.0) -> None:
-        log = self.data.parent / "server.log"
-        subprocess.run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(log),
-                        "-w", "-t", str(int(timeout)), "-o",
-                        f"-p {self.port} -c listen_addresses=127.0.0.1 "
-                        "-c unix_socket_directories='' -c fsync=on -c max_connections=60 "
-                        "-c shared_buffers=16MB", "start"], check=True,
-                       stdout=subprocess.DEVNULL, **_runner())
-
-    def stop(self, mode: str = "fast") -> None:
-        subprocess.run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w",
-                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       **_runner())
-
-    def kill9(self) -> None:
-        """SIGKILL the postmaster (its backends exit when they notice), as a crash would."""
-        pid = self.pid
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+def _pid_alive(pidfile: Path) -> bool:
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
 
 
-def start_server(scratch: Path) -> PgServer:
-    """initdb in ``scratch/data`` and start it; the caller stops it."""
-    bindir = find_bin()
-    if bindir is None:
-        pytest.skip(reason="PostgreSQL server binaries (initdb, pg_ctl) not found; "
-                    "scripts/test-prereqs installs the 'postgresql' package")
-    scratch.mkdir(parents=True, exist_ok=True)
-    _traversable(scratch)
-    data = scratch / "data"
-    data.mkdir(mode=0o700)
-    if os.geteuid() == 0:
-        nobody = pwd.getpwnam("nobody")
-        os.chown(scratch, nobody.pw_uid, nobody.pw_gid)
-        os.chown(data, nobody.pw_uid, nobody.pw_gid)
-    subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", ROLE, "--auth=trust",
-                    "-E", "UTF8", "--no-instructions"], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.PIPE, cwd=scratch, **_runner())
-    server = PgServer(data=data, port=_free_port(), bindir=bindir)
+def start_server(root: Path) -> PgServer:
+    """A new, running server in ``root`` (skips/fails when PostgreSQL is missing)."""
+    require_psycopg()
+    if pg_bin() is None:
+        missing("PostgreSQL server binaries (initdb, pg_ctl) not installed "
+                "(scripts/test-prereqs installs them)")
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        missing("running as root needs setpriv to start PostgreSQL as user nobody")
+    server = PgServer(root).initdb()
     server.start()
     return server
 
 
-class _Shared:
-    lock = threading.Lock()
-    server: PgServer | None = None
+def fresh_schema_url(dsn: str, **query: str) -> str:
+    """A store URL on ``dsn`` with a new schema name (the store creates it)."""
+    params = "&".join(f"{k}={v}" for k, v in {"schema": "t_" + secrets.token_hex(6),
+                                               **query}.items())
+    return f"{dsn}?{params}"
 
 
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
-    """One PostgreSQL server per pytest process, stopped at the end of the session."""
-    with _Shared.lock:
-        if _Shared.server is None or _Shared.server.pid is None:
-            _Shared.server = start_server(tmp_path_factory.mktemp("pgserver"))
-        server = _Shared.server
+    server = start_server(tmp_path_factory.mktemp("pg"))
     try:
         yield server
     finally:
-        with _Shared.lock:
-            if _Shared.server is not None:
-                _Shared.server.stop()
-                _Shared.server = None
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(pg_server: PgServer) -> str:
+    """The session server's DSN, with its password (never to be printed by the code)."""
+    return pg_server.dsn()
+
+
+@pytest.fixture
+def pg_url(pg_dsn: str) -> str:
+    """A fresh PostgreSQL store URL (own schema) for one test."""
+    return fresh_schema_url(pg_dsn)
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:

@@ -27,6 +27,15 @@ def local_path(url: str) -> Path:
     return Path(parsed.netloc + parsed.path)
 
 
+def pg_connect(url: str) -> Any:
+    """A psycopg connection to a postgresql:// store URL's schema (autocommit)."""
+    import psycopg
+
+    base, _, query = url.partition("?")
+    schema = dict(p.split("=", 1) for p in query.split("&") if p).get("schema", "chatstate")
+    return psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}")
+
+
 def seal_chain(n: int, prev: Message | None = None, *, prefix: str = "msg",
                turn_id: str = "t-1") -> list[Message]:
     """``n`` sealed messages continuing after ``prev``, alternating user/assistant."""
@@ -112,6 +121,11 @@ def tamper(url: str, store: Any, cid: str, seq: int) -> None:
                                  "conversation_id=? AND seq=?", (old, new, cid, seq)).rowcount
         db.close()
         assert changed == 1
+    elif scheme(url) == "postgresql":
+        with pg_connect(url) as db:
+            changed = db.execute("UPDATE messages SET body=replace(body, %s, %s) WHERE "
+                                 "conversation_id=%s AND seq=%s", (old, new, cid, seq)).rowcount
+        assert changed == 1
     else:
         key = f"conversations/{cid}/m/{seq:010d}.json"
         blob = store.io.get(key)
@@ -130,6 +144,10 @@ def stored_state(url: str, store: Any) -> dict[str, bytes]:
                     .encode() for table in ("conversations", "messages", "partials")}
         finally:
             db.close()
+    if scheme(url) == "postgresql":
+        with pg_connect(url) as db:
+            return {table: repr(db.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall())
+                    .encode() for table in ("conversations", "messages", "partials")}
     out = {}
     for prefix in ("conversations", "index"):
         for key, _ in store.io.keys(prefix):

@@ -18,6 +18,7 @@ PUBLIC = [
     "Completion",
     "ConflictError",
     "Conversation",
+    "ConversationInUse",
     "ConversationNotFound",
     "CorruptTranscriptError",
     "EphemeralStoreError",

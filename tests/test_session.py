@@ -9,7 +9,12 @@ was sent is in the fake's request log.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +25,7 @@ from chatstate import (
     ChatstateError,
     ConflictError,
     Conversation,
+    ConversationInUse,
     ModelError,
     make_adapter,
     open_store,
@@ -552,24 +558,73 @@ def test_writer_that_loaded_mid_stream_never_drops_text_already_shown(
     assert conv.messages[-1].content == shown
 
 
-def test_writer_that_settles_a_partial_keeps_all_the_other_writer_showed(
-        url: str, store: Any, fake: FakeModel) -> None:
-    """A partial that has not changed since it was loaded may be a dead writer's: the
-    second writer keeps it as partial and goes on; the first writer then stops with a
-    ConflictError, and everything it showed is in the kept partial."""
+def test_second_writer_never_cuts_a_live_stream(url: str, store: Any,
+                                                 fake: FakeModel) -> None:
+    """The streaming writer holds the conversation's lease: a second writer gets
+    ConversationInUse naming host and pid (nothing written) and the stream ends whole."""
     first = chat_for(store, fake, conversation_id="shared")
     gen = first.stream("a1")
     shown = next(gen) + next(gen)
     second = chat_for(store, fake, conversation_id="shared")
-    second.send("b1")
-    with pytest.raises(ConflictError):
-        for delta in gen:
-            shown += delta
+    before = fresh(url, "shared")
+    with pytest.raises(ConversationInUse) as info:
+        second.send("b1")
+    assert f"host {socket.gethostname()}, pid {os.getpid()}" in str(info.value)
+    assert fresh(url, "shared").messages == before.messages
+    shown += "".join(gen)
+    second.send("b1")  # the lease is free once the turn ended
     conv = fresh(url, "shared")
-    assert roles(conv) == [("user", "complete"), ("assistant", "partial"),
-                           ("user", "complete"), ("assistant", "complete")]
-    assert conv.messages[1].content.startswith(shown)
-    assert conv.messages[2].content == "b1"
+    assert roles(conv) == [("user", "complete"), ("assistant", "complete")] * 2
+    assert conv.messages[1].content == shown and conv.messages[2].content == "b1"
+
+
+def test_second_writer_waits_for_a_live_stream(url: str, store: Any, fake: FakeModel) -> None:
+    """With lease_wait the second writer waits for the turn to end, then goes on."""
+    first = chat_for(store, fake, conversation_id="shared")
+    gen = first.stream("a1")
+    shown = next(gen)
+    second = chat_for(store, fake, conversation_id="shared", lease_wait=60)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            second.send("b1")
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+        done.set()
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    assert not done.wait(0.5)  # it waits: the first writer still streams
+    shown += "".join(gen)
+    thread.join(60)
+    assert not errors
+    conv = fresh(url, "shared")
+    assert roles(conv) == [("user", "complete"), ("assistant", "complete")] * 2
+    assert conv.messages[1].content == shown and conv.messages[2].content == "b1"
+
+
+def test_the_lease_is_renewed_while_the_model_is_slow(url: str, store: Any) -> None:
+    """No chunk for several lease terms: the renewal keeps the turn's lease all the same."""
+    with FakeModel(latency=4.0) as slow:
+        chat = chat_for(store, slow, conversation_id="slow", lease_term=0.6)
+        thread = threading.Thread(target=chat.send, args=("a1",))
+        thread.start()
+        other = open_store(url)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the user message is stored: the call is out
+            with contextlib.suppress(ChatstateError):
+                if other.load("slow").messages:
+                    break
+            time.sleep(0.05)
+        time.sleep(1.5)  # more than two terms of 0.6 s
+        assert thread.is_alive()  # still waiting for the model's first byte
+        with pytest.raises(ConversationInUse):
+            other.acquire_lease("slow")
+        thread.join(60)
+    assert fresh(url, "slow").messages[-1].role == "assistant"
+    other.release_lease(other.acquire_lease("slow"))  # the turn ended: released
 
 
 def test_two_chats_creating_one_conversation_both_land(url: str, store: Any,

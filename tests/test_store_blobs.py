@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from richkinds import KINDS, PNG_1MIB, seal_kind
-from stores import local_path, new_conversation, scheme
+from stores import local_path, new_conversation, pg_connect, scheme
 
 from chatstate.content import image, inliner, store_parts, text
 from chatstate.errors import ChatstateError, CorruptTranscriptError
@@ -63,6 +63,9 @@ def _blob_count(store: Any, url: str) -> int:
             return int(db.execute("SELECT count(*) FROM blobs").fetchone()[0])
         finally:
             db.close()
+    if scheme(url) == "postgresql":
+        with pg_connect(url) as conn:
+            return int(conn.execute("SELECT count(*) FROM blobs").fetchone()[0])
     return len(store.io.keys("blobs"))
 
 
@@ -117,6 +120,15 @@ def _damage(store: Any, url: str, sha: str, how: str) -> str:
                 data = db.execute("SELECT data FROM blobs WHERE sha256=?", (sha,)).fetchone()[0]
                 db.execute("UPDATE blobs SET data=? WHERE sha256=?", (damaged(data), sha))
         db.close()
+        return f"blob {sha}"
+    if scheme(url) == "postgresql":
+        with pg_connect(url) as conn:
+            if how == "missing":
+                conn.execute("DELETE FROM blobs WHERE sha256=%s", (sha,))
+            else:
+                data = conn.execute("SELECT data FROM blobs WHERE sha256=%s",
+                                    (sha,)).fetchone()[0]
+                conn.execute("UPDATE blobs SET data=%s WHERE sha256=%s", (damaged(data), sha))
         return f"blob {sha}"
     key = f"blobs/{sha}"
     if how == "missing":

@@ -128,7 +128,7 @@ def test_without_obstore_the_s3_tier_skips_with_its_reason(tmp_path: Path) -> No
     done = inner_run_without_obstore(tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    assert "2 passed, 1 skipped" in out, out  # json and sqlite ran
+    assert "3 passed, 1 skipped" in out, out  # json, sqlite and postgresql ran
     assert "s3 tier: obstore (pip install 'chatstate[s3]') is not installed" in out, out
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ChatstateError, ConversationNotFound
+from ..redact import redact_url
 from ._common import ID_PREFIX, conversation_ids, reopen, scheme_of
 from .check import Checker, TrialLog
 from .leftovers import cleanup
@@ -54,7 +55,7 @@ def run_drill(url: str, options: DrillOptions | None = None, *,
     opts = options or DrillOptions()
     seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
     run_id, ids = _fresh_ids(url, opts.conversations)
-    result = DrillResult(store=url, seed=seed, requested=opts.trials, run_id=run_id)
+    result = DrillResult(store=redact_url(url), seed=seed, requested=opts.trials, run_id=run_id)
     started = time.monotonic()
     chunk_delay = opts.chunk_delay if opts.chunk_delay is not None else _chunk_delay(url)
     latency = max(0.004, 2 * chunk_delay)  # a window to kill in while the request is out

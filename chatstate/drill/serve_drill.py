@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..redact import redact_url
+
 SERVING = re.compile(r"serving on (http://\S+/v1)")
 
 
@@ -158,7 +160,7 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
     from ..testing import FakeModel
 
     rng = random.Random(seed)
-    result = ServeDrillResult(store=url)
+    result = ServeDrillResult(store=redact_url(url))
     run = secrets.token_hex(3)
     people = [_Client(f"drill-serve-{run}-{n}") for n in range(clients)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CHATSTATE_"))}

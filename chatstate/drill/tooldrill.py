@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..redact import redact_url
 from ._common import reopen
 from .toolserver import ToolWriters
 from .toolwriter import STEPS
@@ -106,7 +107,7 @@ def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
     from ..testing import FakeModel
 
     seed = seed if seed is not None else random.randrange(1 << 31)
-    result = ToolDrillResult(store=url, seed=seed, requested=trials)
+    result = ToolDrillResult(store=redact_url(url), seed=seed, requested=trials)
     cid, scratch = f"drill-tools-{secrets.token_hex(4)}", Path(tempfile.mkdtemp())
     started = time.monotonic()
     try:

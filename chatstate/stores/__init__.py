@@ -19,6 +19,7 @@ from .base import (
     BlobStore,
     CheckReport,
     Forgets,
+    Leases,
     Location,
     Quarantines,
     ReportsLeftovers,
@@ -29,7 +30,8 @@ from .base import (
 
 log = logging.getLogger("chatstate.stores")
 
-__all__ = ["BlobStore", "CheckReport", "Forgets", "Location", "Quarantines", "ReportsLeftovers",
+__all__ = ["BlobStore", "CheckReport", "Forgets", "Leases", "Location", "Quarantines",
+           "ReportsLeftovers",
            "Searchable", "Store", "default_store_url", "guard", "open_store", "store_class",
            "verify_blobs"]
 
@@ -38,6 +40,8 @@ BUILTIN = {
     "json": ("chatstate.stores.jsonfile", "JsonStore", None),
     "sqlite": ("chatstate.stores.sqlite", "SqliteStore", None),
     "s3": ("chatstate.stores.s3", "S3Store", "s3"),
+    "postgresql": ("chatstate.stores.postgres", "PostgresStore", "postgres"),
+    "postgres": ("chatstate.stores.postgres", "PostgresStore", "postgres"),
 }
 TRUTHY = {"1", "true", "yes", "on"}
 
@@ -89,7 +93,9 @@ def guard(store: Store, *, allow_ephemeral: bool = False) -> Any:
     from ..durability import Report, inspect
 
     loc: Location = store.location()
-    if loc.path is None:
+    if hasattr(store, "durability_report"):  # a server says how it acknowledges commits
+        report = store.durability_report()
+    elif loc.path is None:
         report = Report(path=loc.remote or loc.url, verdict="durable", reasons=[
             f"The state lives off this machine, at {loc.remote}; its durability is the "
             "service's own promise."], fstype="remote", source=loc.remote)

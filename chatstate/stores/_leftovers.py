@@ -42,6 +42,7 @@ def json_leftovers(root: Path, ids: Sequence[str]) -> list[str]:
 def json_forget(root: Path, ids: Sequence[str]) -> None:
     for cid in ids:
         (root / ".locks" / f"{cid}.lock").unlink(missing_ok=True)
+        (root / ".locks" / f"{cid}.lease").unlink(missing_ok=True)
 
 
 def sqlite_leftovers(path: Path) -> list[str]:

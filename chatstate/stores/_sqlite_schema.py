@@ -81,5 +81,16 @@ def m005_append_at_the_floor(db: sqlite3.Connection) -> None:
     db.execute("DROP INDEX IF EXISTS conversations_updated")
 
 
+def m006_leases(db: sqlite3.Connection) -> None:
+    # Writer leases (one live writer per conversation): until is a Unix time.
+    db.execute("""CREATE TABLE leases (
+        conversation_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        until REAL NOT NULL)""")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    m001_initial, m002_search, m003_search_lazily, m004_blobs, m005_append_at_the_floor]
+    m001_initial, m002_search, m003_search_lazily, m004_blobs, m005_append_at_the_floor,
+    m006_leases]

@@ -45,12 +45,13 @@ class CheckReport:
 
 @runtime_checkable
 class Store(Protocol):
-    """A transcript store. Implementations: JsonStore, SqliteStore, S3Store.
+    """A transcript store. Implementations: JsonStore, SqliteStore, S3Store, PostgresStore.
 
     Optional parts, each its own protocol below, checked with ``isinstance``, so a
     third-party store takes part by defining the methods: ``Quarantines``
     (``chatstate repair``), ``Searchable`` (``chatstate search``; others are scanned),
-    ``ReportsLeftovers`` and ``Forgets`` (``chatstate drill``).
+    ``ReportsLeftovers`` and ``Forgets`` (``chatstate drill``), ``Leases`` (one live
+    writer per conversation).
 
     A store that keeps images and files also implements ``BlobStore`` (all three
     built-in stores do); one without it can hold only messages that name no blob.
@@ -147,6 +148,31 @@ class Quarantines(Protocol):
 class Searchable(Protocol):
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
         """(conversation id, seq, content) of stored messages containing ``text``."""
+        ...
+
+
+@runtime_checkable
+class Leases(Protocol):
+    """A writer lease per conversation (all built-in stores): one live writer at a time.
+
+    ``Chat`` holds it while a turn persists and streams, renewing it every third of
+    its term, so a second writer cannot cut a live stream. See ``_lease``.
+    """
+
+    def acquire_lease(self, conversation_id: str, *, term: float = ...,
+                      wait: float = 0.0, owner: str | None = None) -> Any:
+        """Take the conversation's lease for ``term`` seconds (a ``Lease``); wait up to
+        ``wait`` seconds for a live holder, then raise ConversationInUse naming its
+        host and pid. An expired lease (its writer died) is taken over, and so is
+        one held under the same ``owner`` token (a writer re-taking its own)."""
+        ...
+
+    def renew_lease(self, lease: Any) -> None:
+        """Extend a held lease by its term; ConversationInUse if another writer took it."""
+        ...
+
+    def release_lease(self, lease: Any) -> None:
+        """Give the lease up (a no-op if it is no longer ours)."""
         ...
 
 

@@ -50,6 +50,7 @@ from ._files import (
 )
 from ._jsonblobs import JsonBlobs
 from ._sidecar import SidecarLog
+from ._store_leases import JsonLease
 from .base import (
     CheckReport,
     Location,
@@ -63,7 +64,7 @@ from .base import (
 Snapshot = tuple[dict[str, Any], list[str], list[Message]]
 
 
-class JsonStore(JsonBlobs):
+class JsonStore(JsonLease, JsonBlobs):
     """Conversations as JSON files in one directory. See the module docstring."""
 
     partial_flush_interval = 0.0
@@ -101,6 +102,7 @@ class JsonStore(JsonBlobs):
                 for tmp in sorted(directory.glob(f".*{TMP_MARK}*")):
                     self._remove_stray(tmp)
             self._remove_blob_temps()
+            self._remove_lease_temps()
             for partial in sorted((self.root / ".partials").glob("*.json")):
                 try:
                     self._reconcile_partial(partial.name[:-5])

@@ -48,6 +48,7 @@ from . import _s3chain as chain
 from . import _s3doc as doc
 from ._s3blobs import S3Blobs
 from ._s3io import Exists, S3Target, Stale, parse_url
+from ._store_leases import S3Lease
 from .base import (
     check_append,
     check_partial_commit,
@@ -64,7 +65,7 @@ class _Partial:
     attempt: bytes  # the last body we tried to put, to recognise our own unknown outcome
 
 
-class S3Store(S3Blobs):
+class S3Store(S3Lease, S3Blobs):
     """Conversations in an S3-compatible bucket. See the module docstring."""
 
     def __init__(self, target: S3Target, url: str) -> None:

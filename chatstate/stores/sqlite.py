@@ -37,6 +37,7 @@ from ..transcript import (
 from ._files import ensure_dir
 from ._sqlite_blobs import SqliteBlobs
 from ._sqlite_rows import decode_rows, row_message, row_text
+from ._store_leases import SqliteLease
 from .base import (
     CheckReport,
     Location,
@@ -49,7 +50,7 @@ from .base import (
 )
 
 
-class SqliteStore(SqliteBlobs):
+class SqliteStore(SqliteLease, SqliteBlobs):
     """Conversations in one SQLite database file. See the module docstring."""
 
     partial_flush_interval = 0.0

@@ -1,0 +1,133 @@
+"""Writer leases: one live writer per conversation, for a short, renewed term.
+
+A lease is a record (owner token, host, pid, until) that each store keeps its
+own way: a row (sqlite, postgresql), a lock file (json), a conditional object
+(s3). Taking it succeeds when there is none, when it is ours, or when it has
+expired: a writer killed with SIGKILL stops renewing, so its lease lapses and
+recovery works after ``term`` seconds; sooner on the same host, where a holder
+whose pid is gone is known dead at once. A second writer waits up to ``wait``
+seconds, then gets ``ConversationInUse`` naming the holder's host and pid.
+
+Each store implements one step, ``_try_lease(lease) -> holder or None``; this
+module holds the waiting and the error, written once.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import ConversationInUse
+
+DEFAULT_TERM = 15.0
+"""Seconds a lease lasts unless renewed; the session renews it every third of that."""
+
+
+@dataclass
+class Lease:
+    """A held lease. ``until`` is the expiry as the store's clock records it."""
+
+    conversation_id: str
+    term: float = DEFAULT_TERM
+    owner: str = field(default_factory=lambda: secrets.token_hex(8))
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    until: float = 0.0
+    renewed_at: float = 0.0
+    """time.monotonic() of the last take or renewal (when the next renewal is due)."""
+    dead: tuple[str, int] | None = None
+    """(host, pid) of a holder found dead on this host: its lease is taken over at once."""
+
+    def due(self) -> bool:
+        return time.monotonic() - self.renewed_at >= self.term / 3
+
+
+@dataclass
+class Holder:
+    """Who holds a lease that is not ours."""
+
+    host: str
+    pid: int
+    until: float
+
+
+TryLease = Callable[[Lease], "Holder | None"]
+
+
+def in_use(where: str, cid: str, holder: Holder) -> ConversationInUse:
+    left = max(0.0, holder.until - time.time())
+    return ConversationInUse(
+        f"{where}: conversation {cid!r} is in use by host {holder.host}, pid {holder.pid} "
+        f"(its lease runs {left:.0f} s more unless renewed); nothing was written. Try again "
+        "when it finishes (a dead writer's lease lapses after its term), or wait for it: "
+        "Chat(lease_wait=SECONDS).", host=holder.host, pid=holder.pid,
+        until=holder.until)
+
+
+def take(where: str, try_lease: TryLease, lease: Lease, wait: float) -> Lease:
+    """Take ``lease``, retrying until ``wait`` seconds have passed; raise ConversationInUse."""
+    deadline = time.monotonic() + wait
+    delay = 0.05
+    while True:
+        holder = try_lease(lease)
+        if holder is None:
+            lease.renewed_at = time.monotonic()
+            return lease
+        if _dead_here(holder):
+            lease.dead = (holder.host, holder.pid)
+            continue
+        if time.monotonic() + delay > deadline:
+            raise in_use(where, lease.conversation_id, holder)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def _dead_here(holder: Holder) -> bool:
+    """The holder ran on this host and its process is gone (killed, crashed)."""
+    if holder.host != socket.gethostname() or holder.pid <= 0:
+        return False
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: alive, another user's
+        return False
+    return False
+
+
+def renew(where: str, try_lease: TryLease, lease: Lease) -> None:
+    """Extend a held lease; ConversationInUse if it lapsed and another writer took it."""
+    holder = try_lease(lease)
+    if holder is not None:
+        raise in_use(where, lease.conversation_id, holder)
+    lease.renewed_at = time.monotonic()
+
+
+class LeaseMethods:
+    """``acquire_lease``/``renew_lease``/``release_lease`` (the Leases protocol) on top of a
+    store's ``_try_lease(lease) -> Holder | None`` and ``_drop_lease(lease)``."""
+
+    url: str
+
+    def _try_lease(self, lease: Lease) -> Holder | None:
+        raise NotImplementedError
+
+    def _drop_lease(self, lease: Lease) -> None:
+        raise NotImplementedError
+
+    def acquire_lease(self, conversation_id: str, *, term: float = DEFAULT_TERM,
+                      wait: float = 0.0, owner: str | None = None) -> Lease:
+        lease = Lease(conversation_id, term)
+        if owner:
+            lease.owner = owner
+        return take(self.url, self._try_lease, lease, wait)
+
+    def renew_lease(self, lease: Lease) -> None:
+        renew(self.url, self._try_lease, lease)
+
+    def release_lease(self, lease: Lease) -> None:
+        self._drop_lease(lease)

@@ -1,0 +1,119 @@
+"""The writer lease, on every store (the contract suite's ``store_url``).
+
+One live writer per conversation: a second writer gets ConversationInUse naming
+host and pid, or waits; a renewed lease never lapses; a killed writer's lease is
+taken over (at once on its own host, after its term from elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chatstate import ConflictError, ConversationInUse
+from chatstate.stores import Leases, open_store
+
+HOLDER = Path(__file__).resolve().parent / "lease_holder.py"
+
+
+def test_every_builtin_store_has_leases(store_url: str) -> None:
+    store = open_store(store_url)
+    assert isinstance(store, Leases)
+
+
+def test_second_writer_gets_a_clear_error(store_url: str) -> None:
+    first, second = open_store(store_url), open_store(store_url)
+    lease = first.acquire_lease("c1", term=30)
+    with pytest.raises(ConversationInUse) as info:
+        second.acquire_lease("c1")
+    message = str(info.value)
+    assert f"in use by host {socket.gethostname()}, pid {os.getpid()}" in message
+    assert "'c1'" in message and isinstance(info.value, ConflictError)
+    assert info.value.pid == os.getpid() and info.value.host == socket.gethostname()
+    other = second.acquire_lease("c2")  # leases are per conversation
+    first.release_lease(lease)
+    second.release_lease(second.acquire_lease("c1"))
+    second.release_lease(other)
+
+
+def test_second_writer_waits_for_the_release(store_url: str) -> None:
+    first, second = open_store(store_url), open_store(store_url)
+    lease = first.acquire_lease("c1", term=30)
+    got = threading.Event()
+
+    def wait() -> None:
+        second.acquire_lease("c1", wait=60)
+        got.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert not got.wait(0.5)
+    first.release_lease(lease)
+    thread.join(60)
+    assert got.is_set()
+
+
+def test_a_renewed_lease_outlives_its_term(store_url: str) -> None:
+    first, second = open_store(store_url), open_store(store_url)
+    lease = first.acquire_lease("c1", term=1.0)
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        first.renew_lease(lease)
+        with pytest.raises(ConversationInUse):
+            second.acquire_lease("c1")
+        time.sleep(0.2)
+    first.release_lease(lease)
+
+
+def test_a_lapsed_lease_is_taken_over_and_its_holder_told(store_url: str) -> None:
+    first, second = open_store(store_url), open_store(store_url)
+    lease = first.acquire_lease("c1", term=0.5)
+    time.sleep(1.0)
+    taken = second.acquire_lease("c1", term=30)
+    with pytest.raises(ConversationInUse):
+        first.renew_lease(lease)
+    first.release_lease(lease)  # no longer ours: a no-op
+    with pytest.raises(ConversationInUse):
+        first.acquire_lease("c1")
+    second.release_lease(taken)
+
+
+def _holder(store_url: str, term: float, *host: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, str(HOLDER), store_url, "c1", str(term), *host],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("held "), line
+    return proc
+
+
+def test_killed_writer_lease_is_taken_over_at_once_on_its_host(store_url: str) -> None:
+    proc = _holder(store_url, 300)
+    store = open_store(store_url)
+    with pytest.raises(ConversationInUse) as info:
+        store.acquire_lease("c1")
+    assert f"pid {proc.pid}" in str(info.value)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    store.release_lease(store.acquire_lease("c1"))  # its pid is gone: known dead
+
+
+def test_killed_writer_on_another_host_lapses_after_its_term(store_url: str) -> None:
+    proc = _holder(store_url, 2.0, "another-host")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    store = open_store(store_url)
+    with pytest.raises(ConversationInUse) as info:
+        store.acquire_lease("c1")
+    assert "host another-host" in str(info.value)
+    started = time.monotonic()
+    store.release_lease(store.acquire_lease("c1", wait=30))
+    assert time.monotonic() - started < 30
