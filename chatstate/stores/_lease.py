@@ -18,6 +18,7 @@ import os
 import secrets
 import socket
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -107,17 +108,19 @@ def renew(where: str, try_lease: TryLease, lease: Lease) -> None:
     lease.renewed_at = time.monotonic()
 
 
-class LeaseMethods:
+class LeaseMethods(ABC):
     """``acquire_lease``/``renew_lease``/``release_lease`` (the Leases protocol) on top of a
     store's ``_try_lease(lease) -> Holder | None`` and ``_drop_lease(lease)``."""
 
     url: str
 
+    @abstractmethod
     def _try_lease(self, lease: Lease) -> Holder | None:
-        raise NotImplementedError
+        """Take or extend ``lease``; the current holder when another writer has it."""
 
+    @abstractmethod
     def _drop_lease(self, lease: Lease) -> None:
-        raise NotImplementedError
+        """Give ``lease`` up (only if it is still ours)."""
 
     def acquire_lease(self, conversation_id: str, *, term: float = DEFAULT_TERM,
                       wait: float = 0.0, owner: str | None = None) -> Lease:
