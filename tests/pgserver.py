@@ -2,8 +2,12 @@
 
 ``initdb`` and ``pg_ctl`` come from the distribution's packages (scripts/test-prereqs
 installs them). PostgreSQL refuses to run as root, so under root the server runs
-as user ``nobody`` (``setpriv``); the scratch path is made searchable (not
-listable) for that user. The server listens on a free loopback port and on a
+as user ``nobody`` (``setpriv``), and its folder is a fresh one in the system's
+temp directory rather than the scratch folder, which that user may not reach (a
+checkout in a 0700 home); nothing outside it changes mode, and it is removed when
+the test process exits. The server's data need not be durable: the store's guard
+judges a server by its settings (fsync, synchronous_commit), not by where it
+keeps its files. The server listens on a free loopback port and on a
 unix socket in its own folder (when that path fits in 107 bytes), with password
 (scram) auth over TCP, so the
 DSNs the tests use carry a credential that must never show up anywhere.
@@ -23,6 +27,7 @@ names the batch-across-hosts tests use (``find_bin``, ``PgServer.pid``,
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import shutil
@@ -30,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,13 +86,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _searchable_by_others(path: Path) -> None:
-    """Let another user walk down to ``path`` (o+x, not o+r: nothing becomes listable)."""
-    for p in [path, *path.parents]:
-        mode = p.stat().st_mode
-        if mode & 0o001:
-            break
-        os.chmod(p, mode | 0o001)
+def _reachable_root(name: str) -> Path:
+    """A folder user ``nobody`` can reach: a fresh one in the system temp directory
+    (sticky and world-searchable), removed when this process exits."""
+    parent = Path(tempfile.mkdtemp(prefix="chatstate-pg-"))
+    os.chmod(parent, 0o711)  # searchable, not listable
+    atexit.register(shutil.rmtree, parent, True)
+    return parent / name
 
 
 class PgServer:
@@ -127,7 +133,6 @@ class PgServer:
         pwfile = self.root / "pw"
         pwfile.write_text(self.password + "\n")
         if self.as_root:
-            _searchable_by_others(self.root.parent)
             for p in (self.root, self.sock, pwfile):
                 os.chown(p, NOBODY, NOBODY)
         os.chmod(pwfile, 0o600)
@@ -238,6 +243,8 @@ def start_server(root: Path) -> PgServer:
                 "(scripts/test-prereqs installs them)")
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         missing("running as root needs setpriv to start PostgreSQL as user nobody")
+    if os.geteuid() == 0:
+        root = _reachable_root(root.name)
     server = PgServer(root).initdb()
     server.start()
     return server
