@@ -35,6 +35,7 @@ interrupted too, and ``interrupted.pending_calls`` names the calls.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -308,10 +309,16 @@ class Chat:
 
     @staticmethod
     def _held(held: Any, gen: Generator[str, None, None]) -> Generator[str, None, None]:
-        try:
-            yield from gen
-        finally:
-            held.release()
+        def run() -> Generator[str, None, None]:
+            try:
+                yield from gen
+            finally:
+                held.release()
+
+        turn = run()
+        # A stream dropped before its first step never runs its finally: release then too.
+        weakref.finalize(turn, held.release)
+        return turn
 
     def _retry(self, params: dict[str, Any], *, streaming: bool,
                tools: Sequence[Any] | None = None) -> Generator[str, None, None]:

@@ -578,6 +578,19 @@ def test_second_writer_never_cuts_a_live_stream(url: str, store: Any,
     assert conv.messages[1].content == shown and conv.messages[2].content == "b1"
 
 
+def test_a_stream_dropped_before_its_first_step_releases_the_lease(url: str, store: Any,
+                                                                  fake: FakeModel) -> None:
+    """A generator never started never runs its finally; the lease must not stay held."""
+    import gc
+
+    first = chat_for(store, fake, conversation_id="dropped")
+    gen = first.stream("a1")
+    del gen
+    gc.collect()
+    second = chat_for(store, fake, conversation_id="dropped")
+    assert second.send("b1").role == "assistant"  # not ConversationInUse
+
+
 def test_second_writer_waits_for_a_live_stream(url: str, store: Any, fake: FakeModel) -> None:
     """With lease_wait the second writer waits for the turn to end, then goes on."""
     first = chat_for(store, fake, conversation_id="shared")
