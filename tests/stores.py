@@ -48,6 +48,21 @@ def seal_chain(n: int, prev: Message | None = None, *, prefix: str = "msg",
     return out
 
 
+def fresh_load(url: str, cid: str) -> Conversation:
+    """``cid`` as a fresh open of ``url`` sees it; empty if no writer got to create it."""
+    from chatstate.errors import ConversationNotFound
+    from chatstate.stores import open_store
+
+    store = open_store(url)
+    try:
+        conv: Conversation = store.load(cid)
+        return conv
+    except ConversationNotFound:  # the first writer died before creating it
+        return Conversation(id=cid)
+    finally:
+        store.close()
+
+
 def new_conversation(store: Any, cid: str = "c1", n: int = 0, **header: Any) -> list[Message]:
     """Create ``cid`` and append ``n`` messages one by one; return them."""
     store.create(Conversation(id=cid, **header))

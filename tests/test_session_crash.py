@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stores import fresh_load
 from stream_child import latest_replies
 
-from chatstate import Conversation, ConversationNotFound, open_store
+from chatstate import Conversation
 from chatstate.testing import FakeModel
 
 CHILD = Path(__file__).resolve().parent / "stream_child.py"
@@ -129,17 +130,6 @@ class Killed:
         return "mid-stream" if self.printed else "before the first delta"
 
 
-def fresh_load(url: str) -> Conversation:
-    store = open_store(url)
-    try:
-        conv: Conversation = store.load(CID)
-        return conv
-    except ConversationNotFound:  # the first writer died before creating it
-        return Conversation(id=CID)
-    finally:
-        store.close()
-
-
 def check_stored(conv: Conversation, turn: str | None, printed: str, ended: bool,
                  before: list[str]) -> None:
     assert conv.verify() is None
@@ -197,7 +187,7 @@ def test_sigkill_mid_stream_never_loses_what_was_shown(kind: str, tmp_path: Path
                             assert stored.startswith(earlier.printed)
                     unchecked = []
                 unchecked.append(killed)
-                conv = fresh_load(url)
+                conv = fresh_load(url, CID)
                 check_stored(conv, killed.turn, killed.printed, killed.ended, before)
                 check_transcript_shape(conv)
                 before = [m.hash for m in conv.messages]
@@ -216,7 +206,7 @@ def test_sigkill_mid_stream_never_loses_what_was_shown(kind: str, tmp_path: Path
             for earlier in unchecked:
                 if earlier.printed:
                     assert last.found["replies"].get(earlier.turn, "").startswith(earlier.printed)
-            conv = fresh_load(url)
+            conv = fresh_load(url, CID)
             check_stored(conv, last.turn, last.printed, True, before)
             check_transcript_shape(conv)
             assert conv.partial is None and conv.messages[-1].status == "complete"

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stores import fresh_load
 
-from chatstate import Conversation, ConversationNotFound, open_store
+from chatstate import Conversation
+from chatstate.drill.tooldrill import orphans
 from chatstate.drill.toolserver import ToolWriters
 from chatstate.testing import FakeModel
 
@@ -36,39 +38,6 @@ STEPS = ["call-stored", "tool-before", "tool-after", "result-stored", "none", "n
 CID = "crash-tools"
 
 pytestmark = pytest.mark.slow
-
-
-def fresh_load(url: str) -> Conversation:
-    store = open_store(url)
-    try:
-        conv: Conversation = store.load(CID)
-        return conv
-    except ConversationNotFound:  # the first writer died before creating it
-        return Conversation(id=CID)
-    finally:
-        store.close()
-
-
-def orphans(messages: list[dict[str, Any]], *, allow_open_tail: bool) -> list[str]:
-    """Calls without results and results without calls, in request/transcript order.
-
-    With ``allow_open_tail`` the calls of the last non-tool message may lack results
-    (an interrupted round, which recovery completes).
-    """
-    found: list[str] = []
-    open_calls: set[str] = set()
-    for i, m in enumerate(messages):
-        if m["role"] == "tool":
-            if m.get("tool_call_id") not in open_calls:
-                found.append(f"result without call at {i}: {m.get('tool_call_id')}")
-            open_calls.discard(m.get("tool_call_id"))
-            continue
-        if open_calls:
-            found.append(f"calls without results before {i}: {sorted(open_calls)}")
-        open_calls = {c["id"] for c in m.get("tool_calls") or ()}
-    if open_calls and not allow_open_tail:
-        found.append(f"calls without results at the end: {sorted(open_calls)}")
-    return found
 
 
 def stored_dicts(conv: Conversation) -> list[dict[str, Any]]:
@@ -122,7 +91,7 @@ def run_crash_loop(url: str, tmp_path: Path, kills: int, seed: int) -> dict[str,
                 acked.update({line["ack"]: line["hash"] for line in lines if "ack" in line})
                 found = next((line["found"] for line in lines if "found" in line), None)
                 assert found is None or found["verify"] is None
-                conv = fresh_load(url)
+                conv = fresh_load(url, CID)
                 assert conv.verify() is None
                 for seq, digest in acked.items():
                     assert conv.messages[seq].hash == digest, f"acknowledged seq {seq} is gone"
@@ -140,7 +109,7 @@ def run_crash_loop(url: str, tmp_path: Path, kills: int, seed: int) -> dict[str,
         requests = [e["messages"] for e in fake.request_log
                     if e["path"] == "/v1/chat/completions" and e["messages"][-1:] != [
                         {"role": "user", "content": "warm up"}]]
-    conv = fresh_load(url)
+    conv = fresh_load(url, CID)
     assert conv.verify() is None and conv.partial is None
     assert orphans(stored_dicts(conv), allow_open_tail=False) == []
     bad_requests = [o for r in requests for o in orphans(r, allow_open_tail=False)]

@@ -47,7 +47,7 @@ def _count(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _usage(value: object) -> Usage | None:
+def parse_usage(value: object) -> Usage | None:
     """Token counts, keeping one level of detail (``prompt_tokens_details.cached_tokens``)."""
     if not isinstance(value, Mapping):
         return None
@@ -86,7 +86,7 @@ def parse_completion(data: object) -> Reply:
                               not all(_is_whole_call(c) for c in calls)):
         raise _malformed("tool_calls is not a list of function calls with id, name and "
                          "arguments")
-    return Reply(content or "", _str_or_none(data.get("model")), _usage(data.get("usage")),
+    return Reply(content or "", _str_or_none(data.get("model")), parse_usage(data.get("usage")),
                  _str_or_none(choices[0].get("finish_reason")),
                  [_call(c["id"], c["function"]["name"], c["function"]["arguments"])
                   for c in calls] if calls else None,
@@ -173,7 +173,7 @@ class StreamAccumulator:
             raise AttemptFailed("provider", "the provider reported an error mid-stream",
                                 provider_message=error[0], retryable=error[1])
         self.model = _str_or_none(chunk.get("model")) or self.model
-        self.usage = _usage(chunk.get("usage")) or self.usage
+        self.usage = parse_usage(chunk.get("usage")) or self.usage
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             raise _malformed("stream chunk has no choices list")

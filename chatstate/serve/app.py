@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..adapter._parse import parse_usage
 from ..durability import boot_id
 from ..errors import ChatstateError, ConflictError, ConversationNotFound, InvalidConversationId
 from ..transcript import validate_id
@@ -399,7 +400,7 @@ def _reply_fields(data: object) -> dict[str, Any]:
     extra = {k: v for k, v in message.items()
              if k not in ("role", "content", "tool_calls") and v is not None}
     fields: dict[str, Any] = {"content": message.get("content") or "",
-                              "model": data.get("model"), "usage": _int_usage(data.get("usage"))}
+                              "model": data.get("model"), "usage": parse_usage(data.get("usage"))}
     if message.get("tool_calls"):
         fields["tool_calls"] = message["tool_calls"]
     if extra:
@@ -408,22 +409,6 @@ def _reply_fields(data: object) -> dict[str, Any]:
     if finish not in (None, "stop", "tool_calls"):
         fields["finish_reason"] = finish
     return fields
-
-
-def _int_usage(usage: object) -> dict[str, Any] | None:
-    """Token counts, with one level of detail (``prompt_tokens_details``), as stored."""
-    if not isinstance(usage, dict):
-        return None
-    kept: dict[str, Any] = {}
-    for key, value in usage.items():
-        if isinstance(value, int) and not isinstance(value, bool):
-            kept[key] = value
-        elif isinstance(value, dict):
-            inner = {k: v for k, v in value.items()
-                     if isinstance(v, int) and not isinstance(v, bool)}
-            if inner:
-                kept[key] = inner
-    return kept
 
 
 _HOP_BY_HOP = {"server", "date", "connection", "keep-alive", "transfer-encoding", "content-length",
