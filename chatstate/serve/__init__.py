@@ -8,6 +8,7 @@ store holds. Needs the ``serve`` extra (uvicorn, Starlette).
 
 from __future__ import annotations
 
-from .app import CONVERSATION_HEADER, ServeConfig, create_app, with_access_log
+from ._wire import CONVERSATION_HEADER
+from .app import ServeConfig, create_app, with_access_log
 
 __all__ = ["CONVERSATION_HEADER", "ServeConfig", "create_app", "with_access_log"]

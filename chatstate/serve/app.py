@@ -16,7 +16,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,18 +27,27 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..adapter._parse import parse_usage
 from ..durability import boot_id
 from ..errors import ChatstateError, ConflictError, ConversationNotFound, InvalidConversationId
 from ..transcript import validate_id
-from ._history import ROLES, HistoryIndex, history_digest, wire_form
+from ._history import HistoryIndex, history_digest, wire_form
 from ._relay import RelayResponse, StreamRelay
 from ._turns import Turn, Writer
+from ._wire import (
+    CONVERSATION_HEADER,
+    bearer,
+    check_request,
+    conversation_id,
+    forward_body,
+    openai_error,
+    passthrough,
+    read_body,
+    reply_fields,
+)
 
 log = logging.getLogger("chatstate.serve")
 access = logging.getLogger("chatstate.serve.access")
 
-CONVERSATION_HEADER = "X-Chatstate-Conversation"
 
 
 @dataclass
@@ -52,10 +61,6 @@ class ServeConfig:
     ready_upstream: bool = False
     timeout: float | None = 60.0
     connect_timeout: float = 10.0
-
-
-def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
 class Proxy:
@@ -90,7 +95,7 @@ class Proxy:
         if self.config.pass_client_key:
             given = request.headers.get("x-chatstate-token", "")
         else:
-            given = _bearer(request.headers.get("authorization", ""))
+            given = bearer(request.headers.get("authorization", ""))
         return any(hmac.compare_digest(given.encode(), t.encode()) for t in self.config.tokens)
 
     def upstream_headers(self, request: Request) -> dict[str, str]:
@@ -104,18 +109,18 @@ class Proxy:
 
     # -- endpoints ---------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
-        body = await _read_body(request, self.config.max_body)
+        body = await read_body(request, self.config.max_body)
         if isinstance(body, Response):
             return body
         try:
             data = json.loads(body)
         except ValueError as exc:
             return openai_error(400, f"the request body is not JSON ({exc})")
-        problem = _check_request(data)
+        problem = check_request(data)
         if problem:
             return openai_error(400, problem)
         try:
-            cid = _conversation_id(request, data)
+            cid = conversation_id(request, data)
         except InvalidConversationId as exc:
             return openai_error(400, str(exc))
         messages: list[dict[str, Any]] = data["messages"]
@@ -135,7 +140,7 @@ class Proxy:
             lock.release()
             return openai_error(400, f"a message could not be stored: {exc}")
         headers = {CONVERSATION_HEADER: turn.id}
-        forward = _forward_body(data)
+        forward = forward_body(data)
         try:
             if data.get("stream"):
                 return await self._stream(request, turn, forward, headers, lock)
@@ -156,15 +161,15 @@ class Proxy:
         if resp.status_code >= 400:
             await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code,
                                     resp.text)
-            return _passthrough(resp, headers)
+            return passthrough(resp, headers)
         try:
-            reply = _reply_fields(resp.json())
+            reply = reply_fields(resp.json())
         except ValueError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             return openai_error(502, f"the upstream reply is not a chat completion: {exc}",
                                 "upstream_error")
         await asyncio.to_thread(self.writer.commit, turn, reply)
-        return _passthrough(resp, headers)
+        return passthrough(resp, headers)
 
     async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
                       headers: dict[str, str], lock: asyncio.Lock) -> Response:
@@ -214,7 +219,7 @@ class Proxy:
         except httpx2.HTTPError as exc:
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
                                 "upstream_error")
-        return _passthrough(resp, {})
+        return passthrough(resp, {})
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "boot_id": boot_id(),
@@ -335,87 +340,3 @@ def _authorize(proxy: Proxy, handler: Callable[[Request], Awaitable[Response]]
         return await handler(request)
 
     return guarded
-
-
-def _bearer(header: str) -> str:
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
-async def _read_body(request: Request, limit: int) -> bytes | Response:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return openai_error(413, f"request body over the {limit} byte limit (--max-body)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return openai_error(413, f"request body over the {limit} byte limit (--max-body)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _check_request(data: object) -> str | None:
-    if not isinstance(data, dict):
-        return "the request body must be a JSON object"
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "'messages' must be a non-empty list"
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            return f"messages[{i}] needs a role, one of {', '.join(ROLES)}"
-        content = message.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            return f"messages[{i}].content must be a string or a list of parts"
-    return None
-
-
-def _conversation_id(request: Request, data: Mapping[str, Any]) -> str | None:
-    cid = request.headers.get(CONVERSATION_HEADER)
-    metadata = data.get("metadata")
-    if cid is None and isinstance(metadata, dict):
-        cid = metadata.get("conversation_id")
-    return None if cid is None else validate_id(cid)
-
-
-def _forward_body(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The request as the client sent it, less chatstate's own routing field."""
-    forward = dict(data)
-    metadata = forward.get("metadata")
-    if isinstance(metadata, dict) and "conversation_id" in metadata:
-        rest = {k: v for k, v in metadata.items() if k != "conversation_id"}
-        if rest:
-            forward["metadata"] = rest
-        else:
-            del forward["metadata"]
-    return forward
-
-
-def _reply_fields(data: object) -> dict[str, Any]:
-    """The stored form of a non-streamed chat completion's first choice."""
-    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or \
-            not data["choices"] or not isinstance(data["choices"][0].get("message"), dict):
-        raise ValueError("no choices[0].message")
-    message = data["choices"][0]["message"]
-    extra = {k: v for k, v in message.items()
-             if k not in ("role", "content", "tool_calls") and v is not None}
-    fields: dict[str, Any] = {"content": message.get("content") or "",
-                              "model": data.get("model"), "usage": parse_usage(data.get("usage"))}
-    if message.get("tool_calls"):
-        fields["tool_calls"] = message["tool_calls"]
-    if extra:
-        fields["extra"] = extra
-    finish = data["choices"][0].get("finish_reason")
-    if finish not in (None, "stop", "tool_calls"):
-        fields["finish_reason"] = finish
-    return fields
-
-
-_HOP_BY_HOP = {"server", "date", "connection", "keep-alive", "transfer-encoding", "content-length",
-               "content-encoding", "upgrade", "proxy-authenticate", "te", "trailer"}
-
-
-def _passthrough(resp: httpx2.Response, headers: Mapping[str, str]) -> Response:
-    kept = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_BY_HOP
-            and not k.lower().startswith("set-cookie")}
-    return Response(resp.content, resp.status_code, headers={**kept, **headers})
