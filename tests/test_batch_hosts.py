@@ -200,3 +200,22 @@ def test_the_ledger_password_never_shows(moto_endpoint: str) -> None:  # noqa: F
     said = result.out + result.err
     assert "could not connect to the batch ledger postgresql://batch@127.0.0.1:9/work" in said
     assert "s3cr3t-pw" not in said
+
+
+def test_a_transaction_left_open_by_ctrl_c_does_not_swallow_later_writes(
+        shared: tuple[str, str]) -> None:
+    """Ctrl-C inside psycopg's ``transaction().__enter__``, after BEGIN, leaves the ledger's
+    one connection in a transaction; the next ``transaction()`` would then only open a
+    savepoint and nothing would ever commit. The ledger rolls the leftover back first."""
+    from chatstate.batch.pgledger import PgLedger
+
+    ledger_url, _ = shared
+    db = PgLedger(ledger_url, lease=0.5)
+    try:
+        db._db.execute("BEGIN")  # the state an interrupted __enter__ leaves behind
+        db.register([("after-ctrl-c", "text", "sha", "after-ctrl-c.txt")])
+        seen = query(ledger_url, "SELECT id FROM chatstate_batch.records "
+                     "WHERE id='after-ctrl-c'")  # another connection: committed
+        assert seen == [("after-ctrl-c",)]
+    finally:
+        db.close()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..stores.sqlite_setup import check_owner, configure
+from ..uninterruptible import uninterruptible
 from ._schema import APPLICATION_ID
 
 BUSY_TIMEOUT_MS = 30_000
@@ -128,10 +129,11 @@ class Database:
                 self._cv.wait()
             with self._leading():
                 db = self._writer
-                db.execute("BEGIN IMMEDIATE")
                 try:
-                    yield db
-                    db.execute("COMMIT")
+                    db.execute("BEGIN IMMEDIATE")
+                    with uninterruptible():
+                        yield db
+                        db.execute("COMMIT")
                 except BaseException:
                     if db.in_transaction:
                         with suppress(sqlite3.Error):
@@ -159,8 +161,9 @@ class Database:
         db = self._writer
         try:
             db.execute("BEGIN IMMEDIATE")
-            results = [self._run(op) for op in batch]
-            db.execute("COMMIT")
+            with uninterruptible():
+                results = [self._run(op) for op in batch]
+                db.execute("COMMIT")
         except BaseException as exc:
             if db.in_transaction:
                 with suppress(sqlite3.Error):

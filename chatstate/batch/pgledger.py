@@ -97,6 +97,21 @@ class PgLedger:
                 "it on, or accept the loss with --allow-ephemeral, allow_ephemeral=True or "
                 "CHATSTATE_ALLOW_EPHEMERAL=1.")
 
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One transaction on the autocommit connection.
+
+        A transaction left open by a call that Ctrl-C cut short (inside psycopg's
+        ``__enter__``, after BEGIN) is rolled back first: inside it, ``transaction()``
+        would only open a savepoint, and nothing after would ever commit.
+        """
+        from psycopg.pq import TransactionStatus
+
+        if self._db.info.transaction_status != TransactionStatus.IDLE:
+            self._db.rollback()
+        with self._db.transaction():
+            yield
+
     def _one(self, sql: str) -> Any:
         row = self._db.execute(sql).fetchone()
         return None if row is None else row[0]
@@ -104,7 +119,7 @@ class PgLedger:
     def _migrate(self) -> None:
         """Named, append-only migrations, applied under an advisory lock (hosts start at once)."""
         s = self.schema
-        with self._translate("migrate"), self._db.transaction():
+        with self._translate("migrate"), self._transaction():
             self._db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"chatstate:{s}",))
             self._db.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS {s}.migrations "
@@ -163,7 +178,7 @@ class PgLedger:
         rows = list(records)
         cols = [list(c) for c in zip(*rows, strict=True)] if rows else [[], [], [], []]
         now = now_iso()
-        with self._lock, self._translate("register records in"), self._db.transaction():
+        with self._lock, self._translate("register records in"), self._transaction():
             known: dict[str, str] = dict(self._db.execute(
                 "SELECT id, text_sha256 FROM records WHERE id = ANY(%s)", (cols[0],)).fetchall())
             added = self._db.execute(

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..errors import ChatstateError, StoreUnavailable
+from ..uninterruptible import uninterruptible
 from ._files import ensure_dir
 from ._sqlite_errors import AT_COMMIT, translate
 from ._sqlite_schema import APPLICATION_ID, MIGRATIONS, PAGE_SIZE
@@ -113,12 +114,14 @@ class SqliteConnection:
                 "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
 
     def _migrate(self, db: sqlite3.Connection) -> None:
-        db.execute("BEGIN IMMEDIATE")
         try:
-            migrate(db, self.path, MIGRATIONS, APPLICATION_ID, STORE_WHAT, STORE_FIX)
-            db.execute("COMMIT")
+            db.execute("BEGIN IMMEDIATE")
+            with uninterruptible():
+                migrate(db, self.path, MIGRATIONS, APPLICATION_ID, STORE_WHAT, STORE_FIX)
+                db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
 
     def close(self) -> None:
@@ -140,11 +143,12 @@ class SqliteConnection:
                                    f"read-only because {self.read_only_reason}")
         with self._lock, translate(self.path, action):
             db = self.db
-            db.execute("BEGIN IMMEDIATE")
             try:
-                yield db
-                with translate(self.path, action, outcome=AT_COMMIT):
-                    db.execute("COMMIT")
+                db.execute("BEGIN IMMEDIATE")  # Ctrl-C still works while it waits for a lock
+                with uninterruptible():  # from here to COMMIT, not (it would leave BEGIN open)
+                    yield db
+                    with translate(self.path, action, outcome=AT_COMMIT):
+                        db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     # the original error says more; SQLite rolls back on its own

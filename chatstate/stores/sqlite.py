@@ -79,14 +79,15 @@ class SqliteStore(SqliteLease, SqliteBlobs):
         cid = conversation_id
         where = f"{self.path} conversation {cid!r}"
         with self._reading() as db:
-            db.execute("BEGIN")  # one snapshot for header, messages and partial
             try:
+                db.execute("BEGIN")  # one snapshot for header, messages and partial
                 head = self._header(db, cid)
                 messages = self._chain(db, cid, head)
                 prow = db.execute("SELECT seq, CAST(body AS BLOB) FROM partials WHERE "
                                   "conversation_id=?", (cid,)).fetchone()
             finally:
-                db.execute("COMMIT")
+                if db.in_transaction:  # even when Ctrl-C struck just after BEGIN
+                    db.execute("COMMIT")
         partial = None
         if prow is not None and prow[0] == len(messages):
             prev = messages[-1].hash if messages else None
