@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Generator, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from urllib.parse import quote
 
@@ -30,6 +30,23 @@ STORE_WHAT = "chatstate store"
 STORE_FIX = "Point the store at another file."
 
 
+GROUP_MAX = 64  # writes committed together at most (bounds the first one's wait)
+
+
+class _Group:
+    """Writes sharing one open transaction, and how their commit ended."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+        self.members = 0
+        self.committer: int | None = None
+        self.done = False
+        self.error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        self.done, self.error = True, error
+
+
 class SqliteConnection:
     busy_timeout_ms = 10_000
 
@@ -41,6 +58,11 @@ class SqliteConnection:
         self.read_only_reason: str | None = None
         self._db: sqlite3.Connection | None = None
         self._lock = threading.RLock()
+        self._committed = threading.Condition(self._lock)
+        self._queue_lock = threading.Lock()
+        self._queued = 0  # writers waiting for the connection, who will join the group
+        self._group: _Group | None = None  # writes done, not yet committed
+        self._writing: int | None = None  # the thread inside a write's block
         self._fts = False
 
     def open(self) -> None:
@@ -137,28 +159,126 @@ class SqliteConnection:
 
     @contextmanager
     def _tx(self, action: str) -> Iterator[sqlite3.Connection]:
-        """One write transaction; COMMIT returns only when durable (synchronous=FULL)."""
+        """One write, returned from only once COMMIT made it durable (synchronous=FULL).
+
+        Group commit: writes from threads that queue up while one is in progress join
+        its open transaction, each in a savepoint (a failed one is undone alone), and
+        the last in the queue commits them all with one fsync; the others wait for it.
+        Alone, a write is BEGIN IMMEDIATE ... COMMIT as before. From BEGIN until the
+        commit is settled Ctrl-C is held back (see ``uninterruptible``).
+        """
         if self.read_only_reason:
             raise StoreUnavailable(f"could not {action} {self.path}: the store was opened "
                                    f"read-only because {self.read_only_reason}")
-        with self._lock, translate(self.path, action):
-            db = self.db
+        with ExitStack() as held:  # leaving it delivers a held-back Ctrl-C, lock released
+            with self._queue_lock:
+                self._queued += 1
             try:
+                self._lock.acquire()
+            finally:
+                with self._queue_lock:
+                    self._queued -= 1
+            ended = False
+            try:
+                with translate(self.path, action):
+                    group = yield from self._joined(action, held)
+                ended = True
+                self._settle()
+                while not group.done:
+                    self._committed.wait()
+                if group.error is not None and group.committer != threading.get_ident():
+                    raise StoreUnavailable(
+                        f"could not {action} {self.path}: it shared a commit with other "
+                        f"writes, and {group.error}") from group.error
+                if group.error is not None:
+                    raise group.error
+            finally:
+                if not ended:
+                    self._settle()  # a failed write still commits the writes waiting on it
+                self._lock.release()
+
+    def _joined(self, action: str, held: ExitStack
+                ) -> Generator[sqlite3.Connection, None, _Group]:
+        """Run the caller's block inside the open group (opening one if none is)."""
+        db = self.db
+        mine = shared = False  # whether this write has begun; in a savepoint of its own
+        try:
+            if self._group is None:
                 db.execute("BEGIN IMMEDIATE")  # Ctrl-C still works while it waits for a lock
-                with uninterruptible():  # from here to COMMIT, not (it would leave BEGIN open)
-                    yield db
-                    with translate(self.path, action, outcome=AT_COMMIT):
-                        db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    # the original error says more; SQLite rolls back on its own
+            held.enter_context(uninterruptible())
+            if self._group is None:
+                self._group = _Group(action)
+            group = self._group
+            shared = group.members > 0
+            if shared:
+                db.execute("SAVEPOINT chatstate_write")
+            mine = True
+            self._writing = threading.get_ident()
+            try:
+                yield db
+            finally:
+                self._writing = None
+            if shared:
+                db.execute("RELEASE chatstate_write")
+            group.members += 1
+        except BaseException as exc:
+            self._undo(db, exc, mine=mine, shared=shared)
+            raise
+        return group
+
+    def _undo(self, db: sqlite3.Connection, exc: BaseException, *, mine: bool,
+              shared: bool) -> None:
+        """Take back the failed write alone; if that cannot be done (SQLite ended the
+        whole transaction), the group's other writes failed with it."""
+        group = self._group
+        if group is None:  # Ctrl-C just after BEGIN
+            if db.in_transaction:
+                with suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            return
+        if not mine:
+            return
+        if shared and db.in_transaction:
+            try:
+                db.execute("ROLLBACK TO chatstate_write")
+                db.execute("RELEASE chatstate_write")
+                return
+            except sqlite3.Error as undo:
+                exc = undo
+        if db.in_transaction:
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")  # the original error says more
+        self._group = None
+        group.finish(exc if group.members else None)
+        self._committed.notify_all()
+
+    def _settle(self, *, flush: bool = False) -> None:
+        """Commit the open group unless more writers are queued to join it (or ``flush``).
+
+        Never raises for the commit: the group's writers raise its error themselves."""
+        group = self._group
+        if group is None or not (flush or self._queued == 0 or group.members >= GROUP_MAX):
+            return
+        self._group = None
+        group.committer = threading.get_ident()
+        with uninterruptible():  # members must hear how it ended, whatever happens
+            try:
+                with translate(self.path, group.action, outcome=AT_COMMIT):
+                    self.db.execute("COMMIT")
+            except ChatstateError as exc:
+                if self._db is not None and self._db.in_transaction:
                     with suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
-                raise
+                        self._db.execute("ROLLBACK")
+                group.finish(exc)
+            else:
+                group.finish(None)
+            self._committed.notify_all()
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
         """The one connection, for a read (it is shared by threads, so one at a time)."""
         with self._lock, translate(self.path, "read"):
+            if self._writing != threading.get_ident():
+                self._settle(flush=True)  # what is read is what is durable
             yield self.db
 

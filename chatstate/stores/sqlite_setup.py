@@ -10,6 +10,7 @@ of named migrations keyed on ``PRAGMA user_version``.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,8 +30,11 @@ def check_owner(db: sqlite3.Connection, path: Path, application_id: int, what: s
     of file ("chatstate store"), ``fix`` says what to do instead.
     """
     with translate(path, "read"):
-        app_id = db.execute("PRAGMA application_id").fetchone()[0]
-        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        # one statement, so one snapshot: read apart, a migration that another process
+        # commits in between makes a new store look foreign (id 0, yet tables)
+        app_id, tables = db.execute(
+            "SELECT (SELECT application_id FROM pragma_application_id), "
+            "(SELECT count(*) FROM sqlite_master)").fetchone()
     if app_id != application_id and tables:
         raise CorruptTranscriptError(
             f"{path}: a SQLite database that is not a {what} (application_id {app_id:#x}, "
@@ -54,9 +58,30 @@ def configure(db: sqlite3.Connection, path: Path, *, network: bool,
             db.execute("PRAGMA journal_mode=DELETE")
             db.execute("PRAGMA synchronous=EXTRA")
             return "delete"
-        db.execute("PRAGMA journal_mode=WAL")
+        _into_wal(db, busy_timeout_ms / 1000)
         db.execute("PRAGMA synchronous=FULL")
         return "wal"
+
+
+def _into_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """``journal_mode=WAL``, waiting out openers that race on a new file.
+
+    The switch needs an exclusive lock, and SQLite answers SQLITE_BUSY at once
+    instead of calling the busy handler; the mode persists in the file, so once
+    one opener has switched the others find it done.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                return
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            # SQLITE_BUSY's message (sqlite_errorcode is Python 3.11+)
+            if "database is locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
 
 
 def check_version(version: int, known: int, path: Path, what: str) -> None:
