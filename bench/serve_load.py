@@ -39,7 +39,7 @@ def pct(xs: list[float], q: float) -> float:
 def start(argv: list[str], pattern: str, env: dict[str, str]) -> tuple[subprocess.Popen[str],
                                                                        str]:
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, start_new_session=True)
     assert proc.stdout is not None
     for line in proc.stdout:
         match = re.search(pattern, line)
@@ -106,6 +106,9 @@ def main() -> None:
     parser.add_argument("--chunk-delay", type=float, default=0.02)
     parser.add_argument("--stores", nargs="+", default=["sqlite", "json"])
     parser.add_argument("--dir", default="bench/work/serve")
+    parser.add_argument("--slow-fsync-ms", type=float, default=0,
+                        help="delay every fsync of the proxy by this much (strace fault "
+                        "injection): a laptop SSD or a network disk")
     args = parser.parse_args()
     work = Path(args.dir).resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -116,18 +119,26 @@ def main() -> None:
                         "--chunk-delay", str(args.chunk_delay)], r"(http://\S+/v1)", env)
     rows = []
     try:
-        runs: list[tuple[str, str | None]] = [("upstream alone", None)]
+        runs: list[tuple[str, str | None]] = [("upstream alone", None),
+                                              ("through a bare relay (floor)", "floor")]
         runs += [(f"through serve ({kind})", kind) for kind in args.stores]
         direct: list[tuple[float, float, str, str]] = []
         serial: dict[str, list[float]] = {}
         for label, kind in runs:
             proxy = None
             url = base
-            if kind is not None:
+            if kind == "floor":
+                proxy, url = start([sys.executable, str(Path(__file__).with_name(
+                    "relay_floor.py")), "--upstream", base], r"serving on (http://\S+/v1)", env)
+            elif kind is not None:
                 store_url = (f"sqlite://{work}/{kind}.db" if kind == "sqlite"
                              else f"json://{work}/{kind}")
-                proxy, url = start([CHATSTATE, "--store", store_url, "serve", "--upstream",
-                                    base, "--port", "0"], r"serving on (http://\S+/v1)", env)
+                slow = ["strace", "-f", "-o", "/dev/null", "--seccomp-bpf", "-e",
+                        "trace=fsync,fdatasync", "-e", "inject=fsync,fdatasync:delay_enter="
+                        f"{int(args.slow_fsync_ms * 1000)}"] if args.slow_fsync_ms else []
+                proxy, url = start([*slow, CHATSTATE, "--store", store_url, "serve",
+                                    "--upstream", base, "--port", "0"],
+                                   r"serving on (http://\S+/v1)", env)
             try:
                 asyncio.run(wave(url, 4, "warm"))  # imports and connections, not measured
                 serial[label] = [r[0] for r in asyncio.run(one_at_a_time(url, 20, "serial"))]
@@ -136,7 +147,7 @@ def main() -> None:
                 wall = time.perf_counter() - t0
             finally:
                 if proxy is not None:
-                    proxy.send_signal(signal.SIGTERM)
+                    os.killpg(proxy.pid, signal.SIGTERM)  # the proxy, also under strace
                     proxy.wait(60)
             firsts = [r[0] for r in results]
             totals = [r[1] for r in results]
@@ -144,6 +155,8 @@ def main() -> None:
             added = "-"
             if kind is None:
                 direct = results
+            elif kind == "floor":
+                added = f"{(pct(firsts, .5) - pct([r[0] for r in direct], .5)) * 1000:+.1f}"
             else:
                 lost_n, dup_n = check(store_url, results)
                 lost, dup = str(lost_n), str(dup_n)
@@ -155,8 +168,10 @@ def main() -> None:
     finally:
         fake.send_signal(signal.SIGINT)
         fake.wait(30)
+    slow = f"; every fsync of the proxy delayed {args.slow_fsync_ms:g} ms" \
+        if args.slow_fsync_ms else ""
     print(f"{args.conversations} concurrent streamed conversations, {args.words} chunks each, "
-          f"{args.chunk_delay * 1000:.0f} ms apart (fake upstream in its own process):\n")
+          f"{args.chunk_delay * 1000:.0f} ms apart (fake upstream in its own process{slow}):\n")
     header = ["run", "first chunk p50 ms", "p99 ms", "complete p50 ms", "p99 ms",
               "added to first-chunk p50 ms", "wall s", "lost", "duplicated"]
     print("| " + " | ".join(header) + " |")

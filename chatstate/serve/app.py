@@ -76,7 +76,11 @@ class Proxy:
         timeout = self.config.timeout
         connect = self.config.connect_timeout if timeout is None else min(
             self.config.connect_timeout, timeout)
-        self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout, connect=connect))
+        # the openai SDK's limits: httpx2's default pool (100) would hold stream 101 back
+        # until another one ended
+        limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+        self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout, connect=connect),
+                                         limits=limits)
         count = await asyncio.to_thread(self.writer.build_index)
         log.info("serve: indexed %d stored conversations", count)
 

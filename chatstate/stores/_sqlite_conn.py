@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Generator, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -39,6 +40,7 @@ class _Group:
     def __init__(self, action: str) -> None:
         self.action = action
         self.members = 0
+        self.opened = time.monotonic()
         self.committer: int | None = None
         self.done = False
         self.error: BaseException | None = None
@@ -63,6 +65,7 @@ class SqliteConnection:
         self._queued = 0  # writers waiting for the connection, who will join the group
         self._group: _Group | None = None  # writes done, not yet committed
         self._writing: int | None = None  # the thread inside a write's block
+        self._commit_cost = 0.002  # seconds a COMMIT takes (moving average)
         self._fts = False
 
     def open(self) -> None:
@@ -163,7 +166,8 @@ class SqliteConnection:
 
         Group commit: writes from threads that queue up while one is in progress join
         its open transaction, each in a savepoint (a failed one is undone alone), and
-        the last in the queue commits them all with one fsync; the others wait for it.
+        the last in the queue commits them all with one fsync; the others wait for it,
+        at most about as long as a commit takes (on a fast disk groups stay small).
         Alone, a write is BEGIN IMMEDIATE ... COMMIT as before. From BEGIN until the
         commit is settled Ctrl-C is held back (see ``uninterruptible``).
         """
@@ -257,14 +261,18 @@ class SqliteConnection:
 
         Never raises for the commit: the group's writers raise its error themselves."""
         group = self._group
-        if group is None or not (flush or self._queued == 0 or group.members >= GROUP_MAX):
+        if group is None or not (flush or self._queued == 0 or group.members >= GROUP_MAX
+                                 or time.monotonic() - group.opened >= self._commit_cost):
             return
         self._group = None
         group.committer = threading.get_ident()
         with uninterruptible():  # members must hear how it ended, whatever happens
             try:
                 with translate(self.path, group.action, outcome=AT_COMMIT):
+                    started = time.monotonic()
                     self.db.execute("COMMIT")
+                    # waiting longer for company than a commit costs would not pay
+                    self._commit_cost += (time.monotonic() - started - self._commit_cost) / 8
             except ChatstateError as exc:
                 if self._db is not None and self._db.in_transaction:
                     with suppress(sqlite3.Error):
