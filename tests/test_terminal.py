@@ -190,3 +190,17 @@ def test_the_repl_says_once_that_older_messages_are_left_out(
     sent, total = map(int, notes[0])
     assert sent < total and sent % 2 == 1  # whole turns, ending with the new question
     assert len(replay_json(local_store_url, "n")["messages"]) == 12  # the store keeps all
+
+
+def test_a_malformed_mouse_report_is_dropped_not_a_traceback(
+        local_store_url: str, tmp_path: Path, sessions: list[ReplSession]) -> None:
+    """ESC [ M and three characters is a mouse report to prompt_toolkit; one that is not a
+    known event (here a C1 character) used to print "Exception 155 / Press ENTER to
+    continue" over the prompt. It is dropped, and the line typed after it is sent."""
+    repl = start(sessions, local_store_url, cli_env(tmp_path), "--id", "mouse")
+    repl.child.send("\x1b[M\u009b!!")
+    repl.child.send("after\r")
+    seen = repl.prompt()
+    assert "Exception" not in seen and "Press ENTER" not in seen, seen
+    assert "Echo: after" in strip_ansi(seen)
+    assert replay_json(local_store_url, "mouse")["messages"][0]["content"] == "after"

@@ -318,6 +318,7 @@ def make_reader() -> Callable[[], str]:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.key_binding import KeyBindings
+    from prompt_toolkit.keys import Keys
 
     path = private_history_file()
     keys = KeyBindings()
@@ -326,9 +327,33 @@ def make_reader() -> Callable[[], str]:
     def _newline(event: Any) -> None:
         event.current_buffer.insert_text("\n")
 
+    keys.add(Keys.Vt100MouseEvent)(_tolerant_mouse())
+
     session: PromptSession[str] = PromptSession(history=FileHistory(str(path)),
                                                 key_bindings=keys, multiline=False)
     return lambda: session.prompt("you> ")
+
+
+def _tolerant_mouse() -> Callable[[Any], Any]:
+    """prompt_toolkit's mouse handler, minus its traceback on a malformed report.
+
+    Its parser takes ESC [ M and the next three characters as a mouse report; a
+    pasted or mistyped sequence whose bytes are not a known event (a C1 byte,
+    say) raised KeyError and printed "Exception 155 / Press ENTER to continue"
+    over the prompt. Such a report is not a click: it is dropped."""
+    from prompt_toolkit.key_binding.bindings.mouse import load_mouse_bindings
+    from prompt_toolkit.keys import Keys
+
+    (binding,) = load_mouse_bindings().get_bindings_for_keys((Keys.Vt100MouseEvent,))
+    handler = binding.handler
+
+    def tolerant(event: Any) -> Any:
+        try:
+            return handler(event)
+        except (KeyError, ValueError, IndexError):
+            return None
+
+    return tolerant
 
 
 def private_history_file() -> Any:
