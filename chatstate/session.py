@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import toolloop
-from .errors import ChatstateError, ConflictError, ConversationNotFound, ModelError
+from .errors import ChatstateError, ConflictError, ConversationNotFound
 from .sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
 from .toolloop import PendingCall
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
@@ -398,90 +398,6 @@ class Chat:
     def _notify(self, message: Message) -> None:
         if self.on_tool is not None:
             self.on_tool(message)
-
-    def _model_round(self, turn_id: str, params: dict[str, Any],
-                     streaming: bool) -> Generator[str, None, None]:
-        """Generator: call the model, persist, then yield."""
-        from .adapter import Completion
-
-        model = params.pop("model", None) or self.model
-        if not streaming:
-            done = self._call(turn_id, model, params, streaming)
-            yield self._commit(turn_id, done, "", model)
-            return
-        from ._groupcommit import GroupCommit
-
-        # While one partial write is in flight the deltas that arrive are coalesced
-        # into the next (group commit): text is yielded only once it is durable.
-        feed = GroupCommit(self._call(turn_id, model, params, streaming), self.flush_interval)
-        shown = ""
-        try:
-            for item in feed:
-                if isinstance(item, Completion):
-                    rest = self._commit(turn_id, item, shown, model)
-                    shown = feed.arrived()  # committed whole: nothing is left to keep as partial
-                    if rest:
-                        yield rest
-                    return
-                assert isinstance(item, str)
-                self._save_partial(turn_id, item, model)
-                out, shown = item[len(shown):], item
-                yield out
-            raise ModelError("the model stream ended without a final completion",
-                             retryable=True)
-        except BaseException:
-            # Ctrl-C, a closed generator or a model error: keep what arrived, then let it go.
-            arrived = feed.arrived()
-            if len(arrived) > len(shown):
-                self._save_partial(turn_id, arrived, model, quiet=True)
-            raise
-        finally:
-            feed.close()
-
-    def _save_partial(self, turn_id: str, text: str, model: str | None,
-                      quiet: bool = False) -> None:
-        partial = self._seal(role="assistant", content=text, turn_id=turn_id,
-                             status="partial", model=model)
-        try:
-            self.store.save_partial(self.id, partial)
-        except ChatstateError as exc:
-            if not quiet:
-                raise
-            log.warning("%s: could not keep the interrupted reply (%d chars at seq %d) as a "
-                        "partial: %s", self.id, len(text), partial.seq, exc)
-            return
-        self.conversation.partial = partial
-
-    def _commit(self, turn_id: str, done: Any, shown: str = "",
-                requested: str | None = None) -> str:
-        """Append the complete reply; return the part of it not yet yielded."""
-        finish = done.finish_reason if done.finish_reason not in (None, "stop") else None
-        reply = self._seal(role="assistant", content=done.text, turn_id=turn_id,
-                           model=done.model, usage=done.usage, finish_reason=finish,
-                           requested_model=requested if requested != done.model else None,
-                           tool_calls=getattr(done, "tool_calls", None),
-                           extra=getattr(done, "extra", None))
-        self._append([reply])
-        if done.text.startswith(shown):
-            return str(done.text[len(shown):])
-        self._note_divergent(reply.seq, len(shown))
-        return ""
-
-    def _note_divergent(self, seq: int, shown_chars: int) -> None:
-        """The final reply does not extend what was shown: say so, and keep the fact."""
-        log.warning("%s: the final reply at seq %d does not extend the %d chars already shown; "
-                    "the stored reply is the final one (see `chatstate replay`)", self.id, seq,
-                    shown_chars)
-        metadata = dict(self.conversation.metadata)
-        metadata["divergent_replies"] = [*metadata.get("divergent_replies", []),
-                                         {"seq": seq, "shown_chars": shown_chars}]
-        try:
-            self.store.set_header(self.id, metadata=metadata)
-        except ChatstateError as exc:  # the reply is stored; only the note is missing
-            log.warning("%s: could not record the divergent reply in the metadata: %s",
-                        self.id, exc)
-            return
-        self.conversation.metadata = metadata
 
 
 def _user_content(text: str | list[dict[str, Any]],

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ToolLoopError
+from .modelround import model_round
 from .tools import _CALL_ID, Tool, toolset
 from .transcript import Conversation, Message, Status
 
@@ -111,7 +112,7 @@ def drive(chat: Chat, turn_id: str, params: dict[str, Any], streaming: bool,
         if last is not None and last.role == "assistant" and last.status == "complete" \
                 and last.turn_id == turn_id and not last.tool_calls:
             return
-        yield from chat._model_round(turn_id, dict(params), streaming)
+        yield from model_round(chat, turn_id, dict(params), streaming)
         if chat.conversation.last is not None and chat.conversation.last.tool_calls:
             chat._notify(chat.conversation.last)
 
