@@ -3,7 +3,8 @@
     [3] assistant: → get_weather({"city":"Oslo"})
     [4] tool get_weather [call_1]: rain, 4 C
     [5] tool get_weather [call_2] (error): boom
-    [6] user: what is this? [image: cat.png, 1.0 MiB, sha256 5546d8bd82e7…]
+    [6] tool send_email [call_3] (started: it may have run; its result is ...)
+    [7] user: what is this? [image: cat.png, 1.0 MiB, sha256 5546d8bd82e7…]
 
 Images and files are never printed, only described: by name (or media type),
 size, and the blob's digest or "inline"; an image given by URL shows its URL.
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 MARKED = {"partial": "partial: cut off", "error": "error", "unknown": "outcome unknown"}
+STARTED = "started: it may have run; its result is the next message for this call, if any"
 
 
 def size_text(size: object) -> str:
@@ -72,10 +74,13 @@ def message_lines(messages: Iterable[dict[str, Any]], fmt: str) -> list[str]:
                                        f"[{call_id}]") if x)
         tag = f" ({MARKED[m['status']]})" if m.get("status") in MARKED else ""
         pieces = [content_text(m.get("content"))] if m.get("content") else []
+        if m["role"] == "tool" and m.get("status") == "partial":  # the tool loop's marker
+            tag, pieces = f" ({STARTED})", []
         pieces += [f"→ {(c.get('function') or {}).get('name')}"
                    f"({(c.get('function') or {}).get('arguments')})" for c in calls]
         if fmt == "markdown":
             out.append(f"**{who}**{tag} · seq {m['seq']}\n\n" + "\n\n".join(pieces) + "\n")
         else:
-            out.append(f"[{m['seq']}] {who}{tag}: " + "\n".join(pieces))
+            colon = "" if tag == f" ({STARTED})" else ": "
+            out.append(f"[{m['seq']}] {who}{tag}{colon}" + "\n".join(pieces))
     return out

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cli_helpers import invoke
 
 from chatstate import (
     AsyncChat,
@@ -140,6 +141,11 @@ def test_calls_stored_then_run_then_result_stored_then_model_again(
     assert first == [{"role": "user", "content": "weather and mail"}]
     assert second == [m.to_openai() for m in conv.messages[:5] if m.status != "partial"]
     assert chat.interrupted is None
+    if how == "send":  # replay says what the marker is, not "partial: cut off: started"
+        replayed = invoke(["replay", chat.id], store=store_url).out
+        assert f"[3] tool send_email [{ids[1]}] (started: it may have run; its result is " \
+            "the next message for this call, if any)\n" in replayed
+        assert f"[4] tool send_email [{ids[1]}]: sent to ann@example.com" in replayed
 
 
 def test_errors_reach_the_model_as_error_results(store_url: str, fake: FakeModel) -> None:
