@@ -30,6 +30,7 @@ Commands:
   export       Write a conversation to a file.
   fake-server  Run the built-in fake OpenAI-compatible model.
   fork         Copy a conversation's first messages into a new one.
+  gc           Remove images and files no message names (dry run unless --yes).
   import       Import a transcript file.
   list         List conversations, newest first.
   migrate      Copy every conversation between stores.

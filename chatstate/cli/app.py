@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "prune": ("chatstate.cli.manage_cmds", "prune", "Delete old conversations (dry run "
               "unless --yes)."),
     "search": ("chatstate.cli.manage_cmds", "search", "Full-text search over transcripts."),
+    "gc": ("chatstate.cli.manage_cmds", "gc", "Remove images and files no message names "
+           "(dry run unless --yes)."),
     "repair": ("chatstate.cli.manage_cmds", "repair", "Quarantine a damaged transcript."),
     "doctor": ("chatstate.cli.doctor_cmd", "doctor", "Readiness check that touches real "
                "state."),

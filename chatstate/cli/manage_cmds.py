@@ -172,6 +172,33 @@ def prune(env: Env, older_than: str, yes: bool) -> None:
 
 
 @click.command()
+@click.option("--grace", default="1h", show_default=True, metavar="AGE",
+              help="Keep blobs stored (or stored again) more recently than this.")
+@click.option("--yes", is_flag=True, help="Really remove (otherwise a dry run).")
+@click.pass_obj
+def gc(env: Env, grace: str, yes: bool) -> None:
+    """Remove images and files that no message or partial reply names any more.
+
+    Deleting or pruning a conversation leaves its attachments in the blob area (another
+    conversation may name the same one). Every conversation is read first: a damaged one
+    stops gc before anything is removed. A dry run unless --yes.
+    """
+    from ..blobgc import collect_blobs
+
+    sweep = collect_blobs(env.store(), grace=parse_age(grace).total_seconds(),
+                          dry_run=not yes)
+    for sha256 in sweep.removed:
+        click.echo(f"{'removed' if yes else 'would remove'} blob {sha256}")
+    size = f"{sweep.freed / (1 << 20):.1f} MiB" if sweep.freed >= 1 << 20 else \
+        f"{sweep.freed} bytes"
+    click.echo(f"{len(sweep.removed)} of {sweep.held} blob(s) {'removed' if yes else 'unnamed'}"
+               f" ({size}); {sweep.named} named by a message, {len(sweep.young)} unnamed but "
+               f"younger than {grace}", err=True)
+    if not yes and sweep.removed:
+        click.echo("dry run: add --yes to remove them", err=True)
+
+
+@click.command()
 @click.argument("text")
 @click.option("--limit", type=int, default=50, show_default=True)
 @click.pass_obj

@@ -18,6 +18,7 @@ from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
 from .base import (
     BlobStore,
     CheckReport,
+    CollectsBlobs,
     Forgets,
     Leases,
     Location,
@@ -30,8 +31,8 @@ from .base import (
 
 log = logging.getLogger("chatstate.stores")
 
-__all__ = ["BlobStore", "CheckReport", "Forgets", "Leases", "Location", "Quarantines",
-           "ReportsLeftovers",
+__all__ = ["BlobStore", "CheckReport", "CollectsBlobs", "Forgets", "Leases", "Location",
+           "Quarantines", "ReportsLeftovers",
            "Searchable", "Store", "default_store_url", "guard", "open_store", "store_class",
            "verify_blobs"]
 

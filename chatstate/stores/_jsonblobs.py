@@ -9,6 +9,7 @@ from a live one. A blob is never rewritten: its name is its digest.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,35 @@ class JsonBlobs:
             if held is None:
                 atomic_write(path, data)
             else:
+                os.utime(path)  # stored again: young for `chatstate gc`
                 sync_durably(path)  # a writer killed before its fsync may have left it
         return ref
+
+    def list_blobs(self) -> list[tuple[str, int, float]]:
+        """(sha256, size, age) of every blob file (CollectsBlobs); temp files left out."""
+        if not self._blobs.is_dir():
+            return []
+        now, out = time.time(), []
+        for entry in os.scandir(self._blobs):
+            if TMP_MARK in entry.name or entry.name.startswith("."):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            out.append((entry.name, st.st_size, now - st.st_mtime))
+        return out
+
+    def remove_blob(self, sha256: str, *, idle_for: float) -> bool:
+        path = self.blob_path(sha256)
+        with locked(self._blob_lock()):  # put_blob renews under this lock
+            try:
+                if time.time() - os.stat(path).st_mtime < idle_for:
+                    return False
+            except FileNotFoundError:
+                return False
+            remove_durably(path)
+        return True
 
     def get_blob(self, sha256: str) -> bytes:
         path = self.blob_path(sha256)

@@ -79,14 +79,31 @@ class PgBase(PgConnection):
                  name: str | None = None) -> dict[str, Any]:
         ref = blob_ref(data, media_type, name)
         with self._tx("store a blob in") as db:
-            inserted = db.execute("INSERT INTO blobs (sha256, data) VALUES (%s, %s) ON CONFLICT "
-                                  "DO NOTHING RETURNING 1", (ref["sha256"], data)).fetchone()
+            inserted = db.execute("INSERT INTO blobs (sha256, data, stored_at) VALUES "
+                                  "(%s, %s, now()) ON CONFLICT DO NOTHING RETURNING 1",
+                                  (ref["sha256"], data)).fetchone()
             if inserted is None:
                 held = db.execute("SELECT length(data) FROM blobs WHERE sha256=%s",
                                   (ref["sha256"],)).fetchone()
                 refuse_damaged_blob(self._blob_where(ref["sha256"]), ref["sha256"],
                                     held[0] if held else None, len(data))
+                db.execute("UPDATE blobs SET stored_at=now() WHERE sha256=%s",  # young for gc
+                           (ref["sha256"],))
         return ref
+
+    def list_blobs(self) -> list[tuple[str, int, float]]:
+        """(sha256, size, age) of every blob row (CollectsBlobs)."""
+        with self._tx("list the blobs of", read_only=True) as db:
+            rows = db.execute("SELECT sha256, length(data), extract(epoch FROM "
+                              "now() - stored_at) FROM blobs").fetchall()
+        return [(sha, size, float(age)) for sha, size, age in rows]
+
+    def remove_blob(self, sha256: str, *, idle_for: float) -> bool:
+        with self._tx("remove a blob from") as db:
+            gone = db.execute("DELETE FROM blobs WHERE sha256=%s AND stored_at <= now() - "
+                              "make_interval(secs => %s)",
+                              (valid_digest(sha256), idle_for)).rowcount
+        return bool(gone)
 
     def get_blob(self, sha256: str) -> bytes:
         with self._tx("read a blob from", read_only=True) as db:

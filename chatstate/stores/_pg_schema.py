@@ -67,7 +67,15 @@ def m004_leases(db: Any) -> None:
         until timestamptz NOT NULL)""")
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [m001_initial, m002_blobs, m003_search, m004_leases]
+def m005_blob_age(db: Any) -> None:
+    # When each blob was stored (or stored again), for `chatstate gc`; older blobs get
+    # the epoch: as old as can be.
+    db.execute("ALTER TABLE blobs ADD COLUMN stored_at timestamptz NOT NULL "
+               "DEFAULT 'epoch'")
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [m001_initial, m002_blobs, m003_search, m004_leases,
+                                           m005_blob_age]
 
 
 def migrate(db: Any, schema: str, where: str) -> list[str]:

@@ -1,7 +1,8 @@
 """The s3 store's blob area: ``blobs/<sha256>``, one immutable object per digest.
 
-A blob is created with If-None-Match: * and never replaced; finding it there
-already is success (its name is its digest). It is acknowledged by the object
+A blob is created with If-None-Match: * and never changed; finding it there
+already is success (its name is its digest), and the same bytes are put again
+to renew its Last-Modified, the age `chatstate gc` goes by. It is acknowledged by the object
 store before ``put_blob`` returns, so before any segment naming it is written.
 Loading a conversation HEADs each blob it names (in parallel): existence and
 size; the digest is checked whenever the bytes are read.
@@ -9,6 +10,7 @@ size; the digest is checked whenever the bytes are read.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import obstore
@@ -35,7 +37,29 @@ class S3Blobs(S3StoreBase):
         except Exists:  # content-addressed: fine, unless it was damaged since
             refuse_damaged_blob(self._blob_where(ref["sha256"]), ref["sha256"],
                                 self._blob_size(ref["sha256"]), len(data))
+            # the same bytes again: renews its Last-Modified, young for `chatstate gc`
+            self.io.put(blob_key(ref["sha256"]), data, action="store a blob at")
         return ref
+
+    def list_blobs(self) -> list[tuple[str, int, float]]:
+        """(sha256, size, age) of every blob object (CollectsBlobs), by Last-Modified."""
+        now = datetime.now(timezone.utc)
+        return [(key.rsplit("/", 1)[-1], int(size), (now - modified).total_seconds())
+                for key, size, modified in self.io.objects(BLOBS)]
+
+    def remove_blob(self, sha256: str, *, idle_for: float) -> bool:
+        key = blob_key(sha256)
+        with self.io._call("look up a blob at", key):
+            try:
+                modified = obstore.head(self.io.client, key)["last_modified"]
+            except FileNotFoundError as exc:
+                if "NoSuchBucket" in str(exc):
+                    raise
+                return False
+        if (datetime.now(timezone.utc) - modified).total_seconds() < idle_for:
+            return False
+        self.io.delete([key], "remove a blob at")
+        return True
 
     def get_blob(self, sha256: str) -> bytes:
         got = self.io.get(blob_key(sha256), "read a blob at")

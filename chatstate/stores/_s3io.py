@@ -252,6 +252,13 @@ class S3IO:
             out = [(o["path"], o["last_modified"]) for chunk in stream for o in chunk]
         return sorted(out)
 
+    def objects(self, prefix: str) -> list[tuple[str, int, Any]]:
+        """(key, size, last_modified) of every object under the path segment ``prefix``."""
+        with self._call("list", prefix + "/"):
+            stream = obstore.list(self.client, prefix, chunk_size=1000)
+            return sorted((o["path"], o["size"], o["last_modified"])
+                          for chunk in stream for o in chunk)
+
     def dirs(self, prefix: str) -> list[str]:
         """The names of the 'directories' directly under ``prefix``."""
         with self._call("list", prefix + "/"):

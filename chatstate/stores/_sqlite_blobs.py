@@ -7,6 +7,7 @@ size check, so a row truncated by hand is caught on load.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,12 +25,27 @@ class SqliteBlobs(SqliteConnection):
             row = db.execute("SELECT length(data) FROM blobs WHERE sha256=?",
                              (ref["sha256"],)).fetchone()
             if row is None:
-                db.execute("INSERT INTO blobs (sha256, data) VALUES (?, ?)",
-                           (ref["sha256"], data))
+                db.execute("INSERT INTO blobs (sha256, data, stored_at) VALUES (?, ?, ?)",
+                           (ref["sha256"], data, time.time()))
             else:
                 refuse_damaged_blob(self._blob_where(ref["sha256"]), ref["sha256"], row[0],
                                     len(data))
+                db.execute("UPDATE blobs SET stored_at=? WHERE sha256=?",  # young for gc
+                           (time.time(), ref["sha256"]))
         return ref
+
+    def list_blobs(self) -> list[tuple[str, int, float]]:
+        """(sha256, size, age) of every blob row (CollectsBlobs)."""
+        with self._reading() as db:
+            rows = db.execute("SELECT sha256, length(data), stored_at FROM blobs").fetchall()
+        now = time.time()
+        return [(sha, size, now - at) for sha, size, at in rows]
+
+    def remove_blob(self, sha256: str, *, idle_for: float) -> bool:
+        with self._tx("remove a blob from") as db:
+            gone = db.execute("DELETE FROM blobs WHERE sha256=? AND stored_at<=?",
+                              (valid_digest(sha256), time.time() - idle_for)).rowcount
+        return bool(gone)
 
     def get_blob(self, sha256: str) -> bytes:
         with self._reading() as db:

@@ -91,6 +91,12 @@ def m006_leases(db: sqlite3.Connection) -> None:
         until REAL NOT NULL)""")
 
 
+def m007_blob_age(db: sqlite3.Connection) -> None:
+    # When each blob was stored (or stored again), a Unix time, for `chatstate gc`;
+    # blobs from before have 0: as old as can be.
+    db.execute("ALTER TABLE blobs ADD COLUMN stored_at REAL NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_initial, m002_search, m003_search_lazily, m004_blobs, m005_append_at_the_floor,
-    m006_leases]
+    m006_leases, m007_blob_age]

@@ -190,6 +190,25 @@ class ReportsLeftovers(Protocol):
 
 
 @runtime_checkable
+class CollectsBlobs(Protocol):
+    """A blob area that can be swept of blobs no message names (``chatstate gc``).
+
+    Every blob has an age: seconds since it was stored, or stored again (``put_blob``
+    of a digest already held renews it), so a writer about to name an old blob has
+    made it young first. ``remove_blob`` checks the age again where it cannot race
+    with ``put_blob`` (under the blob lock, or in the DELETE itself).
+    """
+
+    def list_blobs(self) -> list[tuple[str, int, float]]:
+        """(sha256, size in bytes, age in seconds) of every blob held."""
+        ...
+
+    def remove_blob(self, sha256: str, *, idle_for: float) -> bool:
+        """Remove the blob if its age is still at least ``idle_for``; whether it was."""
+        ...
+
+
+@runtime_checkable
 class Forgets(Protocol):
     def forget(self, conversation_ids: Sequence[str]) -> None:
         """Drop the bookkeeping (e.g. lock files) of deleted conversations no one uses."""
