@@ -32,6 +32,7 @@ STORE_FIX = "Point the store at another file."
 
 
 GROUP_MAX = 64  # writes committed together at most (bounds the first one's wait)
+GROUP_WAIT_MIN = 0.001  # a queued writer is worth this much wait even on the fastest disk
 
 
 class _Group:
@@ -261,8 +262,9 @@ class SqliteConnection:
 
         Never raises for the commit: the group's writers raise its error themselves."""
         group = self._group
+        waited = time.monotonic() - group.opened if group is not None else 0.0
         if group is None or not (flush or self._queued == 0 or group.members >= GROUP_MAX
-                                 or time.monotonic() - group.opened >= self._commit_cost):
+                                 or waited >= max(self._commit_cost, GROUP_WAIT_MIN)):
             return
         self._group = None
         group.committer = threading.get_ident()
