@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
 from ..transcript import now_iso
+from ..uninterruptible import uninterruptible
 from ._pgschema import MIGRATIONS, is_url, shown, split_schema
 from .ledger import STATUSES, Claim, Row
 from .workers import Worker
@@ -109,7 +110,7 @@ class PgLedger:
 
         if self._db.info.transaction_status != TransactionStatus.IDLE:
             self._db.rollback()
-        with self._db.transaction():
+        with uninterruptible(), self._db.transaction():  # no Ctrl-C mid-query either
             yield
 
     def _one(self, sql: str) -> Any:

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ChatstateError, ConflictError, StoreUnavailable
 from ..redact import redact_url, scrub
+from ..uninterruptible import uninterruptible
 from .base import Location
 
 SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -104,7 +105,10 @@ class PgConnection:
         """
         if self._pool is None:
             raise ChatstateError(f"store {self.url} is not open: use chatstate.open_store()")
-        with self._errors(action), self._pool.connection() as conn, conn.transaction():
+        # Ctrl-C is held back from BEGIN to COMMIT: a KeyboardInterrupt raised inside
+        # psycopg mid-query leaves the connection busy, and the pool hands it out again
+        with self._errors(action), self._pool.connection() as conn, uninterruptible(), \
+                conn.transaction():
             if read_only:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield conn
