@@ -20,8 +20,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from ..stores.sqlite_setup import check_owner, configure
-from ..uninterruptible import uninterruptible
+from ..stores.sqlite_setup import check_owner, configure, write_transaction
 from ._schema import APPLICATION_ID
 
 BUSY_TIMEOUT_MS = 30_000
@@ -127,18 +126,8 @@ class Database:
         with self._cv:
             while self._busy:
                 self._cv.wait()
-            with self._leading():
-                db = self._writer
-                try:
-                    db.execute("BEGIN IMMEDIATE")
-                    with uninterruptible():
-                        yield db
-                        db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        with suppress(sqlite3.Error):
-                            db.execute("ROLLBACK")
-                    raise
+            with self._leading(), write_transaction(self._writer) as db:
+                yield db
 
     def _commit(self, batch: list[_Op]) -> None:
         try:
@@ -158,19 +147,11 @@ class Database:
                 op.done = True
 
     def _grouped(self, batch: list[_Op]) -> bool:
-        db = self._writer
         try:
-            db.execute("BEGIN IMMEDIATE")
-            with uninterruptible():
+            with write_transaction(self._writer):
                 results = [self._run(op) for op in batch]
-                db.execute("COMMIT")
-        except BaseException as exc:
-            if db.in_transaction:
-                with suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                return False
-            raise
+        except sqlite3.Error:
+            return False
         for op, result in zip(batch, results, strict=True):
             op.result = result
         return True

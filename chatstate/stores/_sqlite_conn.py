@@ -25,7 +25,7 @@ from ..uninterruptible import uninterruptible
 from ._files import ensure_dir
 from ._sqlite_errors import AT_COMMIT, translate
 from ._sqlite_schema import APPLICATION_ID, MIGRATIONS, PAGE_SIZE
-from .sqlite_setup import check_owner, check_version, configure, migrate
+from .sqlite_setup import check_owner, check_version, configure, migrate, write_transaction
 
 STORE_WHAT = "chatstate store"
 STORE_FIX = "Point the store at another file."
@@ -140,15 +140,8 @@ class SqliteConnection:
                 "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
 
     def _migrate(self, db: sqlite3.Connection) -> None:
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            with uninterruptible():
-                migrate(db, self.path, MIGRATIONS, APPLICATION_ID, STORE_WHAT, STORE_FIX)
-                db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+        with write_transaction(db):
+            migrate(db, self.path, MIGRATIONS, APPLICATION_ID, STORE_WHAT, STORE_FIX)
 
     def close(self) -> None:
         if self._db is not None:
@@ -262,9 +255,11 @@ class SqliteConnection:
 
         Never raises for the commit: the group's writers raise its error themselves."""
         group = self._group
-        waited = time.monotonic() - group.opened if group is not None else 0.0
-        if group is None or not (flush or self._queued == 0 or group.members >= GROUP_MAX
-                                 or waited >= max(self._commit_cost, GROUP_WAIT_MIN)):
+        if group is None:
+            return
+        waited = time.monotonic() - group.opened
+        if not (flush or self._queued == 0 or group.members >= GROUP_MAX
+                or waited >= max(self._commit_cost, GROUP_WAIT_MIN)):
             return
         self._group = None
         group.committer = threading.get_ident()

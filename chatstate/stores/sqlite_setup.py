@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..errors import CorruptTranscriptError, SchemaVersionError
+from ..uninterruptible import uninterruptible
 from ._sqlite_errors import translate
 
-__all__ = ["Migration", "check_owner", "check_version", "configure", "migrate", "translate"]
+__all__ = ["Migration", "check_owner", "check_version", "configure", "migrate", "translate",
+           "write_transaction"]
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -106,3 +109,23 @@ def migrate(db: sqlite3.Connection, path: Path, migrations: Sequence[Migration],
         db.execute(f"PRAGMA user_version={number}")
     if db.execute("PRAGMA application_id").fetchone()[0] != application_id:
         db.execute(f"PRAGMA application_id={application_id}")
+
+
+@contextmanager
+def write_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT that Ctrl-C cannot leave open.
+
+    BEGIN sits inside the ``try`` (KeyboardInterrupt may be raised the instant it
+    returns), and from BEGIN to COMMIT SIGINT is held back (``uninterruptible``).
+    Whatever ends the block early rolls the transaction back and propagates.
+    """
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        with uninterruptible():
+            yield db
+            db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")  # the original error says more
+        raise
