@@ -108,7 +108,7 @@ def test_repl_history_file_is_created_0600(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from prompt_toolkit.history import FileHistory
 
-    from chatstate.cli.chat_cmd import private_history_file
+    from chatstate.cli.line_input import private_history_file
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     old = os.umask(0o022)
