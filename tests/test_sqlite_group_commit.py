@@ -4,11 +4,19 @@ Writes that queue up while one is in progress join its transaction, each in a
 savepoint, and share one COMMIT (one fsync). Seen here through SQLite's own
 statement trace on the store's connection: fewer COMMITs than writes, every
 acknowledged write on disk after a fresh open, and a failed write undone alone.
+
+The trace also slows every COMMIT to what a cloud volume's fsync costs
+(``SLOW_COMMIT``): on this machine's fast disk a commit takes ~0.1 ms, and there
+the store rightly keeps groups small (a writer waits for company no longer than
+a commit costs), so how much grouping happens would depend on how the scheduler
+happens to interleave the threads. With a commit that costs, writers always
+queue up behind it, and grouping is what the design promises.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,13 +28,21 @@ from chatstate.errors import ConflictError
 from chatstate.stores import open_store
 from chatstate.transcript import Conversation
 
+SLOW_COMMIT = 0.004  # seconds: a network block device's fsync, not this machine's 0.1 ms
+
 
 @pytest.fixture
 def traced(tmp_path: Path) -> Iterator[tuple[Any, list[str], str]]:
     url = f"sqlite://{tmp_path}/s.db"
     store = open_store(url)
     statements: list[str] = []
-    store.db.set_trace_callback(statements.append)
+
+    def trace(statement: str) -> None:  # called by SQLite as the statement starts
+        statements.append(statement)
+        if statement.strip().upper() == "COMMIT":
+            time.sleep(SLOW_COMMIT)
+
+    store.db.set_trace_callback(trace)
     try:
         yield store, statements, url
     finally:
@@ -68,7 +84,9 @@ def test_concurrent_writes_share_commits_and_all_land(
     assert run_threads(threads, work) == []
     commits = sum(1 for s in statements if s.strip().upper() == "COMMIT")
     writes = threads * each
-    assert 0 < commits < writes / 2, (commits, writes)  # grouped, not one fsync per write
+    # grouped, not one fsync per write (about 25 here; 320 with no grouping, and ~190 when
+    # members woken by their commit raced the next group for the lock)
+    assert 0 < commits < writes / 4, (commits, writes)
     for i in range(threads):
         assert [m.content for m in fresh_load(url, f"c{i}").messages] == \
             [f"t{i} {n}" for n in range(each)]

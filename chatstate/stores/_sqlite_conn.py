@@ -43,11 +43,14 @@ class _Group:
         self.members = 0
         self.opened = time.monotonic()
         self.committer: int | None = None
-        self.done = False
         self.error: BaseException | None = None
+        # members wait on this, not on the connection's lock: a member woken by the
+        # commit must not compete with the writers queued for the next group
+        self.settled = threading.Event()
 
     def finish(self, error: BaseException | None) -> None:
-        self.done, self.error = True, error
+        self.error = error
+        self.settled.set()
 
 
 class SqliteConnection:
@@ -61,7 +64,6 @@ class SqliteConnection:
         self.read_only_reason: str | None = None
         self._db: sqlite3.Connection | None = None
         self._lock = threading.RLock()
-        self._committed = threading.Condition(self._lock)
         self._queue_lock = threading.Lock()
         self._queued = 0  # writers waiting for the connection, who will join the group
         self._group: _Group | None = None  # writes done, not yet committed
@@ -182,18 +184,17 @@ class SqliteConnection:
                     group = yield from self._joined(action, held)
                 ended = True
                 self._settle()
-                while not group.done:
-                    self._committed.wait()
-                if group.error is not None and group.committer != threading.get_ident():
-                    raise StoreUnavailable(
-                        f"could not {action} {self.path}: it shared a commit with other "
-                        f"writes, and {group.error}") from group.error
-                if group.error is not None:
-                    raise group.error
             finally:
                 if not ended:
                     self._settle()  # a failed write still commits the writes waiting on it
                 self._lock.release()
+            group.settled.wait()  # by the last writer to join, who holds the lock
+            if group.error is not None and group.committer != threading.get_ident():
+                raise StoreUnavailable(
+                    f"could not {action} {self.path}: it shared a commit with other "
+                    f"writes, and {group.error}") from group.error
+            if group.error is not None:
+                raise group.error
 
     def _joined(self, action: str, held: ExitStack
                 ) -> Generator[sqlite3.Connection, None, _Group]:
@@ -248,7 +249,6 @@ class SqliteConnection:
                 db.execute("ROLLBACK")  # the original error says more
         self._group = None
         group.finish(exc if group.members else None)
-        self._committed.notify_all()
 
     def _settle(self, *, flush: bool = False) -> None:
         """Commit the open group unless more writers are queued to join it (or ``flush``).
@@ -277,7 +277,6 @@ class SqliteConnection:
                 group.finish(exc)
             else:
                 group.finish(None)
-            self._committed.notify_all()
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
