@@ -165,7 +165,10 @@ class SqliteConnection:
         the last in the queue commits them all with one fsync; the others wait for it,
         at most about as long as a commit takes (on a fast disk groups stay small).
         Alone, a write is BEGIN IMMEDIATE ... COMMIT as before. From BEGIN until the
-        commit is settled Ctrl-C is held back (see ``uninterruptible``).
+        commit is settled Ctrl-C is held back (see ``uninterruptible``). Never call it
+        with the connection lock already held (inside ``_reading`` or another
+        ``_tx``): a member waits for its commit after releasing the lock, and a
+        lock still held would keep out the writer who is to commit.
         """
         if self.read_only_reason:
             raise StoreUnavailable(f"could not {action} {self.path}: the store was opened "
