@@ -45,9 +45,14 @@ def _size(text: str) -> int:
 @click.option("--max-body", default="32MiB", show_default=True, help="Request size limit (413).")
 @click.option("--drain", default=30, show_default=True, type=int,
               help="Seconds SIGTERM waits for streams in flight.")
+@click.option("--lease-wait", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              metavar="SECONDS",
+              help="How long a request waits for another live writer of its conversation "
+              "(another proxy, a REPL) before it is answered 409 conversation_in_use.")
 @click.pass_obj
 def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[str, ...],
-          pass_client_key: bool, ready_upstream: bool, max_body: str, drain: int) -> None:
+          pass_client_key: bool, ready_upstream: bool, max_body: str, drain: int,
+          lease_wait: float) -> None:
     """Run an OpenAI-compatible proxy that stores every conversation before a byte reaches
     the client. Point a client's base URL at http://HOST:PORT/v1."""
     try:
@@ -80,7 +85,7 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
     config = ServeConfig(store=store, upstream=base, api_key=key, tokens=all_tokens,
                          pass_client_key=pass_client_key, max_body=_size(max_body),
                          ready_upstream=ready_upstream, timeout=settings.timeout,
-                         connect_timeout=settings.connect_timeout)
+                         connect_timeout=settings.connect_timeout, lease_wait=lease_wait)
     logging.getLogger("chatstate.serve").setLevel(logging.INFO)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

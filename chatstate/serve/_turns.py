@@ -4,17 +4,25 @@ These are blocking store calls; the app runs each in a worker thread. One
 ``Turn`` is one proxied request: its new messages are durable before the request
 goes upstream, each streamed piece is saved as the partial reply before it is
 relayed, and the reply is committed into the chain before its last chunk is.
+
+Like ``Chat``, a turn holds the conversation's writer lease from before its first
+write until it ends (``Turn.held``, renewed meanwhile), so a second writer (a REPL,
+a script, another proxy behind the same load balancer) cannot cut its live stream:
+it waits or is told who holds the conversation.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConflictError, ConversationNotFound
+from ..errors import ConflictError, ConversationInUse, ConversationNotFound
+from ..stores._lease import DEFAULT_TERM
 from ..transcript import Conversation, Message, new_id, new_turn_id, now_iso
+from ..writer_lease import Held, hold
 from ._history import HistoryIndex, Plan, message_fields, reconcile, visible
 
 log = logging.getLogger("chatstate.serve")
@@ -28,6 +36,7 @@ class Turn:
     conversation: Conversation
     turn_id: str
     forked_from: dict[str, Any] | None = None
+    held: Held | None = None  # the writer lease, until ``end``
 
     @property
     def id(self) -> str:
@@ -37,9 +46,11 @@ class Turn:
 class Writer:
     """Turns proxied requests into appends on one store."""
 
-    def __init__(self, store: Any, index: HistoryIndex) -> None:
+    def __init__(self, store: Any, index: HistoryIndex, *, lease_wait: float = 0.0,
+                 lease_term: float = DEFAULT_TERM) -> None:
         self.store = store
         self.index = index
+        self.lease_wait, self.lease_term = lease_wait, lease_term
 
     def build_index(self) -> int:
         """Index every stored conversation's history (at startup). Returns how many."""
@@ -62,17 +73,35 @@ class Writer:
         return conv
 
     def begin(self, conversation_id: str | None, incoming: Sequence[Mapping[str, Any]]) -> Turn:
-        """Make the request's new messages durable; returns the turn to answer."""
+        """Make the request's new messages durable; returns the turn to answer, holding
+        the lease of the conversation it writes (``end`` gives it up).
+
+        ConversationInUse if another live writer holds it for longer than ``lease_wait``.
+        """
         for attempt in (1, 2):
             cid = conversation_id or self.index.find(incoming)
             conv = self._load(cid)
             plan = reconcile(conv, cid or new_id("p"), new_id("p"), incoming)
+            # a fresh owner token per turn: two turns of this process never share a lease
+            held = hold(self.store, plan.conversation_id, secrets.token_hex(8),
+                        term=self.lease_term, wait=self.lease_wait)
             try:
-                return self._write(plan, incoming)
-            except ConflictError:
-                if attempt == 2:
+                turn = self._write(plan, incoming)
+            except BaseException as exc:
+                held.release()
+                if attempt == 2 or not isinstance(exc, ConflictError) \
+                        or isinstance(exc, ConversationInUse):
                     raise  # another writer keeps moving this conversation on
+                continue  # it moved between our load and our lease: plan again
+            turn.held = held
+            return turn
         raise AssertionError("unreachable")
+
+    def end(self, turn: Turn) -> None:
+        """The turn is over: give its lease up (it lapses by itself if this fails)."""
+        held, turn.held = turn.held, None
+        if held is not None:
+            held.release()
 
     def _write(self, plan: Plan, incoming: Sequence[Mapping[str, Any]]) -> Turn:
         forked_from = None

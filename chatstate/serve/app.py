@@ -28,7 +28,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..durability import boot_id
-from ..errors import ChatstateError, ConflictError, ConversationNotFound, InvalidConversationId
+from ..errors import (
+    ChatstateError,
+    ConflictError,
+    ConversationInUse,
+    ConversationNotFound,
+    InvalidConversationId,
+)
 from ..transcript import validate_id
 from ._history import HistoryIndex, history_digest, wire_form
 from ._relay import RelayResponse, StreamRelay
@@ -61,13 +67,31 @@ class ServeConfig:
     ready_upstream: bool = False
     timeout: float | None = 60.0
     connect_timeout: float = 10.0
+    lease_wait: float = 0.0  # seconds a turn waits for another live writer, then 409
+
+
+class _TurnEnd:
+    """Ends a turn once: its writer lease goes, then the next request on it may begin."""
+
+    def __init__(self, writer: Writer, turn: Turn, lock: asyncio.Lock) -> None:
+        self.writer, self.turn, self.lock = writer, turn, lock
+        self.done = False
+
+    async def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            await asyncio.to_thread(self.writer.end, self.turn)
+        finally:
+            self.lock.release()
 
 
 class Proxy:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.upstream = config.upstream.rstrip("/")
-        self.writer = Writer(config.store, HistoryIndex())
+        self.writer = Writer(config.store, HistoryIndex(), lease_wait=config.lease_wait)
         self._locks: dict[str, asyncio.Lock] = {}
         self.client: httpx2.AsyncClient | None = None
 
@@ -132,6 +156,10 @@ class Proxy:
         await lock.acquire()
         try:
             turn = await asyncio.to_thread(self.writer.begin, cid, messages)
+        except ConversationInUse as exc:
+            lock.release()
+            return openai_error(409, f"{exc} (chatstate serve waits for it with "
+                                "--lease-wait SECONDS)", "conversation_in_use")
         except ConflictError as exc:
             lock.release()
             return openai_error(409, f"conversation changed by another writer: {exc}",
@@ -143,15 +171,22 @@ class Proxy:
         except ValueError as exc:  # pydantic: a message chatstate cannot hold
             lock.release()
             return openai_error(400, f"a message could not be stored: {exc}")
+        except BaseException:
+            lock.release()
+            raise
         headers = {CONVERSATION_HEADER: turn.id}
         forward = forward_body(data)
+        end = _TurnEnd(self.writer, turn, lock)
+        if not data.get("stream"):
+            try:
+                return await self._plain(request, turn, forward, headers)
+            finally:
+                await end()
         try:
-            if data.get("stream"):
-                return await self._stream(request, turn, forward, headers, lock)
-            return await self._plain(request, turn, forward, headers)
-        finally:
-            if not data.get("stream"):
-                lock.release()
+            return await self._stream(request, turn, forward, headers, end)
+        except BaseException:  # once the relay has begun, its cleanup ends the turn
+            await end()
+            raise
 
     async def _plain(self, request: Request, turn: Turn, forward: dict[str, Any],
                      headers: dict[str, str]) -> Response:
@@ -176,7 +211,7 @@ class Proxy:
         return passthrough(resp, headers)
 
     async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
-                      headers: dict[str, str], lock: asyncio.Lock) -> Response:
+                      headers: dict[str, str], end: _TurnEnd) -> Response:
         http = self._http()
         try:
             upstream_request = http.build_request(
@@ -184,16 +219,18 @@ class Proxy:
                 headers={**self.upstream_headers(request), "Accept": "text/event-stream"})
             resp = await http.send(upstream_request, stream=True)
         except httpx2.HTTPError as exc:
-            lock.release()
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
+            await end()
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
                                 "upstream_error")
         if resp.status_code >= 400:
-            content = await resp.aread()
-            await resp.aclose()
-            lock.release()
+            try:
+                content = await resp.aread()
+            finally:
+                await resp.aclose()
             await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code,
                                     content.decode("utf-8", "replace"))
+            await end()
             return Response(content, resp.status_code, headers=headers,
                             media_type=resp.headers.get("content-type"))
         writer = self.writer
@@ -211,7 +248,7 @@ class Proxy:
                     log.info("serve: %s: turn %s left as partial (%d chars)", turn.id,
                              turn.turn_id, len(relay.saved))
             finally:
-                lock.release()
+                await end()
 
         return RelayResponse(relay.events(), cleanup, headers=headers,
                              media_type="text/event-stream")
