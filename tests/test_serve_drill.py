@@ -44,3 +44,28 @@ def test_the_check_reports_text_that_was_relayed_but_not_stored(tmp_path: Path) 
     _check(url, [client], {"c1": "q"}, result)
     assert result.lost == 1 and not result.ok
     assert "relayed but are not stored" in result.problems[0]
+
+
+def test_a_request_the_proxy_refuses_is_reported(tmp_path: Path) -> None:
+    """After a kill the next proxy must answer every client: a conversation still held
+    (here by the test, as a killed proxy's lease would be if it were not taken over) is
+    a 409, and the drill says so instead of counting the turn as merely cut."""
+    from serve_helpers import ServeProcess, serve_env
+
+    from chatstate.drill.serve_drill import _turn
+    from chatstate.testing import FakeModel
+
+    url = f"sqlite://{tmp_path}/s.db"
+    store = open_store(url)
+    try:
+        lease = store.acquire_lease("held", wait=0)
+        with FakeModel() as fake, ServeProcess(url, fake.base_url, serve_env(tmp_path)) as p:
+            client = _Client("held")
+            _turn(p.base_url, client, "hello")
+            assert client.refused is not None and "HTTP 409" in client.refused
+            assert "conversation_in_use" in client.refused and not client.received
+            store.release_lease(lease)
+            _turn(p.base_url, client, "hello")
+            assert client.refused is None and client.done and client.received
+    finally:
+        store.close()

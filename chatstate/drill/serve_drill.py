@@ -7,7 +7,8 @@ conversation loads and verifies; every turn a client received whole is stored,
 once; the text a client received of the cut turn is a prefix of what the store
 holds for it. The next trial's clients carry on: a client whose turn was cut
 sends the same request again, which must answer that turn rather than store the
-user's message twice.
+user's message twice, and must be answered at all: a killed proxy's writer leases
+must not lock its conversations out of the next one.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class _Client:
     pending: str | None = None  # the user text of a turn that was cut
     received: str = ""
     done: bool = False
+    refused: str | None = None  # the proxy's answer when it was not a stream
 
 
 def _start_server(url: str, upstream: str, env: dict[str, str]) -> tuple[subprocess.Popen[str],
@@ -81,12 +83,15 @@ def _start_server(url: str, upstream: str, env: dict[str, str]) -> tuple[subproc
 def _turn(base: str, client: _Client, text: str) -> None:
     import httpx2
 
-    client.received, client.done = "", False
+    client.received, client.done, client.refused = "", False, None
     body = {"model": "m", "stream": True,
             "messages": [*client.history, {"role": "user", "content": text}]}
     try:
         with httpx2.stream("POST", base + "/chat/completions", json=body, timeout=30,
                            headers={"X-Chatstate-Conversation": client.cid}) as resp:
+            if resp.status_code != 200:
+                client.refused = f"HTTP {resp.status_code} {_error_text(resp.read())}"
+                return
             for line in resp.iter_lines():
                 if line == "data: [DONE]":
                     client.done = True
@@ -96,6 +101,15 @@ def _turn(base: str, client: _Client, text: str) -> None:
                         client.received += chunk["choices"][0]["delta"].get("content") or ""
     except httpx2.HTTPError:
         pass  # the server was killed: what arrived so far is in client.received
+
+
+def _error_text(body: bytes) -> str:
+    """``type: message`` of an OpenAI-style error body (the message cut to 300 chars)."""
+    try:
+        error = json.loads(body)["error"]
+        return f"{error.get('type')}: {str(error.get('message'))[:300]}"
+    except (ValueError, KeyError, TypeError):
+        return repr(body[:300])
 
 
 def _check(url: str, clients: list[_Client], texts: dict[str, str],
@@ -188,6 +202,9 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
                 result.requests += len(people)
                 _check(url, people, texts, result)
                 for c in people:
+                    if c.refused is not None:
+                        result.problems.append(f"{c.cid}: trial {trial}: the proxy answered "
+                                               f"{c.refused}")
                     result.received_chars += len(c.received)
                     if c.done:
                         result.acked_turns += 1
