@@ -17,6 +17,11 @@ from cli_helpers import CHATSTATE
 SERVING = re.compile(r"serving on (http://[^ ]+/v1)")
 
 
+def local_url(kind: str, base: Path) -> str:
+    """A json or sqlite store URL under ``base``."""
+    return f"json://{base}/store" if kind == "json" else f"sqlite://{base}/s.db"
+
+
 class ServeProcess:
     """``chatstate --store URL serve --upstream UPSTREAM --port 0 ARGS``; stderr is kept."""
 

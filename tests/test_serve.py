@@ -20,7 +20,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from serve_helpers import ServeProcess, serve_env
+from serve_helpers import ServeProcess, local_url, serve_env
 
 from chatstate.stores import open_store
 from chatstate.testing import FakeModel
@@ -30,10 +30,6 @@ from conftest import LOCAL_KINDS
 
 CANARY = "sk-canary-serve-0123456789abcdef"
 USER = [{"role": "user", "content": "hello proxy"}]
-
-
-def local_url(kind: str, base: Path) -> str:
-    return f"json://{base}/store" if kind == "json" else f"sqlite://{base}/s.db"
 
 
 def load(url: str, cid: str) -> Conversation:

@@ -20,21 +20,17 @@ from typing import Any
 
 import httpx2
 import pytest
-from serve_helpers import ServeProcess, serve_env
+from serve_helpers import ServeProcess, local_url, serve_env
+from stores import fresh_load as load
 
 from chatstate import Chat, make_adapter
 from chatstate.errors import ConversationInUse
 from chatstate.stores import open_store
 from chatstate.testing import FakeModel
-from chatstate.transcript import Conversation
 from conftest import LOCAL_KINDS
 
 USER = [{"role": "user", "content": "hello lease"}]
 HEADER = "X-Chatstate-Conversation"
-
-
-def local_url(kind: str, base: Path) -> str:
-    return f"json://{base}/store" if kind == "json" else f"sqlite://{base}/s.db"
 
 
 @pytest.fixture
@@ -55,15 +51,6 @@ def start(store_url: str, fake: FakeModel, tmp_path: Path, *args: str) -> ServeP
 def post(proxy: ServeProcess, cid: str, **body: Any) -> httpx2.Response:
     return httpx2.post(proxy.base_url + "/chat/completions", headers={HEADER: cid},
                        json={"model": "m", "messages": USER, **body}, timeout=60)
-
-
-def load(url: str, cid: str) -> Conversation:
-    store = open_store(url)
-    try:
-        conv: Conversation = store.load(cid)
-        return conv
-    finally:
-        store.close()
 
 
 class Stream:

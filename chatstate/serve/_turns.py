@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConflictError, ConversationInUse, ConversationNotFound
-from ..stores._lease import DEFAULT_TERM
+from ..stores.base import LEASE_TERM
 from ..transcript import Conversation, Message, new_id, new_turn_id, now_iso
 from ..writer_lease import Held, hold
 from ._history import HistoryIndex, Plan, message_fields, reconcile, visible
@@ -47,7 +47,7 @@ class Writer:
     """Turns proxied requests into appends on one store."""
 
     def __init__(self, store: Any, index: HistoryIndex, *, lease_wait: float = 0.0,
-                 lease_term: float = DEFAULT_TERM) -> None:
+                 lease_term: float = LEASE_TERM) -> None:
         self.store = store
         self.index = index
         self.lease_wait, self.lease_term = lease_wait, lease_term

@@ -23,9 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import ConversationInUse
-
-DEFAULT_TERM = 15.0
-"""Seconds a lease lasts unless renewed; the session renews it every third of that."""
+from .base import LEASE_TERM
 
 
 @dataclass
@@ -33,7 +31,7 @@ class Lease:
     """A held lease. ``until`` is the expiry as the store's clock records it."""
 
     conversation_id: str
-    term: float = DEFAULT_TERM
+    term: float = LEASE_TERM
     owner: str = field(default_factory=lambda: secrets.token_hex(8))
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
@@ -122,7 +120,7 @@ class LeaseMethods(ABC):
     def _drop_lease(self, lease: Lease) -> None:
         """Give ``lease`` up (only if it is still ours)."""
 
-    def acquire_lease(self, conversation_id: str, *, term: float = DEFAULT_TERM,
+    def acquire_lease(self, conversation_id: str, *, term: float = LEASE_TERM,
                       wait: float = 0.0, owner: str | None = None) -> Lease:
         lease = Lease(conversation_id, term)
         if owner:

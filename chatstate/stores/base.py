@@ -151,6 +151,10 @@ class Searchable(Protocol):
         ...
 
 
+LEASE_TERM = 15.0
+"""Seconds a writer lease lasts unless renewed; its holder renews it every third of that."""
+
+
 @runtime_checkable
 class Leases(Protocol):
     """A writer lease per conversation (all built-in stores): one live writer at a time.
