@@ -90,7 +90,8 @@ def test_a_live_stream_keeps_other_writers_out_until_it_ends(
     """While serve streams a turn, a Chat, the lease API and a second proxy on the same
     store are each refused, naming the proxy's host and pid; the stream ends whole, and
     then the others get in."""
-    fake.configure(chunk_delay=0.1, reply_words=30)  # a stream of about three seconds
+    # a stream of about seven seconds: time for the other writers to try, on a loaded machine
+    fake.configure(chunk_delay=0.15, reply_words=50)
     with start(store_url, fake, tmp_path / "a") as a, \
             start(store_url, fake, tmp_path / "b") as b:
         live = Stream(a, "shared")
