@@ -10,9 +10,11 @@ compare-and-append still guarantees no lost turns.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from typing import Any
 
+from .errors import ConversationInUse
 from .stores.base import Leases
 
 log = logging.getLogger("chatstate.session")
@@ -62,3 +64,21 @@ def hold(store: Any, conversation_id: str, owner: str, *, term: float,
         return Held(store, None)
     lease = store.acquire_lease(conversation_id, term=term, wait=wait, owner=owner)
     return Held(store, lease)
+
+
+def held_elsewhere(store: Any, conversation_id: str) -> ConversationInUse | None:
+    """The live writer holding the conversation's lease right now, as the error a turn
+    would get, or None (also for a store without leases).
+
+    Then the conversation's partial reply is that writer's stream in progress, not a
+    turn left interrupted. Found out by taking the lease under a fresh owner token and
+    giving it back at once, so never ask it during one of your own turns.
+    """
+    if not isinstance(store, Leases):
+        return None
+    try:
+        lease = store.acquire_lease(conversation_id, wait=0.0, owner=secrets.token_hex(8))
+    except ConversationInUse as exc:
+        return exc
+    store.release_lease(lease)
+    return None

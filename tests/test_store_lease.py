@@ -117,3 +117,41 @@ def test_killed_writer_on_another_host_lapses_after_its_term(store_url: str) -> 
     started = time.monotonic()
     store.release_lease(store.acquire_lease("c1", wait=30))
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("command", ["ask", "chat"])
+def test_the_cli_says_nothing_was_stored_when_another_writer_holds_it(
+        tmp_path: Path, command: str) -> None:
+    """`ask` and the REPL meet a conversation another live writer holds (while it streams a
+    reply, its partial is in the store): the error names the holder, and neither offers
+    to complete a turn, since nothing of theirs was written."""
+    from cli_helpers import invoke
+
+    from chatstate.transcript import Conversation, Message
+
+    url = f"sqlite://{tmp_path}/s.db"
+    store = open_store(url)
+    try:
+        store.create(Conversation(id="held"))
+        user = Message.seal(None, role="user", content="first", turn_id="t1")
+        store.append("held", [user])
+        store.save_partial("held", Message.seal(user, role="assistant", content="stream",
+                                                turn_id="t1", status="partial"))
+        store.acquire_lease("held", wait=0)  # the live writer of that partial
+        args = ["ask", "--offline", "--id", "held", "me too"] if command == "ask" else \
+            ["chat", "--model", "fake", "--id", "held"]
+        result = invoke(args, store=url, input="me too\n" if command == "chat" else None)
+        said = result.out + result.err
+        assert f"is in use by host {socket.gethostname()}, pid {os.getpid()}" in said
+        assert "nothing was written" in said
+        assert "--retry" not in said and "/retry" not in said, said
+        if command == "ask":
+            assert result.code == 1
+        else:
+            assert "[nothing was stored or sent; send it again once the other writer " \
+                   "is done]" in said
+        stored = store.load("held")
+        assert [m.content for m in stored.messages] == ["first"]
+        assert stored.partial is not None and stored.partial.content == "stream"  # untouched
+    finally:
+        store.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ..errors import ChatstateError, ModelError
+from ..errors import ChatstateError, ConversationInUse, ModelError
 from . import waiting
 from .common import Env, fail
 from .daily import Daily, daily_options
@@ -63,8 +63,8 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
                 click.echo(f"{lead}{retry_hint(chat.id)}", err=True)
             raise
         except ChatstateError as exc:
-            if chat.interrupted is None:
-                raise
+            if chat.interrupted is None or isinstance(exc, ConversationInUse):
+                raise  # nothing of this turn was stored: no turn to complete
             if env.debug:
                 traceback.print_exc()
             fail(f"{exc} {retry_hint(chat.id, exc)}")
@@ -147,8 +147,11 @@ def retry_hint(cid: str, exc: BaseException | None = None) -> str:
 
 def note_before(chat: Any, *, retry: bool) -> None:
     """Say what a new message does to a turn left unanswered, or what --retry will do."""
+    from ..writer_lease import held_elsewhere
+
     turn = chat.interrupted
-    if turn is not None and not retry:
+    # a live writer's reply in progress is no interrupted turn (and this one will be refused)
+    if turn is not None and not retry and held_elsewhere(chat.store, chat.id) is None:
         click.echo(f"note: {turn.describe()}; it stays in the transcript but is not sent "
                    "to the model again (--retry would have completed it)", err=True)
     elif turn is None and retry and chat.cut_short is not None:

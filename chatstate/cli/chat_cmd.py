@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from ..replay_text import content_text
+from ..writer_lease import held_elsewhere
 from . import waiting
 from .common import Env
 from .daily import Daily, daily_options
@@ -110,7 +111,7 @@ class Repl(ForkCommands):
             if text.startswith("/"):
                 return self.command(text.strip())
             turn = self.chat.interrupted
-            if turn is not None:
+            if turn is not None and held_elsewhere(self.chat.store, self.chat.id) is None:
                 self.say(f"[{turn.describe()}: it is kept but not sent again]")
             more, self.pending = {"attach": self.pending} if self.pending else {}, []
             self.render(partial(self.chat.stream, text, tools=self.tools, **more),
@@ -127,14 +128,18 @@ class Repl(ForkCommands):
         for m in c.messages[-6:]:
             self.show(m)
         turn = c.interrupted
-        if turn is not None:
+        live = held_elsewhere(c.store, c.id) if turn is not None else None
+        if live is not None:
+            self.say(f"! another writer is replying in this conversation now (host "
+                     f"{live.host}, pid {live.pid}): what you send is refused until it is done.")
+        elif turn is not None:
             self.say(f"! the last turn was interrupted: {turn.describe()}. Type /retry to "
                      "complete it. (A new message leaves it unanswered: kept, not sent.)")
-            if turn.partial is not None:
-                tail = turn.partial.content
-                tail = tail if len(tail) <= 200 else "…" + tail[-200:]
-                self.say("  partial reply so far: " + neutralise(tail))
-        elif c.cut_short is not None:
+        if turn is not None and turn.partial is not None:
+            tail = turn.partial.content
+            tail = tail if len(tail) <= 200 else "…" + tail[-200:]
+            self.say("  partial reply so far: " + neutralise(tail))
+        elif turn is None and c.cut_short is not None:
             self.note_cut()
 
     def show(self, m: Any, *, whole: bool = False) -> None:
@@ -177,10 +182,14 @@ class Repl(ForkCommands):
             self._abort(self.printer)
             self.say("[interrupted: the partial reply is kept; /retry completes the turn]")
         except ChatstateError as exc:
-            from ..errors import ModelError
+            from ..errors import ConversationInUse, ModelError
 
             self._abort(self.printer)
             self.say(f"error: {exc}")
+            if isinstance(exc, ConversationInUse):
+                self.say("[nothing was stored or sent; send it again once the other writer "
+                         "is done]")
+                return
             if self.chat.interrupted is None:
                 return
             if isinstance(exc, ModelError) and not exc.retryable:

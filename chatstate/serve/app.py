@@ -158,8 +158,7 @@ class Proxy:
             turn = await asyncio.to_thread(self.writer.begin, cid, messages)
         except ConversationInUse as exc:
             lock.release()
-            return openai_error(409, f"{exc} (chatstate serve waits for it with "
-                                "--lease-wait SECONDS)", "conversation_in_use")
+            return openai_error(409, str(exc), "conversation_in_use")
         except ConflictError as exc:
             lock.release()
             return openai_error(409, f"conversation changed by another writer: {exc}",

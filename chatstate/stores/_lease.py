@@ -63,8 +63,8 @@ def in_use(where: str, cid: str, holder: Holder) -> ConversationInUse:
         f"{where}: conversation {cid!r} is in use by host {holder.host}, pid {holder.pid} "
         f"(its lease runs {left:.0f} s more unless renewed); nothing was written. Try again "
         "when it finishes (a dead writer's lease lapses after its term), or wait for it: "
-        "Chat(lease_wait=SECONDS).", host=holder.host, pid=holder.pid,
-        until=holder.until)
+        "Chat(lease_wait=SECONDS), chatstate serve --lease-wait SECONDS.",
+        host=holder.host, pid=holder.pid, until=holder.until)
 
 
 def take(where: str, try_lease: TryLease, lease: Lease, wait: float) -> Lease:
