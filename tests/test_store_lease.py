@@ -155,3 +155,47 @@ def test_the_cli_says_nothing_was_stored_when_another_writer_holds_it(
         assert stored.partial is not None and stored.partial.content == "stream"  # untouched
     finally:
         store.close()
+
+
+def test_the_repl_sees_a_turn_another_writer_finished_after_its_greeting(
+        tmp_path: Path) -> None:
+    """The greeting shows another writer's reply in progress; once that writer is done,
+    the next message goes through with no stale "cut off" note about its reply."""
+    from cli_helpers import CHATSTATE, cli_env
+
+    from chatstate.transcript import Conversation, Message
+
+    url = f"sqlite://{tmp_path}/s.db"
+    store = open_store(url)
+    try:
+        store.create(Conversation(id="held"))
+        user = Message.seal(None, role="user", content="first", turn_id="t1")
+        store.append("held", [user])
+        store.save_partial("held", Message.seal(user, role="assistant", content="stre",
+                                                turn_id="t1", status="partial"))
+        lease = store.acquire_lease("held", wait=0)
+        repl = subprocess.Popen([CHATSTATE, "--store", url, "chat", "--model", "fake", "--id",
+                                 "held"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+        assert repl.stderr is not None and repl.stdin is not None
+        greeting = []
+        for line in repl.stderr:
+            greeting.append(line)
+            if "partial reply so far" in line:
+                break
+        assert any("another writer is replying in this conversation now" in g
+                   for g in greeting), greeting
+        # the other writer finishes its turn and lets go
+        store.append("held", [Message.seal(user, role="assistant", content="streamed whole",
+                                           turn_id="t1")])
+        store.release_lease(lease)
+        out, err = repl.communicate("now me\n", timeout=60)
+        assert repl.returncode == 0, err
+        assert "cut off" not in err and "in use" not in err, err
+        assert "assistant> Echo: now me" in out
+        conv = store.load("held")
+        assert [(m.role, m.content.split(" ")[0]) for m in conv.messages] == [
+            ("user", "first"), ("assistant", "streamed"), ("user", "now"),
+            ("assistant", "Echo:")]
+    finally:
+        store.close()

@@ -111,6 +111,9 @@ class Repl(ForkCommands):
             if text.startswith("/"):
                 return self.command(text.strip())
             turn = self.chat.interrupted
+            if turn is not None:  # another writer may have finished it since it was loaded
+                self.chat.reload()
+                turn = self.chat.interrupted
             if turn is not None and held_elsewhere(self.chat.store, self.chat.id) is None:
                 self.say(f"[{turn.describe()}: it is kept but not sent again]")
             more, self.pending = {"attach": self.pending} if self.pending else {}, []
