@@ -15,7 +15,6 @@ import contextlib
 import hmac
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..durability import boot_id
 from ..errors import (
@@ -52,7 +50,6 @@ from ._wire import (
 )
 
 log = logging.getLogger("chatstate.serve")
-access = logging.getLogger("chatstate.serve.access")
 
 
 
@@ -340,36 +337,6 @@ def create_app(config: ServeConfig) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.proxy = proxy
     return app
-
-
-def with_access_log(app: ASGIApp) -> ASGIApp:
-    """One log line per request: method, path, status, milliseconds, conversation id."""
-
-    async def logged(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        start, status, conversation = time.perf_counter(), 0, None
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status, conversation
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                for name, value in message.get("headers", []):
-                    if name.lower() == CONVERSATION_HEADER.lower().encode():
-                        conversation = value.decode()
-            await send(message)
-
-        try:
-            await app(scope, receive, send_wrapper)
-        finally:
-            fields = {"method": scope["method"], "path": scope["path"], "status": status,
-                      "ms": round((time.perf_counter() - start) * 1000, 2),
-                      "conversation": conversation}
-            access.info("%s %s %s %.1fms", fields["method"], fields["path"], status,
-                        fields["ms"], extra={"fields": fields})
-
-    return logged
 
 
 def _authorize(proxy: Proxy, handler: Callable[[Request], Awaitable[Response]]
