@@ -14,7 +14,7 @@ import secrets
 import threading
 from typing import Any
 
-from .errors import ConversationInUse
+from .errors import ChatstateError, ConversationInUse
 from .stores.base import Leases
 
 log = logging.getLogger("chatstate.session")
@@ -72,13 +72,16 @@ def held_elsewhere(store: Any, conversation_id: str) -> ConversationInUse | None
 
     Then the conversation's partial reply is that writer's stream in progress, not a
     turn left interrupted. Found out by taking the lease under a fresh owner token and
-    giving it back at once, so never ask it during one of your own turns.
+    giving it back at once, so never ask it during one of your own turns. A store that
+    cannot be written (full, read-only) cannot tell: None, and the turn says why.
     """
     if not isinstance(store, Leases):
         return None
     try:
         lease = store.acquire_lease(conversation_id, wait=0.0, owner=secrets.token_hex(8))
+        store.release_lease(lease)
     except ConversationInUse as exc:
         return exc
-    store.release_lease(lease)
+    except ChatstateError as exc:
+        log.debug("%s: could not look at the writer lease: %s", conversation_id, exc)
     return None

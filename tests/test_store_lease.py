@@ -15,10 +15,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from chatstate import ConflictError, ConversationInUse
+from chatstate import ChatstateError, ConflictError, ConversationInUse
 from chatstate.stores import Leases, open_store
 
 HOLDER = Path(__file__).resolve().parent / "lease_holder.py"
@@ -197,5 +198,38 @@ def test_the_repl_sees_a_turn_another_writer_finished_after_its_greeting(
         assert [(m.role, m.content.split(" ")[0]) for m in conv.messages] == [
             ("user", "first"), ("assistant", "streamed"), ("user", "now"),
             ("assistant", "Echo:")]
+    finally:
+        store.close()
+
+
+def test_a_store_that_cannot_be_written_cannot_say_who_holds_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looking for a live writer takes and gives back the lease, a write: on a full disk
+    that look answers "cannot tell" (None) instead of failing the REPL's greeting, and
+    what the next turn meets says why."""
+    import errno
+
+    from chatstate.transcript import Conversation
+    from chatstate.writer_lease import held_elsewhere
+
+    store = open_store(f"json://{tmp_path}/j")
+    try:
+        store.create(Conversation(id="c"))
+        real_open = os.open
+
+        def full(path: Any, flags: int, *args: Any) -> int:
+            if str(path).endswith(".lease") or ".lease." in str(path):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_open(path, flags, *args)
+
+        monkeypatch.setattr(os, "open", full)
+        assert held_elsewhere(store, "c") is None
+        with pytest.raises(ChatstateError, match="No space left"):
+            store.acquire_lease("c", wait=0)
+        monkeypatch.undo()
+        other = store.acquire_lease("c", wait=0)  # a live holder is still seen
+        found = held_elsewhere(store, "c")
+        assert found is not None and found.pid == os.getpid()
+        store.release_lease(other)
     finally:
         store.close()
