@@ -120,6 +120,19 @@ def test_killed_writer_on_another_host_lapses_after_its_term(store_url: str) -> 
     assert time.monotonic() - started < 30
 
 
+def _live_writer_of(store: Any, cid: str, partial: str) -> tuple[Any, Any]:
+    """``cid`` as a live writer leaves it mid-reply: a user message, its partial reply so
+    far, and the writer's lease held (by this process). Returns (user message, lease)."""
+    from chatstate.transcript import Conversation, Message
+
+    store.create(Conversation(id=cid))
+    user = Message.seal(None, role="user", content="first", turn_id="t1")
+    store.append(cid, [user])
+    store.save_partial(cid, Message.seal(user, role="assistant", content=partial,
+                                         turn_id="t1", status="partial"))
+    return user, store.acquire_lease(cid, wait=0)
+
+
 @pytest.mark.parametrize("command", ["ask", "chat"])
 def test_the_cli_says_nothing_was_stored_when_another_writer_holds_it(
         tmp_path: Path, command: str) -> None:
@@ -128,17 +141,10 @@ def test_the_cli_says_nothing_was_stored_when_another_writer_holds_it(
     to complete a turn, since nothing of theirs was written."""
     from cli_helpers import invoke
 
-    from chatstate.transcript import Conversation, Message
-
     url = f"sqlite://{tmp_path}/s.db"
     store = open_store(url)
     try:
-        store.create(Conversation(id="held"))
-        user = Message.seal(None, role="user", content="first", turn_id="t1")
-        store.append("held", [user])
-        store.save_partial("held", Message.seal(user, role="assistant", content="stream",
-                                                turn_id="t1", status="partial"))
-        store.acquire_lease("held", wait=0)  # the live writer of that partial
+        _live_writer_of(store, "held", "stream")
         args = ["ask", "--offline", "--id", "held", "me too"] if command == "ask" else \
             ["chat", "--model", "fake", "--id", "held"]
         result = invoke(args, store=url, input="me too\n" if command == "chat" else None)
@@ -164,17 +170,12 @@ def test_the_repl_sees_a_turn_another_writer_finished_after_its_greeting(
     the next message goes through with no stale "cut off" note about its reply."""
     from cli_helpers import CHATSTATE, cli_env
 
-    from chatstate.transcript import Conversation, Message
+    from chatstate.transcript import Message
 
     url = f"sqlite://{tmp_path}/s.db"
     store = open_store(url)
     try:
-        store.create(Conversation(id="held"))
-        user = Message.seal(None, role="user", content="first", turn_id="t1")
-        store.append("held", [user])
-        store.save_partial("held", Message.seal(user, role="assistant", content="stre",
-                                                turn_id="t1", status="partial"))
-        lease = store.acquire_lease("held", wait=0)
+        user, lease = _live_writer_of(store, "held", "stre")
         repl = subprocess.Popen([CHATSTATE, "--store", url, "chat", "--model", "fake", "--id",
                                  "held"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
