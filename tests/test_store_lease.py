@@ -234,3 +234,36 @@ def test_a_store_that_cannot_be_written_cannot_say_who_holds_it(
         store.release_lease(other)
     finally:
         store.close()
+
+
+def test_ask_lease_wait_waits_for_the_other_writer(tmp_path: Path) -> None:
+    """`ask --lease-wait` waits while another writer holds the conversation, then its turn
+    goes on after that writer's (here: left partial, so kept in the chain as partial)."""
+    from cli_helpers import invoke
+
+    url = f"sqlite://{tmp_path}/s.db"
+    store = open_store(url)
+    try:
+        _, lease = _live_writer_of(store, "held", "stream")
+        released: list[float] = []
+
+        def let_go() -> None:
+            time.sleep(1.0)
+            released.append(time.monotonic())
+            store.release_lease(lease)
+
+        holder = threading.Thread(target=let_go)
+        holder.start()
+        result = invoke(["ask", "--offline", "--id", "held", "--lease-wait", "30", "me too"],
+                        store=url)
+        answered = time.monotonic()
+        holder.join()
+        assert result.code == 0, result.err
+        assert "Echo: me too" in result.out and released and answered >= released[0]
+        conv = store.load("held")
+        assert [(m.role, m.status, m.content.split(" ")[0]) for m in conv.messages] == [
+            ("user", "complete", "first"), ("assistant", "partial", "stream"),
+            ("user", "complete", "me"), ("assistant", "complete", "Echo:")]
+        assert conv.verify() is None
+    finally:
+        store.close()

@@ -32,7 +32,7 @@ from .turns import attach_option, attachments, conversation_options, open_chat, 
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
-        no_stream: bool, as_json: bool, retry: bool, daily: Daily,
+        lease_wait: float, no_stream: bool, as_json: bool, retry: bool, daily: Daily,
         attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
@@ -48,7 +48,8 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
     tools = load_functions(functions)
     system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
-                   offline=offline, base_url=base_url, system=system) as chat:
+                   offline=offline, base_url=base_url, system=system,
+                   lease_wait=lease_wait) as chat:
         daily.configure(chat, params)
         click.echo(f"conversation {chat.id}", err=True)
         note_before(chat, retry=retry)

@@ -53,7 +53,8 @@ Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
 @functions_option
 @click.pass_obj
 def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
-         offline: bool, base_url: str | None, system: str | None, no_stream: bool,
+         offline: bool, base_url: str | None, system: str | None, lease_wait: float,
+         no_stream: bool,
          daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
     """The chat REPL. --attach goes with the first message you send; with --functions,
     each tool call and result is shown once stored."""
@@ -61,7 +62,8 @@ def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: st
     tools = load_functions(functions)
     system, model, params = daily.resolve(system, model)
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
-                   offline=offline, base_url=base_url, system=system) as session:
+                   offline=offline, base_url=base_url, system=system,
+                   lease_wait=lease_wait) as session:
         daily.configure(session, params)
         repl = Repl(session, stream=not no_stream, daily=daily, tools=tools)
         repl.pending = parts

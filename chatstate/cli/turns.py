@@ -16,7 +16,7 @@ FAKE_WORDS_ENV = "CHATSTATE_FAKE_REPLY_WORDS"
 
 
 def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """--id / -c / --new / --model / --base-url / --system, shared by chat and ask."""
+    """--id / -c / --new / --model / --base-url / --system / --lease-wait, for chat and ask."""
     for decorator in reversed([
         click.option("--id", "conversation_id", metavar="ID",
                      help="Continue conversation ID, or create it."),
@@ -30,6 +30,10 @@ def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--base-url", metavar="URL", help="OpenAI-compatible endpoint "
                      "(default: CHATSTATE_BASE_URL / OPENAI_BASE_URL)."),
         click.option("--system", metavar="TEXT", help="System prompt for a new conversation."),
+        click.option("--lease-wait", default=0.0, type=click.FloatRange(min=0),
+                     metavar="SECONDS", help="How long a turn waits while another live "
+                     "writer (a REPL, a script, chatstate serve) is replying in the "
+                     "conversation; then it fails, storing nothing.  [default: 0]"),
     ]):
         f = decorator(f)
     return f
@@ -73,7 +77,7 @@ def fake_reply_words() -> int:
 @contextlib.contextmanager
 def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
               model: str | None, offline: bool, base_url: str | None,
-              system: str | None) -> Iterator[Any]:
+              system: str | None, lease_wait: float = 0.0) -> Iterator[Any]:
     """A Chat over the configured store; with --model fake, a fake model for its lifetime."""
     from ..session import Chat
 
@@ -90,7 +94,7 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
                                                  reply_words=fake_reply_words()))
             base_url, model, api_key = fake.base_url, "fake", "offline"
         chat = Chat(store, conversation_id=cid, model=model, base_url=base_url,
-                    api_key=api_key, system=system)
+                    api_key=api_key, system=system, lease_wait=lease_wait)
         yield chat
 
 

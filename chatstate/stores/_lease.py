@@ -63,7 +63,7 @@ def in_use(where: str, cid: str, holder: Holder) -> ConversationInUse:
         f"{where}: conversation {cid!r} is in use by host {holder.host}, pid {holder.pid} "
         f"(its lease runs {left:.0f} s more unless renewed); nothing was written. Try again "
         "when it finishes (a dead writer's lease lapses after its term), or wait for it: "
-        "Chat(lease_wait=SECONDS), chatstate serve --lease-wait SECONDS.",
+        "Chat(lease_wait=SECONDS), or --lease-wait SECONDS on chatstate ask, chat and serve.",
         host=holder.host, pid=holder.pid, until=holder.until)
 
 
