@@ -43,6 +43,7 @@ from typing import Any
 from . import toolloop
 from .errors import ChatstateError, ConflictError, ConversationNotFound
 from .sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
+from .stores.base import LEASE_TERM
 from .toolloop import PendingCall
 from .transcript import Conversation, Message, new_id, new_turn_id, validate_id
 
@@ -85,7 +86,7 @@ class Chat:
                  flush_interval: float | None = None, allow_ephemeral: bool = False,
                  context_window: int | None = None, max_tool_rounds: int = 8,
                  on_tool: Callable[[Message], None] | None = None, lease_wait: float = 0.0,
-                 lease_term: float = 15.0) -> None:
+                 lease_term: float = LEASE_TERM) -> None:
         if store is None or isinstance(store, str):
             from .stores import open_store
 
