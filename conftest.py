@@ -2,7 +2,7 @@
 
 pytest's default tmp_path lives under /tmp, which the durability guard rightly
 refuses, and the checkout's own disk may be no better (a clone under /tmp). So
-``tests/scratch.py`` asks the guard, candidate by candidate, and each run gets a
+``tests/support/scratch.py`` asks the guard, candidate by candidate, and each run gets a
 folder of its own named after the boot id, pid namespace and pid; a fixed
 ``--basetemp`` would let two concurrent runs delete each other's files.
 """
@@ -17,7 +17,7 @@ import pytest
 CHECKOUT = Path(__file__).resolve().parent
 sys.path.insert(0, str(CHECKOUT / "tests"))
 
-import scratch  # noqa: E402
+from support import scratch  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)

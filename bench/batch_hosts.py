@@ -33,9 +33,9 @@ TARGET = 2.7
 
 @contextlib.contextmanager
 def postgres(work: Path) -> Iterator[str]:
-    """A throwaway local PostgreSQL server (tests/pgserver.py); yields its URL."""
+    """A throwaway local PostgreSQL server (tests/support/pgserver.py); yields its URL."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import pgserver
+    from support import pgserver
 
     server = pgserver.start_server(work / "pg")
     try:

@@ -71,7 +71,7 @@ class Chatstate:
 
     def __init__(self, work: Path, url: str | None) -> None:
         from chatstate import Conversation, Message, open_store
-        from chatstate.transcript import new_turn_id
+        from chatstate.core.transcript import new_turn_id
 
         self.Message, self.Conversation, self.new_turn_id = Message, Conversation, new_turn_id
         assert url is not None

@@ -1,6 +1,6 @@
 """A moto S3 server on 127.0.0.1 for the s3 store, started and stopped by the bench.
 
-Same approach as tests/s3server.py (a ``moto_server`` subprocess, a bucket made
+Same approach as tests/support/s3server.py (a ``moto_server`` subprocess, a bucket made
 with a plain PUT), without pytest. moto keeps objects in memory: its "ack" is
 the S3 contract being exercised, not a durable disk, so local fsync counts for
 the s3 store are 0 by design.

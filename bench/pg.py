@@ -1,6 +1,6 @@
 """A local PostgreSQL server for the postgresql store, started and stopped by the bench.
 
-The same server the tests use (tests/pgserver.py: initdb + postgres as an
+The same server the tests use (tests/support/pgserver.py: initdb + postgres as an
 unprivileged user, loopback port, fsync and synchronous_commit on), in
 bench/work/. The server fsyncs its WAL before it acknowledges a commit, in its
 own processes: the driver's strace sees no fsync for this store by design.
@@ -15,7 +15,7 @@ from types import TracebackType
 from .common import ROOT, WORK
 
 sys.path.insert(0, str(ROOT / "tests"))
-from pgserver import PgServer, fresh_schema_url, pg_bin
+from support.pgserver import PgServer, fresh_schema_url, pg_bin
 
 
 class LocalPostgres:

@@ -35,14 +35,14 @@ from .common import (
 PASS, HELP, ASK, LLM = ("python -c pass", "chatstate --help",
                         "chatstate ask --base-url LOCAL hi", "llm --version")
 # what any `ask` must import: the CLI framework, the HTTP client, the transcript models
-FLOOR = "python -c 'import click, httpx2, chatstate.transcript'"
+FLOOR = "python -c 'import click, httpx2, chatstate.core.transcript'"
 
 
 def _commands(base_url: str) -> dict[str, list[str]]:
     exe = str(PROJECT_PY.with_name("chatstate"))
     return {PASS: [str(PROJECT_PY), "-c", "pass"], HELP: [exe, "--help"],
             ASK: [exe, "ask", "--base-url", base_url, "hi"],
-            FLOOR: [str(PROJECT_PY), "-c", "import click, httpx2, chatstate.transcript"],
+            FLOOR: [str(PROJECT_PY), "-c", "import click, httpx2, chatstate.core.transcript"],
             LLM: [str(COMPARE_VENV / "bin" / "llm"), "--version"]}
 
 

@@ -15,33 +15,37 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from chatstate import _moved
+
 __version__ = "0.1.0"
 
+_moved.install()  # the 0.2 module paths (chatstate.content, ...) still import
+
 _EXPORTS = {
-    "AsyncChat": "chatstate.asyncchat",
+    "AsyncChat": "chatstate.session.asyncchat",
     "Batch": "chatstate.batch",
     "ChatstateError": "chatstate.errors",
-    "Chat": "chatstate.session",
+    "Chat": "chatstate.session.chat",
     "Completion": "chatstate.adapter",
     "ConflictError": "chatstate.errors",
-    "Conversation": "chatstate.transcript",
+    "Conversation": "chatstate.core.transcript",
     "ConversationInUse": "chatstate.errors",
     "ConversationNotFound": "chatstate.errors",
     "CorruptTranscriptError": "chatstate.errors",
     "EphemeralStoreError": "chatstate.errors",
-    "Interrupted": "chatstate.session",
+    "Interrupted": "chatstate.session.chat",
     "InvalidConversationId": "chatstate.errors",
-    "Message": "chatstate.transcript",
+    "Message": "chatstate.core.transcript",
     "ModelAdapter": "chatstate.adapter",
     "ModelError": "chatstate.errors",
     "SchemaVersionError": "chatstate.errors",
     "Store": "chatstate.stores",
     "StoreUnavailable": "chatstate.errors",
-    "Tool": "chatstate.tools",
+    "Tool": "chatstate.core.tools",
     "ToolLoopError": "chatstate.errors",
     "make_adapter": "chatstate.adapter",
     "open_store": "chatstate.stores",
-    "tool": "chatstate.tools",
+    "tool": "chatstate.core.tools",
 }
 
 __all__ = [
@@ -72,10 +76,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .adapter import Completion, ModelAdapter, make_adapter
-    from .asyncchat import AsyncChat
-    from .batch import Batch
-    from .errors import (
+    from chatstate.adapter import Completion, ModelAdapter, make_adapter
+    from chatstate.batch import Batch
+    from chatstate.core.tools import Tool, tool
+    from chatstate.core.transcript import Conversation, Message
+    from chatstate.errors import (
         ChatstateError,
         ConflictError,
         ConversationInUse,
@@ -88,10 +93,9 @@ if TYPE_CHECKING:
         StoreUnavailable,
         ToolLoopError,
     )
-    from .session import Chat, Interrupted
-    from .stores import Store, open_store
-    from .tools import Tool, tool
-    from .transcript import Conversation, Message
+    from chatstate.session.asyncchat import AsyncChat
+    from chatstate.session.chat import Chat, Interrupted
+    from chatstate.stores import Store, open_store
 
 
 def __getattr__(name: str) -> Any:

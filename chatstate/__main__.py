@@ -1,3 +1,3 @@
-from .cli import main
+from chatstate.cli import main
 
 main()

@@ -13,8 +13,8 @@ every message.
 import sys
 
 import chatstate
+from chatstate.core.transcript import Message, new_id, new_turn_id
 from chatstate.testing import FakeModel
-from chatstate.transcript import Message, new_id, new_turn_id
 
 store = chatstate.open_store(sys.argv[1] if len(sys.argv) > 1 else None)
 cid = new_id("long")

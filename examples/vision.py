@@ -17,9 +17,9 @@ import zlib
 from pathlib import Path
 
 import chatstate
+from chatstate.ops.transfer import render
 from chatstate.stores.base import verify_blobs
 from chatstate.testing import FakeModel
-from chatstate.transfer import render
 
 
 def png(width: int, height: int) -> bytes:

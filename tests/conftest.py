@@ -1,10 +1,10 @@
 """Shared fixtures: every store the contract suite runs against, one fresh URL per test.
 
 A store joins the suite by adding a parameter to ``store_url``, not a test file.
-The S3 store joins through ``tests/s3server.py`` (a moto server on loopback). It
-skips only when its optional packages are not installed (see ``tests/tiers.py``);
-a broken import of ``chatstate.stores.s3`` fails the suite. The PostgreSQL store
-joins through ``tests/pgserver.py`` (a real server per session, one fresh schema
+The S3 store joins through ``tests/support/s3server.py`` (a moto server on loopback). It
+skips only when its optional packages are not installed (see ``tests/support/tiers.py``);
+a broken import of ``chatstate.stores.s3.store`` fails the suite. The PostgreSQL store
+joins through ``tests/support/pgserver.py`` (a real server per session, one fresh schema
 per test).
 
 Every session starts clean of the developer's environment (``clean_environment``):
@@ -23,19 +23,19 @@ from typing import Any
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:  # tests/ holds helper modules (stores, s3server, ...)
+if str(TESTS_DIR) not in sys.path:  # tests/support, the helpers package
     sys.path.insert(0, str(TESTS_DIR))
 
-from tiers import REQUIRE_ENV, REQUIRED, S3_MISSING, need_s3  # noqa: E402
+from support.tiers import REQUIRE_ENV, REQUIRED, S3_MISSING, need_s3  # noqa: E402
 
 from chatstate.stores import open_store  # noqa: E402
 
 new_bucket_url: Callable[..., str] | None = None
 collect_ignore: list[str] = []
 if S3_MISSING is None:  # a broken import below fails the suite: it is not a missing extra
-    from s3server import moto_endpoint, moto_server, new_bucket_url
+    from support.s3server import moto_endpoint, moto_server, new_bucket_url
 
-    import chatstate.stores.s3  # noqa: F401
+    import chatstate.stores.s3.store  # noqa: F401
 else:
     collect_ignore.append("test_s3_store.py")  # it imports the store; its reason is below
 
@@ -52,7 +52,7 @@ else:
 def pytest_report_header() -> list[str]:
     if S3_MISSING is None:
         return []
-    return [f"s3 tier skipped (tests/test_s3_store.py not collected): {S3_MISSING}"]
+    return [f"s3 tier skipped (tests/contract/test_s3_store.py not collected): {S3_MISSING}"]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -93,7 +93,7 @@ def no_leaked_credentials() -> None:
     assert not leaked, f"an earlier test left {leaked} in the environment"
 
 
-from pgserver import fresh_schema_url, pg_dsn, pg_server, pg_url  # noqa: E402, F401
+from support.pgserver import fresh_schema_url, pg_dsn, pg_server, pg_url  # noqa: E402, F401
 
 STORE_KINDS = ["json", "sqlite", "s3", "postgresql"]
 LOCAL_KINDS = ["json", "sqlite"]

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._policy import RetryPolicy
-from .base import Backend, Completion, ModelAdapter, RetryingAdapter
+from chatstate.adapter._policy import RetryPolicy
+from chatstate.adapter.base import Backend, Completion, ModelAdapter, RetryingAdapter
 
 if TYPE_CHECKING:
-    from .settings import ModelSettings
+    from chatstate.adapter.settings import ModelSettings
 
 __all__ = [
     "Backend",
@@ -33,7 +33,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # ModelSettings builds a pydantic model; load it on first use only.
     if name == "ModelSettings":
-        from .settings import ModelSettings
+        from chatstate.adapter.settings import ModelSettings
 
         return ModelSettings
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -53,7 +53,7 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
     """
     from pydantic import SecretStr
 
-    from ._env import resolve
+    from chatstate.adapter._env import resolve
 
     given: dict[str, Any] = {"model": model, "base_url": base_url,
                              "api_key": SecretStr(api_key) if api_key is not None else None,
@@ -76,11 +76,11 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
 def _backend(settings: Any, client: Any, *, explicit_timeout: bool,
              conflicting: bool) -> Backend:
     if client is None:
-        from .wire import WireBackend
+        from chatstate.adapter.wire import WireBackend
 
         key = settings.api_key.get_secret_value() if settings.api_key else None
         if key is None and "api.openai.com" in settings.base_url:
-            from ..errors import ModelError
+            from chatstate.errors import ModelError
 
             raise ModelError(
                 f"no API key for {settings.base_url}: set OPENAI_API_KEY (or "
@@ -90,7 +90,7 @@ def _backend(settings: Any, client: Any, *, explicit_timeout: bool,
                            connect_timeout=settings.connect_timeout)
     import openai
 
-    from .sdk import SdkBackend
+    from chatstate.adapter.sdk import SdkBackend
 
     if not isinstance(client, openai.OpenAI):
         raise TypeError(f"client must be an openai.OpenAI instance, not {type(client).__name__}")

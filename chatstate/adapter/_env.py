@@ -60,7 +60,7 @@ def resolve(overrides: Mapping[str, Any]) -> Any:
         if isinstance(values.get("api_key"), str):
             values["api_key"] = SecretStr(values["api_key"])
         return PlainSettings(**values, model_fields_set=frozenset(values))
-    from .settings import ModelSettings
+    from chatstate.adapter.settings import ModelSettings
 
     return ModelSettings(**overrides)
 

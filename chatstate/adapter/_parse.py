@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ._policy import AttemptFailed
+from chatstate.adapter._policy import AttemptFailed
 
 MAX_PROVIDER_MESSAGE = 1000
 """How much of a provider's error text an error message shows (on one line)."""

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import ModelError
-from ..redact import scrub
+from chatstate.core.redact import scrub
+from chatstate.errors import ModelError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -172,7 +172,7 @@ def to_model_error(failure: AttemptFailed, *, attempts: int, endpoint: str,
                    secret: str | None, timeout: float | None,
                    shown_chars: int = 0) -> ModelError:
     """The ModelError for a failure that will not be retried (again)."""
-    from ._parse import MAX_PROVIDER_MESSAGE
+    from chatstate.adapter._parse import MAX_PROVIDER_MESSAGE
 
     what = f"HTTP {failure.status}" if failure.status is not None else failure.detail
     provider = failure.provider_message

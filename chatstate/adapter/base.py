@@ -28,9 +28,9 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import ModelError
-from ._parse import StreamAccumulator, Usage, parse_completion
-from ._policy import AttemptFailed, RetryPolicy, timeout_advice, to_model_error
+from chatstate.adapter._parse import StreamAccumulator, Usage, parse_completion
+from chatstate.adapter._policy import AttemptFailed, RetryPolicy, timeout_advice, to_model_error
+from chatstate.errors import ModelError
 
 log = logging.getLogger("chatstate.adapter")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from ._env import DEFAULT_BASE_URL, DEFAULT_MODEL, VARIABLES, lookup
+from chatstate.adapter._env import DEFAULT_BASE_URL, DEFAULT_MODEL, VARIABLES, lookup
 
 __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "ModelSettings"]
 

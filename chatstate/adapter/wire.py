@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx2
 
-from ..redact import redact_url
-from ._parse import context_overflow, provider_message
-from ._policy import AttemptFailed, is_retryable_status, parse_retry_after
+from chatstate.adapter._parse import context_overflow, provider_message
+from chatstate.adapter._policy import AttemptFailed, is_retryable_status, parse_retry_after
+from chatstate.core.redact import redact_url
 
 __all__ = ["WireBackend"]
 

@@ -19,9 +19,9 @@ a row, and is it alive); ``_api`` is the ledger and outputs interfaces.
 
 from __future__ import annotations
 
-from .inputs import InputError, Record
-from .recovery import Recovery
-from .report import Progress, Summary
-from .runner import Batch
+from chatstate.batch.inputs import InputError, Record
+from chatstate.batch.recovery import Recovery
+from chatstate.batch.report import Progress, Summary
+from chatstate.batch.runner import Batch
 
 __all__ = ["Batch", "InputError", "Progress", "Record", "Recovery", "Summary"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from .ledger import Claim, Row
-from .outputs import Scan, Written
-from .workers import Worker
+from chatstate.batch.ledger import Claim, Row
+from chatstate.batch.outputs import Scan, Written
+from chatstate.batch.workers import Worker
 
 
 class LedgerAPI(Protocol):

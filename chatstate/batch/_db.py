@@ -20,8 +20,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from ..stores.sqlite_setup import check_owner, configure, write_transaction
-from ._schema import APPLICATION_ID
+from chatstate.batch._schema import APPLICATION_ID
+from chatstate.durable.sqlite_setup import check_owner, configure, write_transaction
 
 BUSY_TIMEOUT_MS = 30_000
 LEDGER_WHAT = "chatstate batch ledger"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import ChatstateError
+from chatstate.errors import ChatstateError
 
 DEFAULT_SCHEMA = "chatstate_batch"
 

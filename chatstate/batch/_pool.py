@@ -23,13 +23,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ._record import Reply, call, counts_in_claim, land
-from .report import Progress
-from .workers import Worker
+from chatstate.batch._record import Reply, call, counts_in_claim, land
+from chatstate.batch.report import Progress
+from chatstate.batch.workers import Worker
 
 if TYPE_CHECKING:
-    from ._api import LedgerAPI
-    from .runner import Batch
+    from chatstate.batch._api import LedgerAPI
+    from chatstate.batch.runner import Batch
 
 
 class Pool:
@@ -48,7 +48,7 @@ class Pool:
         self._room = threading.BoundedSemaphore(2 * batch.concurrency)
 
     def _make_adapter(self) -> Any:
-        from ..adapter import make_adapter
+        from chatstate.adapter import make_adapter
 
         args = self.batch._model_args
         return make_adapter(model=args["model"], base_url=args["base_url"],

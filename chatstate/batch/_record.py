@@ -13,16 +13,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ModelError
-from . import outputs
-from ._work import CountingAdapter, OutOfAttempts, ask, ask_with_transcript, conversation_id
-from .inputs import fill
-from .ledger import Claim
-from .workers import Worker
+from chatstate.batch import outputs
+from chatstate.batch._work import (
+    CountingAdapter,
+    OutOfAttempts,
+    ask,
+    ask_with_transcript,
+    conversation_id,
+)
+from chatstate.batch.inputs import fill
+from chatstate.batch.ledger import Claim
+from chatstate.batch.workers import Worker
+from chatstate.errors import ModelError
 
 if TYPE_CHECKING:
-    from ._api import LedgerAPI
-    from .runner import Batch
+    from chatstate.batch._api import LedgerAPI
+    from chatstate.batch.runner import Batch
 
 FATAL_STATUS = frozenset({401, 403, 404})  # would fail every record the same way: stop the run
 

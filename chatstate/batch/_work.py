@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..adapter import Completion, ModelAdapter, RetryingAdapter
-from ..errors import ChatstateError
+from chatstate.adapter import Completion, ModelAdapter, RetryingAdapter
+from chatstate.errors import ChatstateError
 
 
 class OutOfAttempts(ChatstateError):
@@ -103,7 +103,7 @@ def ask_with_transcript(store: Any, cid: str, adapter: ModelAdapter, prompt: str
     the store without calling the model again; an interrupted one is retried
     under the same turn.
     """
-    from ..session import Chat
+    from chatstate.session.chat import Chat
 
     chat = Chat(store, conversation_id=cid, adapter=adapter, system=system, title=title)
     if chat.interrupted is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ChatstateError
+from chatstate.errors import ChatstateError
 
 MAX_ID = 1024
 

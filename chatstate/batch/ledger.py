@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ChatstateError
-from ..stores.fsutil import ensure_dir
-from ..stores.sqlite_setup import migrate, translate
-from ..transcript import now_iso
-from ._db import LEDGER_FIX, LEDGER_WHAT, Database, Result
-from ._schema import APPLICATION_ID, MIGRATIONS
-from .workers import Worker
+from chatstate.batch._db import LEDGER_FIX, LEDGER_WHAT, Database, Result
+from chatstate.batch._schema import APPLICATION_ID, MIGRATIONS
+from chatstate.batch.workers import Worker
+from chatstate.core.transcript import now_iso
+from chatstate.durable.files import ensure_dir
+from chatstate.durable.sqlite_setup import migrate, translate
+from chatstate.errors import ChatstateError
 
 STATUSES = ("pending", "running", "done", "failed")
 

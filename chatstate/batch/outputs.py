@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..stores.fsutil import atomic_write, ensure_dir, fsync_dir, os_error
+from chatstate.durable.files import atomic_write, ensure_dir, fsync_dir, os_error
 
 SUFFIX = ".txt"
 QUARANTINE = ".quarantine"
@@ -177,7 +177,7 @@ class LocalOutputs:
         return quarantine(self.dir, rel)
 
     def remove_temp(self, rel: str) -> bool:
-        from ..stores.fsutil import remove_durably
+        from chatstate.durable.files import remove_durably
 
         return remove_durably(self.dir / rel)
 

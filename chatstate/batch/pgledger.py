@@ -22,12 +22,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
-from ..transcript import now_iso
-from ..uninterruptible import uninterruptible
-from ._pgschema import MIGRATIONS, is_url, shown, split_schema
-from .ledger import STATUSES, Claim, Row
-from .workers import Worker
+from chatstate.batch._pgschema import MIGRATIONS, is_url, shown, split_schema
+from chatstate.batch.ledger import STATUSES, Claim, Row
+from chatstate.batch.workers import Worker
+from chatstate.core.transcript import now_iso
+from chatstate.durable.uninterruptible import uninterruptible
+from chatstate.errors import ChatstateError, EphemeralStoreError, StoreUnavailable
 
 __all__ = ["DEFAULT_LEASE", "PgLedger", "is_url", "shown"]
 

@@ -22,11 +22,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .ledger import Row
-from .workers import Liveness, liveness
+from chatstate.batch.ledger import Row
+from chatstate.batch.workers import Liveness, liveness
 
 if TYPE_CHECKING:
-    from ._api import LedgerAPI, Outputs
+    from chatstate.batch._api import LedgerAPI, Outputs
 
 
 @dataclass

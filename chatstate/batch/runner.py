@@ -21,18 +21,18 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ChatstateError
-from . import outputs, pgledger, s3outputs
-from ._work import SerialisedStore
-from .inputs import InputError, Record, read_records, records_from
-from .ledger import Ledger
-from .recovery import Recovery, recover, verify
-from .report import Progress, Summary
-from .workers import Worker
+from chatstate.batch import outputs, pgledger, s3outputs
+from chatstate.batch._work import SerialisedStore
+from chatstate.batch.inputs import InputError, Record, read_records, records_from
+from chatstate.batch.ledger import Ledger
+from chatstate.batch.recovery import Recovery, recover, verify
+from chatstate.batch.report import Progress, Summary
+from chatstate.batch.workers import Worker
+from chatstate.errors import ChatstateError
 
 if TYPE_CHECKING:
-    from ..durability import Report
-    from ._api import LedgerAPI, Outputs
+    from chatstate.batch._api import LedgerAPI, Outputs
+    from chatstate.durable.guard import Report
 
 LEDGER_NAME = ".chatstate-batch.db"
 DEFAULT_MAX_ATTEMPTS = 3
@@ -145,9 +145,9 @@ class Batch:
     def probe(self) -> list[Report]:
         """Inspect (once) where the ledger and the outputs land, say so, refuse ephemeral ones."""
         if self._reports is None:
-            from ..durability import inspect
-            from ..errors import EphemeralStoreError
-            from ..stores import allow_ephemeral_from_env
+            from chatstate.durable.guard import inspect
+            from chatstate.errors import EphemeralStoreError
+            from chatstate.stores import allow_ephemeral_from_env
 
             allowed = self.allow_ephemeral or allow_ephemeral_from_env()
             if self.ledger_url or self.outputs.shared:
@@ -175,8 +175,8 @@ class Batch:
     def _probe_shared(self, inspect: Callable[[Path], Report]) -> list[Report]:
         """A server ledger is checked by the server's own settings (``pgledger``); a local
         output directory beside it is probed as always; S3 acknowledges durably."""
-        from ..errors import EphemeralStoreError
-        from ..stores import allow_ephemeral_from_env
+        from chatstate.errors import EphemeralStoreError
+        from chatstate.stores import allow_ephemeral_from_env
 
         self.echo(f"ledger {pgledger.shown(self.ledger_url or '')} (PostgreSQL: fsync and "
                   "synchronous_commit checked on open)")
@@ -195,7 +195,7 @@ class Batch:
         if self._ledger is None:
             ledger: LedgerAPI
             if self.ledger_url:
-                from ..stores import allow_ephemeral_from_env
+                from chatstate.stores import allow_ephemeral_from_env
 
                 ledger = pgledger.PgLedger(self.ledger_url, lease=self.lease, allow_unsafe=(
                     self.allow_ephemeral or allow_ephemeral_from_env()))
@@ -292,7 +292,7 @@ class Batch:
         ``retry_failed`` first gives every ``failed`` record fresh attempts (after the
         cause, say a bad prompt or an outage, is fixed); otherwise they stay failed.
         """
-        from ._pool import Pool
+        from chatstate.batch._pool import Pool
 
         started = time.monotonic()
         if source is not None:

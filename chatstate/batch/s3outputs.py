@@ -10,8 +10,8 @@ whole or not at all. Errors are translated once, in ``_s3io``.
 
 from __future__ import annotations
 
-from ..errors import ChatstateError
-from .outputs import QUARANTINE, Scan, Written, sha256_hex
+from chatstate.batch.outputs import QUARANTINE, Scan, Written, sha256_hex
+from chatstate.errors import ChatstateError
 
 
 def is_url(value: str) -> bool:
@@ -23,7 +23,7 @@ class S3Outputs:
 
     def __init__(self, url: str) -> None:
         try:
-            from ..stores.s3client import S3IO, parse_url
+            from chatstate.stores.s3.client import S3IO, parse_url
         except ImportError as exc:
             raise ChatstateError("s3:// outputs need obstore: pip install "
                                  "'chatstate[s3]'") from exc
@@ -46,7 +46,7 @@ class S3Outputs:
 
     def quarantine(self, rel: str) -> str:
         """Copy to ``.quarantine/`` (create-only, numbered on a clash), then remove the original."""
-        from ..stores.s3client import Exists
+        from chatstate.stores.s3.client import Exists
 
         blob = self._io.get(rel, action="quarantine")
         if blob is None:
@@ -65,7 +65,7 @@ class S3Outputs:
         return False  # no temp objects on S3
 
     def write(self, rel: str, data: bytes) -> Written:
-        from ..stores.s3client import Exists
+        from chatstate.stores.s3.client import Exists
 
         try:
             self._io.put(rel, data, create=True)

@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 from typing import Literal
 
-from ..durability import boot_id
+from chatstate.durable.guard import boot_id
 
 Liveness = Literal["alive", "dead", "elsewhere"]
 

@@ -13,19 +13,19 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args in ([], ["--help"], ["-h"]):
-        from ._help import TEXT
+        from chatstate.cli._help import TEXT
 
         sys.stdout.write(TEXT)
         sys.exit(0)
-    from .app import cli
-    from .common import run
+    from chatstate.cli.app import cli
+    from chatstate.cli.common import run
 
     sys.exit(run(cli, argv))
 
 
 def __getattr__(name: str) -> object:
     if name == "cli":  # `from chatstate.cli import cli` for tests and embedding
-        from .app import cli
+        from chatstate.cli.app import cli
 
         return cli
     raise AttributeError(name)

@@ -13,41 +13,41 @@ import click
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "chat": ("chatstate.cli.chat_cmd", "chat", "The chat REPL."),
-    "ask": ("chatstate.cli.ask_cmd", "ask", "One turn, for scripts: prints only the reply."),
-    "list": ("chatstate.cli.manage_cmds", "list_cmd", "List conversations, newest first."),
-    "replay": ("chatstate.cli.manage_cmds", "replay", "Print a stored transcript."),
-    "export": ("chatstate.cli.manage_cmds", "export", "Write a conversation to a file."),
-    "import": ("chatstate.cli.manage_cmds", "import_cmd", "Import a transcript file."),
-    "rm": ("chatstate.cli.manage_cmds", "rm", "Delete a conversation."),
-    "prune": ("chatstate.cli.manage_cmds", "prune", "Delete old conversations (dry run "
+    "chat": ("chatstate.cli.repl.chat", "chat", "The chat REPL."),
+    "ask": ("chatstate.cli.commands.ask", "ask", "One turn, for scripts: prints only the reply."),
+    "list": ("chatstate.cli.commands.manage", "list_cmd", "List conversations, newest first."),
+    "replay": ("chatstate.cli.commands.manage", "replay", "Print a stored transcript."),
+    "export": ("chatstate.cli.commands.manage", "export", "Write a conversation to a file."),
+    "import": ("chatstate.cli.commands.manage", "import_cmd", "Import a transcript file."),
+    "rm": ("chatstate.cli.commands.manage", "rm", "Delete a conversation."),
+    "prune": ("chatstate.cli.commands.manage", "prune", "Delete old conversations (dry run "
               "unless --yes)."),
-    "search": ("chatstate.cli.manage_cmds", "search", "Full-text search over transcripts."),
-    "gc": ("chatstate.cli.manage_cmds", "gc", "Remove images and files no message names "
+    "search": ("chatstate.cli.commands.manage", "search", "Full-text search over transcripts."),
+    "gc": ("chatstate.cli.commands.manage", "gc", "Remove images and files no message names "
            "(dry run unless --yes)."),
-    "repair": ("chatstate.cli.manage_cmds", "repair", "Quarantine a damaged transcript."),
-    "doctor": ("chatstate.cli.doctor_cmd", "doctor", "Readiness check that touches real "
+    "repair": ("chatstate.cli.commands.manage", "repair", "Quarantine a damaged transcript."),
+    "doctor": ("chatstate.cli.commands.doctor", "doctor", "Readiness check that touches real "
                "state."),
-    "probe": ("chatstate.cli.probe_cmd", "probe", "Boot id, hostname and where writes land."),
-    "survival": ("chatstate.cli.survival_cmd", "survival", "Write/verify checksummed "
+    "probe": ("chatstate.cli.commands.probe", "probe", "Boot id, hostname and where writes land."),
+    "survival": ("chatstate.cli.commands.survival", "survival", "Write/verify checksummed "
                  "records across restarts."),
-    "demo": ("chatstate.cli.demo_cmd", "demo", "The main job, offline, in a few seconds."),
-    "fake-server": ("chatstate.cli.fake_cmd", "fake_server", "Run the built-in fake "
+    "demo": ("chatstate.cli.commands.demo", "demo", "The main job, offline, in a few seconds."),
+    "fake-server": ("chatstate.cli.commands.fake_server", "fake_server", "Run the built-in fake "
                     "OpenAI-compatible model."),
-    "migrate": ("chatstate.cli.migrate_cmd", "migrate", "Copy every conversation between "
+    "migrate": ("chatstate.cli.commands.migrate", "migrate", "Copy every conversation between "
                 "stores."),
-    "batch": ("chatstate.cli.batch_cmd", "batch", "Resumable batch runner."),
-    "serve": ("chatstate.cli.serve_cmd", "serve", "OpenAI-compatible proxy that stores every "
+    "batch": ("chatstate.cli.commands.batch", "batch", "Resumable batch runner."),
+    "serve": ("chatstate.cli.commands.serve", "serve", "OpenAI-compatible proxy that stores every "
               "conversation first."),
-    "drill": ("chatstate.cli.drill_cmd", "drill", "kill -9 a writer again and again; prove "
+    "drill": ("chatstate.cli.commands.drill", "drill", "kill -9 a writer again and again; prove "
               "nothing acknowledged was lost."),
-    "templates": ("chatstate.cli.daily_cmds", "templates", "Saved system prompts: save, "
+    "templates": ("chatstate.cli.commands.daily", "templates", "Saved system prompts: save, "
                   "list, show, rm."),
-    "fork": ("chatstate.cli.daily_cmds", "fork", "Copy a conversation's first messages into a "
+    "fork": ("chatstate.cli.commands.daily", "fork", "Copy a conversation's first messages into a "
              "new one."),
-    "compact": ("chatstate.cli.daily_cmds", "compact", "Summarise older turns; requests send "
+    "compact": ("chatstate.cli.commands.daily", "compact", "Summarise older turns; requests send "
                 "the summary."),
-    "usage": ("chatstate.cli.daily_cmds", "usage", "Token usage (and cost, given prices) from "
+    "usage": ("chatstate.cli.commands.daily", "usage", "Token usage (and cost, given prices) from "
               "the store."),
 }
 
@@ -96,7 +96,7 @@ def _absent(name: str) -> Any:
 def cli(ctx: click.Context, store_url: str | None, allow_ephemeral: bool, debug: bool,
         log_format: str) -> None:
     """chatstate: an LLM chat client whose history survives kill -9, restarts and redeploys."""
-    from .common import Env
+    from chatstate.cli.common import Env
 
     ctx.obj = Env(store_url=store_url, allow_ephemeral=allow_ephemeral, debug=debug,
                   log_format=log_format)

@@ -35,7 +35,7 @@ class Env:
     def store(self, *, quiet: bool = False) -> Any:
         """Open the store once; print where its bytes land and the verdict to stderr first."""
         if self._store is None:
-            from ..stores import open_store
+            from chatstate.stores import open_store
 
             self._store = open_store(self.store_url, allow_ephemeral=self.allow_ephemeral)
             ctx = click.get_current_context(silent=True)
@@ -92,7 +92,7 @@ def run(cli: click.Group, argv: list[str] | None) -> int:
     except BrokenPipeError:
         return 1
     except Exception as exc:
-        from ..errors import ChatstateError
+        from chatstate.errors import ChatstateError
 
         if debug:
             traceback.print_exc()

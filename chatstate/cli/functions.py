@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from .render import neutralise
+from chatstate.cli.render import neutralise
 
 __all__ = ["functions_option", "load_functions", "tool_printer"]
 
@@ -33,7 +33,7 @@ def functions_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def load_functions(paths: Sequence[Path]) -> list[Any]:
     """The tools defined in ``paths``; a bad file is a usage error naming it."""
-    from ..tools import Tool
+    from chatstate.core.tools import Tool
 
     tools: list[Any] = []
     for path in paths:

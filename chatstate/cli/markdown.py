@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from .render import neutralise
+from chatstate.cli.render import neutralise
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 

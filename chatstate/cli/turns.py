@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .common import Env, fail
+from chatstate.cli.common import Env, fail
 
 FAKE_MODELS = {"fake", "offline"}
 FAKE_WORDS_ENV = "CHATSTATE_FAKE_REPLY_WORDS"
@@ -79,7 +79,7 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
               model: str | None, offline: bool, base_url: str | None,
               system: str | None, lease_wait: float = 0.0) -> Iterator[Any]:
     """A Chat over the configured store; with --model fake, a fake model for its lifetime."""
-    from ..session import Chat
+    from chatstate.session.chat import Chat
 
     if sum(bool(x) for x in (conversation_id, cont, new)) > 1:
         raise click.UsageError("choose one of --id, --continue and --new")
@@ -88,7 +88,7 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
     with contextlib.ExitStack() as stack:
         api_key = None
         if offline or (model or "").lower() in FAKE_MODELS:
-            from ..testing import FakeModel
+            from chatstate.testing import FakeModel
 
             fake = stack.enter_context(FakeModel(chunk_delay=0.01,
                                                  reply_words=fake_reply_words()))
@@ -106,8 +106,8 @@ attach_option = click.option(
 
 def attachments(sources: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
     """Content parts for ``-a/--attach``, read now: a bad path fails before anything is stored."""
-    from ..content import attachment
-    from ..errors import ChatstateError
+    from chatstate.core.content import attachment
+    from chatstate.errors import ChatstateError
 
     try:
         return [attachment(source) for source in sources]

@@ -21,19 +21,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .report import DrillResult
-    from .runner import DrillOptions, run_drill
+    from chatstate.drill.report import DrillResult
+    from chatstate.drill.runner import DrillOptions, run_drill
 
 __all__ = ["DrillOptions", "DrillResult", "run_drill"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("DrillOptions", "run_drill"):
-        from . import runner
+        from chatstate.drill import runner
 
         return getattr(runner, name)
     if name == "DrillResult":
-        from .report import DrillResult
+        from chatstate.drill.report import DrillResult
 
         return DrillResult
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

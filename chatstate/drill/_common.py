@@ -47,7 +47,7 @@ def reopen(url: str) -> Any:
     the store's real history (``doctor``) under drill noise. The runner runs the
     durability guard once, through ``open_store``.
     """
-    from ..stores import store_class
+    from chatstate.stores import store_class
 
     store = store_class(scheme_of(url)).from_url(url)
     store.open()

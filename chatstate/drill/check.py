@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ChatstateError, ConversationNotFound, CorruptTranscriptError
-from ..transcript import Conversation
-from ._common import reopen
-from .leftovers import leftovers
+from chatstate.core.transcript import Conversation
+from chatstate.drill._common import reopen
+from chatstate.drill.leftovers import leftovers
+from chatstate.errors import ChatstateError, ConversationNotFound, CorruptTranscriptError
 
 
 @dataclass
@@ -141,7 +141,7 @@ class Checker:
         if not self._verify(conv, tally):
             return
         self._rendered(conv, log, tally)
-        from ..session import Chat
+        from chatstate.session.chat import Chat
 
         chat = Chat(_Preloaded(store, conv), conversation_id=cid, adapter=self.adapter,
                     flush_interval=0.0)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ChatstateError, ConversationNotFound
-from ..stores import Forgets, ReportsLeftovers
+from chatstate.errors import ChatstateError, ConversationNotFound
+from chatstate.stores import Forgets, ReportsLeftovers
 
 
 def leftovers(store: Any, ids: Sequence[str], counts: dict[str, int]) -> list[str]:

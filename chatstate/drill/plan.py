@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._common import PHASES
+from chatstate.drill._common import PHASES
 
 WRITE_DELAY = 0.0008
 """Longest wait after "entering a store write" before SIGKILL."""

@@ -6,8 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._common import PHASE_LABELS, PHASES
-from .check import Tally
+from chatstate.drill._common import PHASE_LABELS, PHASES
+from chatstate.drill.check import Tally
 
 MAX_PROBLEMS = 50
 

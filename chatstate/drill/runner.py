@@ -23,15 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ChatstateError, ConversationNotFound
-from ..redact import redact_url
-from ._common import ID_PREFIX, conversation_ids, reopen, scheme_of
-from .check import Checker, TrialLog
-from .leftovers import cleanup
-from .plan import KillPlan, PhaseTracker, plans, spin
-from .report import DrillResult
-from .server import WriterServer, kill
-from .writer import THINK_SECONDS, make_adapter
+from chatstate.core.redact import redact_url
+from chatstate.drill._common import ID_PREFIX, conversation_ids, reopen, scheme_of
+from chatstate.drill.check import Checker, TrialLog
+from chatstate.drill.leftovers import cleanup
+from chatstate.drill.plan import KillPlan, PhaseTracker, plans, spin
+from chatstate.drill.report import DrillResult
+from chatstate.drill.server import WriterServer, kill
+from chatstate.drill.writer import THINK_SECONDS, make_adapter
+from chatstate.errors import ChatstateError, ConversationNotFound
 
 
 @dataclass
@@ -50,7 +50,7 @@ class DrillOptions:
 def run_drill(url: str, options: DrillOptions | None = None, *,
               progress: Callable[[DrillResult], None] | None = None) -> DrillResult:
     """Run the drill against the store at ``url`` (which must already pass the guard)."""
-    from ..testing import FakeModel
+    from chatstate.testing import FakeModel
 
     opts = options or DrillOptions()
     seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
@@ -167,7 +167,7 @@ def _exists(store: Any, cid: str) -> bool:
 
 
 def _chunk_delay(url: str) -> float:
-    from ..stores import store_class
+    from chatstate.stores import store_class
 
     remote = store_class(scheme_of(url)).from_url(url).location().path is None
     return 0.01 if remote else 0.001

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..redact import redact_url
+from chatstate.core.redact import redact_url
 
 SERVING = re.compile(r"serving on (http://\S+/v1)")
 
@@ -114,8 +114,8 @@ def _error_text(body: bytes) -> str:
 
 def _check(url: str, clients: list[_Client], texts: dict[str, str],
            result: ServeDrillResult) -> None:
-    from ..errors import ChatstateError, ConversationNotFound
-    from ..stores import open_store
+    from chatstate.errors import ChatstateError, ConversationNotFound
+    from chatstate.stores import open_store
 
     store = open_store(url, allow_ephemeral=True)
     try:
@@ -169,9 +169,9 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
                     progress: Callable[[ServeDrillResult], None] | None = None
                     ) -> ServeDrillResult:
     """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams."""
-    from ..errors import ConversationNotFound
-    from ..stores import open_store
-    from ..testing import FakeModel
+    from chatstate.errors import ConversationNotFound
+    from chatstate.stores import open_store
+    from chatstate.testing import FakeModel
 
     rng = random.Random(seed)
     result = ServeDrillResult(store=redact_url(url))

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import ChatstateError
+from chatstate.errors import ChatstateError
 
 
 class WriterServer:

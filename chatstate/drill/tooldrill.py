@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..redact import redact_url
-from ._common import reopen
-from .toolserver import ToolWriters
-from .toolwriter import STEPS
+from chatstate.core.redact import redact_url
+from chatstate.drill._common import reopen
+from chatstate.drill.toolserver import ToolWriters
+from chatstate.drill.toolwriter import STEPS
 
 SCHEDULE = (*STEPS, "none", "none", "none")
 
@@ -104,7 +104,7 @@ def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
 
     No trial starts after ``max_seconds``; the last writer still finishes the turn.
     """
-    from ..testing import FakeModel
+    from chatstate.testing import FakeModel
 
     seed = seed if seed is not None else random.randrange(1 << 31)
     result = ToolDrillResult(store=redact_url(url), seed=seed, requested=trials)
@@ -182,8 +182,8 @@ def _trials(writers: ToolWriters, url: str, cid: str, effects: Path, rng: random
 
 
 def _load(url: str, cid: str) -> Any:
-    from ..errors import ConversationNotFound
-    from ..transcript import Conversation
+    from chatstate.core.transcript import Conversation
+    from chatstate.errors import ConversationNotFound
 
     store = reopen(url)
     try:
@@ -240,7 +240,7 @@ def _sendable(conv: Any) -> list[dict[str, Any]]:
 
 
 def _delete(url: str, cid: str) -> None:
-    from ..errors import ChatstateError
+    from chatstate.errors import ChatstateError
 
     try:
         store = reopen(url)

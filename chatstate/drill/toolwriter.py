@@ -33,12 +33,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..session import Chat
-from ..toolloop import pending_calls
-from ..tools import current_call_id, tool
-from ..transcript import Message
-from ._common import reopen
-from .writer import make_adapter
+from chatstate.core.tools import current_call_id, tool
+from chatstate.core.transcript import Message
+from chatstate.drill._common import reopen
+from chatstate.drill.writer import make_adapter
+from chatstate.session.chat import Chat
+from chatstate.session.tool_loop import pending_calls
 
 STEPS = ("call-stored", "tool-before", "tool-after", "result-stored")
 _state = {"step": "none", "effects": ""}

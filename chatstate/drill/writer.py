@@ -32,10 +32,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..adapter import Completion, RetryingAdapter, RetryPolicy
-from ..session import Chat
-from ..transcript import Message
-from ._common import conversation_ids, emit, reopen, scheme_of, stream_kind
+from chatstate.adapter import Completion, RetryingAdapter, RetryPolicy
+from chatstate.core.transcript import Message
+from chatstate.drill._common import conversation_ids, emit, reopen, scheme_of, stream_kind
+from chatstate.session.chat import Chat
 
 THINK_SECONDS = 0.004
 """A writer pauses 4-8 ms before each turn, like a client between two messages: a window
@@ -46,7 +46,7 @@ REPORTED = ("create", "append", "save_partial", "clear_partial", "set_header", "
 
 def make_adapter(base_url: str) -> RetryingAdapter:
     """An adapter for the fake model: the wire backend, a short retry budget, no user config."""
-    from ..adapter.wire import WireBackend
+    from chatstate.adapter.wire import WireBackend
 
     backend = WireBackend(base_url, None, timeout=30.0, connect_timeout=5.0)
     return RetryingAdapter(backend, model="fake-model",
@@ -131,8 +131,8 @@ def turn(chat: Chat, kind: str, text: str, rng: random.Random) -> None:
 
 
 def serve(url: str, base_url: str, prefix: str, count: int, timeout: int) -> None:
-    from .. import durability  # noqa: F401  (sqlite's open() inspects the filesystem)
-    from ..stores import store_class
+    from chatstate import durability  # noqa: F401  (sqlite's open() inspects the filesystem)
+    from chatstate.stores import store_class
 
     store_class(scheme_of(url))  # import the store's module here, not in every writer
     warm = make_adapter(base_url)

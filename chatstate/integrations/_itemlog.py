@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ..errors import ConflictError, ConversationNotFound
-from ..events import event_message
-from ..transcript import Conversation, Message, new_turn_id, validate_id
-from . import _items
+from chatstate.core.events import event_message
+from chatstate.core.transcript import Conversation, Message, new_turn_id, validate_id
+from chatstate.errors import ConflictError, ConversationNotFound
+from chatstate.integrations import _items
 
 T = TypeVar("T")
 ATTEMPTS = 200  # compare-and-append retries under contention before giving up
@@ -30,7 +30,7 @@ class ItemLog:
         self.id = validate_id(conversation_id)
         self._owns_store = store is None or isinstance(store, str)
         if self._owns_store:
-            from ..stores import open_store
+            from chatstate.stores import open_store
 
             store = open_store(store, allow_ephemeral=allow_ephemeral)
         self.store = store

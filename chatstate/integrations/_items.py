@@ -6,7 +6,7 @@ dict) is stored as one Message whose ``extra[KEY]`` holds it verbatim; ``role``,
 search and the tool-loop's pairing, never read back. The item is in the hashed body,
 so kinds chatstate does not know are kept, and covered, all the same.
 
-Removing is appending: ``pop`` and ``clear`` are events (chatstate.events); the view
+Removing is appending: ``pop`` and ``clear`` are events (chatstate.core.events); the view
 is computed from the chain.
 Nothing acknowledged is rewritten. Stdlib and chatstate only: no framework import.
 """
@@ -17,10 +17,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ChatstateError
-from ..events import shown
-from ..toolloop import UNKNOWN
-from ..transcript import Message, Role
+from chatstate.core.events import shown
+from chatstate.core.transcript import Message, Role
+from chatstate.errors import ChatstateError
+from chatstate.session.tool_loop import UNKNOWN
 
 KEY = "item"
 """``extra[KEY]``: the framework's item, verbatim."""
@@ -90,7 +90,7 @@ def seal_items(prev: Message | None, items: Sequence[dict[str, Any]], turn_id: s
 
 
 def view(messages: Sequence[Message]) -> list[Message]:
-    """The item messages the chain shows now (see chatstate.events)."""
+    """The item messages the chain shows now (see chatstate.core.events)."""
     return [m for m in shown(messages) if KEY in (m.extra or {}) and m.status == "complete"]
 
 

@@ -21,9 +21,9 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from ..errors import ChatstateError
-from . import _items
-from ._itemlog import ItemLog
+from chatstate.errors import ChatstateError
+from chatstate.integrations import _items
+from chatstate.integrations._itemlog import ItemLog
 
 try:
     from agents.memory import SessionSettings

@@ -16,9 +16,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ChatstateError
-from . import _items
-from ._itemlog import ItemLog
+from chatstate.errors import ChatstateError
+from chatstate.integrations import _items
+from chatstate.integrations._itemlog import ItemLog
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory

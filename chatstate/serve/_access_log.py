@@ -7,7 +7,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._wire import CONVERSATION_HEADER
+from chatstate.serve._wire import CONVERSATION_HEADER
 
 access = logging.getLogger("chatstate.serve.access")
 

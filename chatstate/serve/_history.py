@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..transcript import Conversation, Message, canonical_json
+from chatstate.core.transcript import Conversation, Message, canonical_json
 
 # Message fields that a later request needs; the rest of a wire message goes to ``extra``.
 WIRE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")

@@ -24,8 +24,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..adapter._parse import StreamAccumulator
-from ..adapter._policy import AttemptFailed
+from chatstate.adapter._parse import StreamAccumulator
+from chatstate.adapter._policy import AttemptFailed
 
 log = logging.getLogger("chatstate.serve")
 

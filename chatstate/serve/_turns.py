@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConflictError, ConversationInUse, ConversationNotFound
-from ..stores.base import LEASE_TERM
-from ..transcript import Conversation, Message, new_id, new_turn_id, now_iso
-from ..writer_lease import Held, hold
-from ._history import HistoryIndex, Plan, message_fields, reconcile, visible
+from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id, now_iso
+from chatstate.errors import ConflictError, ConversationInUse, ConversationNotFound
+from chatstate.serve._history import HistoryIndex, Plan, message_fields, reconcile, visible
+from chatstate.session.writer_lease import Held, hold
+from chatstate.stores.base import LEASE_TERM
 
 log = logging.getLogger("chatstate.serve")
 

@@ -10,9 +10,9 @@ import httpx2
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..adapter._parse import parse_usage
-from ..transcript import validate_id
-from ._history import ROLES
+from chatstate.adapter._parse import parse_usage
+from chatstate.core.transcript import validate_id
+from chatstate.serve._history import ROLES
 
 CONVERSATION_HEADER = "X-Chatstate-Conversation"
 

@@ -25,19 +25,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..durability import boot_id
-from ..errors import (
+from chatstate.core.transcript import validate_id
+from chatstate.durable.guard import boot_id
+from chatstate.errors import (
     ChatstateError,
     ConflictError,
     ConversationInUse,
     ConversationNotFound,
     InvalidConversationId,
 )
-from ..transcript import validate_id
-from ._history import HistoryIndex, history_digest, wire_form
-from ._relay import RelayResponse, StreamRelay
-from ._turns import Turn, Writer
-from ._wire import (
+from chatstate.serve._history import HistoryIndex, history_digest, wire_form
+from chatstate.serve._relay import RelayResponse, StreamRelay
+from chatstate.serve._turns import Turn, Writer
+from chatstate.serve._wire import (
     CONVERSATION_HEADER,
     bearer,
     check_request,
@@ -296,7 +296,7 @@ class Proxy:
         return JSONResponse({"object": "list", "data": [r.model_dump() for r in rows]})
 
     async def conversation(self, request: Request) -> Response:
-        from ..transfer import render
+        from chatstate.ops.transfer import render
 
         try:
             cid = validate_id(request.path_params["cid"])

@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import ChatstateError, EphemeralStoreError, StoreUnavailable
-from .base import (
+from chatstate.errors import ChatstateError, EphemeralStoreError, StoreUnavailable
+from chatstate.stores.base import (
     BlobStore,
     CheckReport,
     CollectsBlobs,
@@ -38,11 +38,11 @@ __all__ = ["BlobStore", "CheckReport", "CollectsBlobs", "Forgets", "Leases", "Lo
 
 ENTRY_POINT_GROUP = "chatstate.stores"
 BUILTIN = {
-    "json": ("chatstate.stores.jsonfile", "JsonStore", None),
-    "sqlite": ("chatstate.stores.sqlite", "SqliteStore", None),
-    "s3": ("chatstate.stores.s3", "S3Store", "s3"),
-    "postgresql": ("chatstate.stores.postgres", "PostgresStore", "postgres"),
-    "postgres": ("chatstate.stores.postgres", "PostgresStore", "postgres"),
+    "json": ("chatstate.stores.json.store", "JsonStore", None),
+    "sqlite": ("chatstate.stores.sqlite.store", "SqliteStore", None),
+    "s3": ("chatstate.stores.s3.store", "S3Store", "s3"),
+    "postgresql": ("chatstate.stores.postgres.store", "PostgresStore", "postgres"),
+    "postgres": ("chatstate.stores.postgres.store", "PostgresStore", "postgres"),
 }
 TRUTHY = {"1", "true", "yes", "on"}
 
@@ -91,7 +91,7 @@ def guard(store: Store, *, allow_ephemeral: bool = False) -> Any:
 
     Returns the ``durability.Report``.
     """
-    from ..durability import Report, inspect
+    from chatstate.durable.guard import Report, inspect
 
     loc: Location = store.location()
     if hasattr(store, "durability_report"):  # a server says how it acknowledges commits
@@ -120,7 +120,7 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Any:
     writer left (``store.recovery`` says what) and records this open (boot id,
     hostname, DEPLOY_ID, time). ``store.guard_report`` holds the guard's verdict.
     """
-    from ..durability import host_identity
+    from chatstate.durable.guard import host_identity
 
     url = url or default_store_url()
     scheme = url.split("://", 1)[0] if "://" in url else ""

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter
 
-from ..transcript import OPTIONAL_FIELDS, Message
+from chatstate.core.transcript import OPTIONAL_FIELDS, Message
 
 _OPTIONAL = frozenset(OPTIONAL_FIELDS)
 

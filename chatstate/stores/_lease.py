@@ -21,9 +21,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..errors import ConversationInUse
-from .base import LEASE_TERM
+from chatstate.errors import ConversationInUse
+from chatstate.stores.base import LEASE_TERM
 
 
 @dataclass
@@ -132,3 +133,22 @@ class LeaseMethods(ABC):
 
     def release_lease(self, lease: Lease) -> None:
         self._drop_lease(lease)
+
+
+# -- shared by the json, sqlite and s3 leases: the record they keep and who holds it
+
+def lease_record(lease: Lease) -> dict[str, Any]:
+    lease.until = time.time() + lease.term
+    return {"owner": lease.owner, "host": lease.host, "pid": lease.pid, "until": lease.until}
+
+
+def holder_of(record: Any, lease: Lease) -> Holder | None:
+    """None when ``record`` is free for ``lease`` (absent, unreadable, ours or expired)."""
+    if not isinstance(record, dict) or record.get("owner") == lease.owner:
+        return None
+    if lease.dead is not None and (record.get("host"), record.get("pid")) == lease.dead:
+        return None
+    until = record.get("until")
+    if not isinstance(until, int | float) or until < time.time():
+        return None
+    return Holder(str(record.get("host", "?")), int(record.get("pid", 0)), float(until))

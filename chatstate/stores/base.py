@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
-from ..errors import ChatstateError, ConflictError, CorruptTranscriptError
-from ..transcript import Conversation, ConversationSummary, Message, verify_chain
+from chatstate.core.transcript import Conversation, ConversationSummary, Message, verify_chain
+from chatstate.errors import ChatstateError, ConflictError, CorruptTranscriptError
 
 
 @dataclass
@@ -380,7 +380,7 @@ def refuse_unheld_blobs(where: str, messages: Sequence[Message],
                 f"of {size} bytes, but the stored blob has {held}"
             raise ChatstateError(
                 f"{where}: refusing to append: message seq {seq} names blob {sha} {problem}. "
-                "Store the bytes first with put_blob() (chatstate.content does this when "
+                "Store the bytes first with put_blob() (chatstate.core.content does this when "
                 "sending); nothing was written.")
 
 

@@ -10,9 +10,9 @@ Stdlib only, so importing it costs next to nothing.
 
 from __future__ import annotations
 
-from ._replies import reply_text
-from ._script import Controls
-from .control import FakeControl
-from .fake_server import FakeModel, serve
+from chatstate.testing._replies import reply_text
+from chatstate.testing._script import Controls
+from chatstate.testing.control import FakeControl
+from chatstate.testing.fake_server import FakeModel, serve
 
 __all__ = ["Controls", "FakeControl", "FakeModel", "reply_text", "serve"]

@@ -18,8 +18,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
-from ._parts import received_parts
-from ._replies import (
+from chatstate.testing._parts import received_parts
+from chatstate.testing._replies import (
     CHUNK_BOUNDARY,
     call_deltas,
     chunk_body,
@@ -31,7 +31,7 @@ from ._replies import (
     tool_reply,
     usage,
 )
-from ._script import Fault, Script
+from chatstate.testing._script import Fault, Script
 
 
 class FakeHTTPServer(ThreadingHTTPServer):

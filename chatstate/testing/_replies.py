@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._parts import echo_text
+from chatstate.testing._parts import echo_text
 
 FILLER = (
     "amber", "birch", "cedar", "delta", "ember", "fjord", "garnet", "harbor",

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ._script import Controls
+from chatstate.testing._script import Controls
 
 __all__ = ["FakeControl"]
 

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, TextIO
 
-from ._handler import FakeHTTPServer
-from ._replies import reply_text
-from ._script import Controls, Options, Script
+from chatstate.testing._handler import FakeHTTPServer
+from chatstate.testing._replies import reply_text
+from chatstate.testing._script import Controls, Options, Script
 
 __all__ = ["FakeModel", "main", "serve"]
 

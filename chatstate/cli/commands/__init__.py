@@ -1,0 +1,1 @@
+"""One module per subcommand group, each imported only when its command runs."""

@@ -1,0 +1,175 @@
+"""`chatstate ask`: one turn for scripts. stdout carries only the reply."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+
+from chatstate.cli import waiting
+from chatstate.cli.common import Env, fail
+from chatstate.cli.daily_options import Daily, daily_options
+from chatstate.cli.functions import functions_option, load_functions, tool_printer
+from chatstate.cli.turns import (
+    attach_option,
+    attachments,
+    conversation_options,
+    open_chat,
+    valid_text,
+)
+from chatstate.errors import ChatstateError, ConversationInUse, ModelError
+
+
+@click.command()
+@click.argument("prompt", required=False)
+@conversation_options
+@click.option("--no-stream", is_flag=True, help="Wait for the whole reply, then print it.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: conversation id, seqs, reply, usage.")
+@click.option("--retry", is_flag=True, help="Complete the interrupted turn of --id/-c "
+              "instead of sending a new prompt.")
+@daily_options
+@attach_option
+@functions_option
+@click.pass_obj
+def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
+        model: str | None, offline: bool, base_url: str | None, system: str | None,
+        lease_wait: float, no_stream: bool, as_json: bool, retry: bool, daily: Daily,
+        attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
+    """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
+
+    The user message is durable before the request is sent, and each piece of
+    the reply is durable before it is printed. `--id ID` continues ID or
+    creates it. With --functions, each tool call and its result is described
+    on stderr once stored. Exit status: 0 ok, 1 failure, 2 usage.
+    """
+    if retry and attach:
+        raise click.UsageError("--retry completes the interrupted turn; it takes no --attach")
+    text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
+    parts = attachments(attach)  # read before anything is stored: a bad path stores nothing
+    tools = load_functions(functions)
+    system, model, params = daily.resolve(system, model)
+    with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
+                   offline=offline, base_url=base_url, system=system,
+                   lease_wait=lease_wait) as chat:
+        daily.configure(chat, params)
+        click.echo(f"conversation {chat.id}", err=True)
+        note_before(chat, retry=retry)
+        chat.on_tool = tool_printer(lambda line: click.echo(line, err=True))
+        try:
+            reply = one_turn(chat, text, stream=not (as_json or no_stream),
+                             show=not as_json, daily=daily, attach=parts, tools=tools or None)
+        except (KeyboardInterrupt, BrokenPipeError) as exc:
+            # Ctrl-C, or the reader of stdout went away (`| head`): the partial is kept
+            if chat.interrupted is not None:
+                lead = "\n" if isinstance(exc, KeyboardInterrupt) else ""
+                click.echo(f"{lead}{retry_hint(chat.id)}", err=True)
+            raise
+        except ChatstateError as exc:
+            if chat.interrupted is None or isinstance(exc, ConversationInUse):
+                raise  # nothing of this turn was stored: no turn to complete
+            if env.debug:
+                traceback.print_exc()
+            fail(f"{exc} {retry_hint(chat.id, exc)}")
+            return
+        note_after(chat, reply)
+        if as_json:
+            user = next((m for m in reversed(chat.messages)
+                         if m.role == "user" and m.turn_id == reply.turn_id), None)
+            click.echo(json.dumps({
+                "conversation_id": chat.id, "turn_id": reply.turn_id,
+                "user_seq": user.seq if user else None, "reply_seq": reply.seq,
+                "reply": reply.content, "model": reply.model, "usage": reply.usage,
+                "requested_model": reply.requested_model or reply.model,
+                "finish_reason": reply.finish_reason or "stop",
+                "sent_messages": len(chat.last_fit.messages) if chat.last_fit else None}))
+
+
+def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
+                cont: bool) -> str:
+    """The prompt text, checked before anything is opened; empty for --retry."""
+    if retry:
+        if prompt is not None:
+            raise click.UsageError("--retry completes the interrupted turn; it takes no PROMPT")
+        if not (conversation_id or cont):
+            raise click.UsageError("--retry needs --id ID or -c to say which conversation")
+        return ""
+    if prompt is None or prompt == "-":
+        if sys.stdin.isatty():
+            click.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
+        # like $(...) in a shell: the newline that ends the piped text is not part of it
+        prompt = sys.stdin.read().removesuffix("\n")
+    text = valid_text(prompt, "the prompt")
+    if not text.strip():
+        raise click.UsageError("empty prompt: pass PROMPT or pipe text on stdin")
+    return text
+
+
+def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
+             attach: list[dict[str, Any]] | None = None,
+             tools: list[Any] | None = None) -> Any:
+    """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
+    from chatstate.cli.markdown import ReplyPrinter, print_stats
+
+    spin = waiting.enabled()
+    more = {"attach": attach} if attach else {}
+    if not stream:
+        with waiting.waiting(spin):
+            reply = chat.send(text, tools=tools, **more) if text else chat.retry(tools=tools)
+        if not show:
+            return reply
+        printer = ReplyPrinter(markdown=daily.markdown())
+        printer.feed(reply.text)
+    else:
+        printer = ReplyPrinter(markdown=daily.markdown())
+        try:
+            deltas = (chat.stream(text, tools=tools, **more) if text
+                      else chat.retry_stream(tools=tools))
+            for delta in waiting.until_first(deltas, spin):
+                printer.feed(delta)
+        except BaseException:
+            printer.abort()
+            raise
+        reply = chat.messages[-1]
+    printer.close()
+    if printer.markdown and not daily.quiet:
+        print_stats(printer.stats(reply.usage))
+    return reply
+
+
+def retry_hint(cid: str, exc: BaseException | None = None) -> str:
+    """What to do about the turn a failure left unanswered; ``exc`` says if a retry can help."""
+    if isinstance(exc, ModelError) and not exc.retryable:
+        return (f"Your message is stored in conversation {cid} without a reply. Sending it "
+                "again as it is would fail the same way: change what the error names, then "
+                f"`chatstate ask --id {cid} --retry` (--model picks another model), or just "
+                "send a new message (the unanswered one is kept but not sent again).")
+    return (f"Your message is stored in conversation {cid} but has no complete reply; "
+            f"complete the turn with `chatstate ask --id {cid} --retry`.")
+
+
+def note_before(chat: Any, *, retry: bool) -> None:
+    """Say what a new message does to a turn left unanswered, or what --retry will do."""
+    from chatstate.session.writer_lease import held_elsewhere
+
+    turn = chat.interrupted
+    # a live writer's reply in progress is no interrupted turn (and this one will be refused)
+    if turn is not None and not retry and held_elsewhere(chat.store, chat.id) is None:
+        click.echo(f"note: {turn.describe()}; it stays in the transcript but is not sent "
+                   "to the model again (--retry would have completed it)", err=True)
+    elif turn is None and retry and chat.cut_short is not None:
+        click.echo("note: the last reply was cut short; asking the model to continue it",
+                   err=True)
+
+
+def note_after(chat: Any, reply: Any) -> None:
+    from chatstate.session.sendable import CUT_REASONS
+
+    why = CUT_REASONS.get(reply.finish_reason or "")
+    if why:
+        click.echo(f"note: {why} (finish_reason {reply.finish_reason}); `chatstate ask "
+                   f"--id {chat.id} --retry` asks the model to continue", err=True)

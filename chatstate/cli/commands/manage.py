@@ -1,0 +1,263 @@
+"""list, replay, export, import, rm, prune, search, repair: the transcript housekeeping."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import click
+
+from chatstate.cli.common import Env, fail
+from chatstate.cli.render import neutralise
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array.")
+@click.option("--limit", type=int, default=None, help="At most N conversations.")
+@click.pass_obj
+def list_cmd(env: Env, as_json: bool, limit: int | None) -> None:
+    """List conversations, most recently updated first."""
+    rows = env.store().list_conversations(limit=limit)
+    if as_json:
+        click.echo(json.dumps([r.model_dump() for r in rows], indent=2))
+        return
+    for r in rows:
+        click.echo(f"{r.id}  {r.updated_at[:19]}  {r.message_count:>5} msgs  "
+                   f"{neutralise(r.title)}")
+    if not rows:
+        click.echo("(no conversations)", err=True)
+
+
+@click.command()
+@click.argument("conversation_id", metavar="ID")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json", "jsonl"]),
+              default="text", show_default=True)
+@click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 naming the first "
+              "bad seq.")
+@click.option("--raw", is_flag=True, help="Plain text even on a terminal (no Markdown).")
+@click.pass_obj
+def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) -> None:
+    """Print a stored transcript (a partial reply shows as status partial).
+
+    On a terminal the text format is rendered as Markdown, unless --raw, NO_COLOR
+    or TERM=dumb.
+    """
+    from chatstate.errors import CorruptTranscriptError
+    from chatstate.ops.transfer import render
+
+    try:
+        conv = env.store().load(conversation_id)
+    except CorruptTranscriptError as exc:
+        where = f" at seq {exc.position}" if exc.position is not None else ""
+        fail(f"verification failed{where}: {exc}")
+    from chatstate.cli.daily_options import use_markdown
+
+    if fmt == "text" and use_markdown(raw):
+        from chatstate.cli.markdown import print_markdown
+
+        print_markdown(render(conv, "markdown"))
+    else:
+        text = render(conv, fmt)
+        click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
+    if verify:
+        from chatstate.stores.base import verify_blobs
+
+        bad = conv.verify()
+        if bad is not None:
+            fail(f"hash chain broken at seq {bad}")
+        try:
+            blobs = verify_blobs(env.store(), conv)
+        except CorruptTranscriptError as exc:
+            fail(f"verification failed: {exc}")
+        tip = conv.last.hash[:16] if conv.last else "-"
+        checked = f", {blobs} blob(s) match their sha256" if blobs else ""
+        click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)"
+                   f"{checked}", err=True)
+    if conv.partial is not None or (conv.last and conv.last.role == "user"):
+        click.echo("note: the last turn was interrupted; `chatstate ask --id "
+                   f"{conv.id} --retry` completes it", err=True)
+
+
+@click.command()
+@click.argument("conversation_id", metavar="ID")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              required=True, help="File to write ('-' for stdout).")
+@click.option("--format", "fmt", type=click.Choice(["chatstate", "openai", "jsonl"]),
+              default="chatstate", show_default=True,
+              help="chatstate: hashes, partial and blobs; openai: a chat-completions messages "
+              "list (jsonl: one per line), images and files inlined as data URLs.")
+@click.pass_obj
+def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
+    """Write a conversation (with hashes, any partial reply and its blobs) as JSON."""
+    from chatstate.durable.files import atomic_write
+    from chatstate.ops.transfer import export_json, export_openai
+
+    store = env.store()
+    conv = store.load(conversation_id)
+    data = export_json(conv, store) if fmt == "chatstate" else \
+        export_openai(conv, store, jsonl=fmt == "jsonl")
+    if str(output) == "-":
+        sys.stdout.write(data)
+        return
+    atomic_write(output.absolute(), data.encode())
+    click.echo(f"exported {conv.id} ({len(conv.messages)} messages) to {output}", err=True)
+
+
+@click.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--id", "conversation_id", help="Import under this id instead.")
+@click.pass_obj
+def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
+    """Import a chatstate export, or OpenAI messages as a JSON list or jsonl."""
+    from chatstate.core.transcript import validate_id
+    from chatstate.errors import ConflictError
+    from chatstate.ops.transfer import import_into, read_import
+
+    imported = read_import(path)
+    conv = imported.conversation
+    if conversation_id:
+        conv.id = validate_id(conversation_id)
+    try:
+        import_into(env.store(), imported)
+    except ConflictError as exc:
+        fail(f"{exc}; nothing was imported. Import it under another id with --id NEW_ID.")
+    click.echo(conv.id)
+    click.echo(f"imported {len(imported.messages)} messages as {conv.id}", err=True)
+
+
+@click.command()
+@click.argument("conversation_id", metavar="ID")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def rm(env: Env, conversation_id: str, yes: bool) -> None:
+    """Delete a conversation."""
+    store = env.store()
+    conv = store.load(conversation_id)
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"delete {conv.id} ({len(conv.messages)} messages)?", abort=True)
+    store.delete(conversation_id)
+    click.echo(f"deleted {conversation_id}", err=True)
+
+
+def parse_age(text: str) -> timedelta:
+    match = re.fullmatch(r"(\d+)\s*([smhdw])", text.strip())
+    if not match:
+        raise click.BadParameter(f"{text!r}: use a number and a unit, e.g. 30d, 12h, 2w")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+    return timedelta(**{unit[match.group(2)]: int(match.group(1))})
+
+
+@click.command()
+@click.option("--older-than", "older_than", required=True, metavar="AGE",
+              help="e.g. 30d, 12h, 2w (by last update).")
+@click.option("--yes", is_flag=True, help="Really delete (otherwise a dry run).")
+@click.pass_obj
+def prune(env: Env, older_than: str, yes: bool) -> None:
+    """Retention: delete conversations not updated for AGE. A dry run unless --yes."""
+    cutoff = datetime.now(timezone.utc) - parse_age(older_than)
+    store = env.store()
+    old = [s for s in store.list_conversations()
+           if s.updated_at and datetime.fromisoformat(s.updated_at.replace("Z", "+00:00"))
+           < cutoff]
+    for s in old:
+        if yes:
+            store.delete(s.id)
+        click.echo(f"{'deleted' if yes else 'would delete'} {s.id} (updated {s.updated_at})")
+    if not yes:
+        click.echo(f"dry run: {len(old)} conversation(s) older than {older_than}; add --yes "
+                   "to delete them", err=True)
+
+
+@click.command()
+@click.option("--grace", default="1h", show_default=True, metavar="AGE",
+              help="Keep blobs stored (or stored again) more recently than this.")
+@click.option("--yes", is_flag=True, help="Really remove (otherwise a dry run).")
+@click.pass_obj
+def gc(env: Env, grace: str, yes: bool) -> None:
+    """Remove images and files that no message or partial reply names any more.
+
+    Deleting or pruning a conversation leaves its attachments in the blob area (another
+    conversation may name the same one). Every conversation is read first: a damaged one
+    stops gc before anything is removed. A dry run unless --yes.
+    """
+    from chatstate.ops.blobgc import collect_blobs
+
+    sweep = collect_blobs(env.store(), grace=parse_age(grace).total_seconds(),
+                          dry_run=not yes)
+    for sha256 in sweep.removed:
+        click.echo(f"{'removed' if yes else 'would remove'} blob {sha256}")
+    size = f"{sweep.freed / (1 << 20):.1f} MiB" if sweep.freed >= 1 << 20 else \
+        f"{sweep.freed} bytes"
+    click.echo(f"{len(sweep.removed)} of {sweep.held} blob(s) {'removed' if yes else 'unnamed'}"
+               f" ({size}); {sweep.named} named by a message, {len(sweep.young)} unnamed but "
+               f"younger than {grace}", err=True)
+    if not yes and sweep.removed:
+        click.echo("dry run: add --yes to remove them", err=True)
+
+
+@click.command()
+@click.argument("text")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.pass_obj
+def search(env: Env, text: str, limit: int) -> None:
+    """Full-text search over every transcript; prints ID#SEQ: text per matching message.
+
+    sqlite stores use FTS5 and match TEXT as a phrase of whole words; other stores
+    scan every transcript for TEXT as a substring. Both ignore case.
+    """
+    from chatstate.stores import Searchable
+
+    store = env.store()
+    if isinstance(store, Searchable):  # an optional part of the Store protocol
+        hits = store.search(text, limit=limit)
+    else:
+        from chatstate.errors import CorruptTranscriptError
+
+        hits = []
+        for summary in store.list_conversations():
+            try:
+                messages = store.load(summary.id).messages
+            except CorruptTranscriptError as exc:  # one damaged transcript hides no others
+                click.echo(f"skipped a damaged conversation: {exc}", err=True)
+                continue
+            hits += [(summary.id, m.seq, m.content) for m in messages
+                     if text.lower() in m.content.lower()]
+            if len(hits) >= limit:
+                break
+    for cid, seq, content in hits[:limit]:
+        click.echo(f"{cid}#{seq}: {neutralise(' '.join(content.split())[:120])}")
+    if not hits:
+        click.echo("no matches", err=True)
+
+
+@click.command()
+@click.argument("conversation_id", metavar="ID")
+@click.option("--force", is_flag=True, help="Quarantine it even if it loads and verifies.")
+@click.pass_obj
+def repair(env: Env, conversation_id: str, force: bool) -> None:
+    """Quarantine a damaged transcript (moved aside, never deleted).
+
+    A conversation that loads and verifies is left alone unless --force.
+    """
+    from chatstate.errors import CorruptTranscriptError
+    from chatstate.stores import Quarantines
+
+    store = env.store()
+    quarantine = store.quarantine if isinstance(store, Quarantines) else None  # optional part
+    if quarantine is None:
+        fail(f"{store.url}: this store has no repair; copy the damaged object aside by hand")
+        return
+    if not force:
+        try:
+            conv = store.load(conversation_id)
+        except CorruptTranscriptError as exc:
+            click.echo(f"damaged: {exc}", err=True)
+        else:
+            fail(f"{conversation_id!r} loads and its hash chain verifies ({len(conv.messages)} "
+                 "messages): there is nothing to repair. Use --force to move it aside anyway.")
+    where = quarantine(conversation_id)
+    click.echo(f"moved {conversation_id} to {where}; the conversation id is free again",
+               err=True)

@@ -1,0 +1,1 @@
+"""The chat REPL: the ``chat`` command, its line input and its slash commands."""

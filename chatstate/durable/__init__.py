@@ -1,0 +1,6 @@
+"""The durable layer: bytes that survive, below any store.
+
+The durability guard (``guard``), atomic local files and locks (``files``), SQLite
+connections set up for durability (``sqlite_setup``), and Ctrl-C held back inside a
+write (``uninterruptible``). It knows nothing of transcripts.
+"""

@@ -1,0 +1,63 @@
+"""Sweep a store's blob area of images and files that no message names any more.
+
+Blobs are stored once per digest and outlive the conversations that named
+them: deleting or pruning a conversation leaves its attachments behind (the
+same image may be named elsewhere). ``collect_blobs`` removes the blobs that
+no stored message or partial reply names and that have not been stored (or
+stored again) for ``grace`` seconds; the grace protects a writer that has put a
+blob but not yet appended the message naming it. Every conversation is loaded
+first, so a damaged one stops the sweep before anything is removed (its
+references cannot be known).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatstate.errors import ChatstateError
+from chatstate.stores.base import CollectsBlobs, named_blobs
+
+DEFAULT_GRACE = 3600.0
+
+
+@dataclass
+class BlobSweep:
+    """What ``collect_blobs`` found and did."""
+
+    held: int = 0
+    """Blobs in the store before the sweep."""
+    named: int = 0
+    """Of those, blobs some message or partial reply names (kept)."""
+    removed: list[str] = field(default_factory=list)
+    """Digests removed (with ``dry_run``: that would be removed)."""
+    young: list[str] = field(default_factory=list)
+    """Unnamed, but stored within the grace period (kept)."""
+    freed: int = 0
+    """Bytes removed (or that would be)."""
+    dry_run: bool = False
+
+
+def collect_blobs(store: Any, *, grace: float = DEFAULT_GRACE,
+                  dry_run: bool = False) -> BlobSweep:
+    """Remove blobs no message names and nobody stored for ``grace`` seconds."""
+    sweepable = isinstance(store, CollectsBlobs)  # (kept Any: the Store methods too)
+    if not sweepable:
+        raise ChatstateError(f"the store {store.url} cannot sweep its blobs")
+    listed = store.list_blobs()  # before the references: a blob stored later is young
+    names: set[str] = set()
+    for summary in store.list_conversations():
+        conv = store.load(summary.id)  # a damaged one raises: nothing is removed
+        names.update(named_blobs([*conv.messages, *([conv.partial] if conv.partial else [])]))
+    sweep = BlobSweep(held=len(listed), dry_run=dry_run)
+    for sha256, size, age in sorted(listed):
+        if sha256 in names:
+            sweep.named += 1
+        elif age < grace:
+            sweep.young.append(sha256)
+        elif dry_run or store.remove_blob(sha256, idle_for=grace):
+            sweep.removed.append(sha256)
+            sweep.freed += size
+        else:
+            sweep.young.append(sha256)  # stored again since it was listed
+    return sweep

@@ -1,0 +1,143 @@
+"""The on-disk JSON document of one conversation, and its strict decoder.
+
+Layout: the header on the first line, then one message per line, so the file
+is valid JSON, greppable, and listable by reading one line::
+
+    {"schema":1,"id":"support-42",...,"message_count":2,"messages":[
+    {"seq":0,"role":"user",...,"hash":"…"},
+    {"seq":1,"role":"assistant",...,"hash":"…"}
+    ]}
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from chatstate.core.transcript import (
+    Conversation,
+    Message,
+    check_schema,
+    parse_message,
+    schema_for,
+)
+from chatstate.errors import CorruptTranscriptError
+from chatstate.stores._fastload import canonical, first_break, validate_items
+
+HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
+
+
+def message_line(msg: Message) -> str:
+    return json.dumps(msg.stored(), ensure_ascii=False, separators=(",", ":"))
+
+
+def encode(header: dict[str, Any], lines: list[str], schema: int = 1) -> bytes:
+    """``schema``: ``schema_for`` the messages (2 once any holds a 0.2 field)."""
+    head = {"schema": schema, **{k: header[k] for k in HEADER_KEYS},
+            "message_count": len(lines)}
+    first = json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]
+    body = ",\n".join(lines)
+    return (first + ',"messages":[\n' + body + ("\n" if lines else "") + "]}\n").encode()
+
+
+def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
+    """Parse and fully verify a stored conversation; raise CorruptTranscriptError naming where."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        doc = _strict_parse(raw, where)  # names the byte or line that is wrong
+    if not isinstance(doc, dict):
+        raise CorruptTranscriptError(f"{where}: expected a JSON object, found "
+                                     f"{type(doc).__name__}", where=where)
+    check_schema(doc.get("schema"), where)
+    header = {k: doc.get(k) for k in HEADER_KEYS}
+    types = {"id": str, "title": str, "created_at": str, "updated_at": str, "metadata": dict}
+    wrong = [k for k, t in types.items() if not isinstance(header[k], t)]
+    if wrong or not isinstance(doc.get("messages"), list):
+        raise CorruptTranscriptError(
+            f"{where}: header field(s) {', '.join(wrong) or 'messages'} missing or of the "
+            "wrong type; the file was left as it is.", where=where)
+    items = doc["messages"]
+    try:
+        messages = validate_items(items)
+    except ValueError:  # pydantic's ValidationError: name the first bad message
+        messages = [parse_message(item, where, index) for index, item in enumerate(items)]
+    bodies = (canonical(item) if isinstance(item, dict) else None for item in items)
+    bad = first_break(messages, bodies)
+    if bad is not None:
+        raise CorruptTranscriptError(
+            f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
+            "reordered); the file was left as it is. `chatstate repair` quarantines it.",
+            where=where, position=bad)
+    count = doc.get("message_count")
+    if count != len(messages):  # the chain cannot see its own tail cut off; the count can
+        position = min(count, len(messages)) if isinstance(count, int) else len(messages)
+        raise CorruptTranscriptError(
+            f"{where}: header message_count is {count!r} but {len(messages)} messages are "
+            f"stored (cut off or added by hand from seq {position}); the file was left as "
+            "it is. `chatstate repair` quarantines it.", where=where, position=position)
+    return header, messages
+
+
+def _strict_parse(raw: bytes, where: str) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptTranscriptError(
+            f"{where}: not valid UTF-8 at byte {exc.start}; the file was left as it is. "
+            "Restore it from a backup or move it aside with `chatstate repair`.",
+            where=where) from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptTranscriptError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            "it may be truncated. The file was left as it is.", where=where) from exc
+
+
+def stored_lines(raw: bytes, count: int) -> list[str] | None:
+    """The message lines of a file in the layout ``encode`` writes, as they are on disk
+    (what ``message_line`` would write again); None if the file is laid out otherwise."""
+    lines = raw.decode("utf-8").split("\n")
+    if count == 0 or len(lines) != count + 3 or lines[-2] != "]}" or lines[-1] != "" \
+            or not lines[0].endswith(',"messages":['):
+        return None
+    body = lines[1:count + 1]
+    if not all(line.endswith(",") for line in body[:-1]) or body[-1].endswith(","):
+        return None
+    return [line[:-1] for line in body[:-1]] + [body[-1]]
+
+
+def decode_partial(raw: bytes, where: str) -> Message:
+    """The partial reply in a sidecar: the last complete line of an append-only log.
+
+    Each flush appends one whole record and its newline; a last line without its
+    newline is a write that a crash cut off before it was acknowledged, so the
+    record before it stands. A file of one line without a newline is the older
+    single-document sidecar.
+    """
+    lines = raw.split(b"\n")
+    record = lines[-2] if len(lines) > 1 else lines[0]
+    try:
+        doc = json.loads(record)
+        check_schema(doc.get("schema"), where)
+        return Message.model_validate(doc["message"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptTranscriptError(f"{where}: unreadable partial reply ({exc}); left as it "
+                                     "is", where=where) from exc
+
+
+def encode_partial(conversation_id: str, msg: Message) -> bytes:
+    """One line of the sidecar (see decode_partial)."""
+    return json.dumps({"schema": schema_for([msg]), "conversation": conversation_id,
+                       "message": msg.stored()}, ensure_ascii=False).encode() + b"\n"
+
+
+def to_conversation(header: dict[str, Any], messages: list[Message],
+                    partial: Message | None) -> Conversation:
+    return Conversation.model_construct(
+        id=header["id"], title=header.get("title") or "", created_at=header["created_at"],
+        updated_at=header["updated_at"], metadata=header.get("metadata") or {},
+        messages=messages, partial=partial)

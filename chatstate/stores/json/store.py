@@ -1,0 +1,364 @@
+"""The json store: one human-readable JSON file per conversation in a directory.
+
+    DIR/<id>.json             the conversation (header line + one message per line)
+    DIR/.partials/<id>.json   the in-progress reply: an append-only log, one fsync per flush
+    DIR/.locks/<id>.lock      flock guarding every read-modify-write of <id>
+    DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
+    DIR/blobs/<sha256>        images and files named by messages, stored once (_jsonblobs)
+
+Every write is temp file (O_EXCL, unpredictable name) -> fsync -> rename -> fsync
+directory, under the conversation's lock. Each append rewrites the file, so a
+per-process cache of the last verified file (keyed by inode, mtime and size)
+spares re-verifying the whole chain when nobody else has touched it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from chatstate.core.transcript import (
+    Conversation,
+    ConversationSummary,
+    Message,
+    now_iso,
+    schema_for,
+    validate_id,
+)
+from chatstate.durable.files import (
+    TMP_MARK,
+    atomic_write,
+    ensure_dir,
+    fsync_dir,
+    locked,
+    os_error,
+    read_bytes,
+    remove_durably,
+    sync_durably,
+    temp_target,
+)
+from chatstate.errors import (
+    ChatstateError,
+    ConflictError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+    StoreUnavailable,
+)
+from chatstate.stores.base import (
+    CheckReport,
+    Location,
+    check_append,
+    check_partial_commit,
+    check_stored_blobs,
+    local_path,
+    refuse_unheld_blobs,
+)
+from chatstate.stores.json import _doc as doc
+from chatstate.stores.json._blobs import JsonBlobs
+from chatstate.stores.json._lease import JsonLease
+from chatstate.stores.json._sidecar import SidecarLog
+
+Snapshot = tuple[dict[str, Any], list[str], list[Message]]
+
+
+class JsonStore(JsonLease, JsonBlobs):
+    """Conversations as JSON files in one directory. See the module docstring."""
+
+    partial_flush_interval = 0.0
+
+    def __init__(self, root: Path, url: str | None = None) -> None:
+        self.root = root
+        self.url = url or f"json://{root}"
+        self.recovery: list[str] = []
+        self._cache: dict[str, tuple[tuple[int, int, int], Snapshot]] = {}
+        self._sidecar = SidecarLog()
+
+    @classmethod
+    def from_url(cls, url: str) -> JsonStore:
+        return cls(local_path(url, "json:///abs/dir"), url)
+
+    def location(self) -> Location:
+        return Location(url=self.url, path=str(self.root))
+
+    def _file(self, cid: str) -> Path:
+        return self.root / f"{validate_id(cid)}.json"
+
+    def _partial(self, cid: str) -> Path:
+        return self.root / ".partials" / f"{validate_id(cid)}.json"
+
+    def _lock(self, cid: str) -> Path:
+        return self.root / ".locks" / f"{validate_id(cid)}.lock"
+
+    # -- lifecycle -------------------------------------------------------------------
+    def open(self) -> None:
+        for sub in (self.root, self.root / ".partials", self.root / ".locks",
+                    self.root / ".chatstate"):
+            ensure_dir(sub)
+        try:
+            for directory in (self.root, self.root / ".partials"):
+                for tmp in sorted(directory.glob(f".*{TMP_MARK}*")):
+                    self._remove_stray(tmp)
+            self._remove_blob_temps()
+            self._remove_lease_temps()
+            for partial in sorted((self.root / ".partials").glob("*.json")):
+                try:
+                    self._reconcile_partial(partial.name[:-5])
+                except CorruptTranscriptError as exc:  # reported, left alone, not fatal
+                    self.recovery.append(f"could not reconcile: {exc}")
+        except OSError as exc:  # the directory listing itself failed (EIO, EMFILE...)
+            self.recovery.append(f"recovery skipped: {os_error(exc, 'scan', self.root)}")
+        except StoreUnavailable as exc:
+            # A read-only or full disk: what is stored must still be readable.
+            self.recovery.append(f"recovery skipped, the store cannot be written: {exc}")
+
+    def _remove_stray(self, tmp: Path) -> None:
+        target = temp_target(tmp.name)
+        if target is None or not target.endswith(".json"):
+            return
+        cid = target.removesuffix(".json")
+        try:
+            validate_id(cid)
+        except ValueError:
+            return
+        with locked(self._lock(cid), blocking=False) as got:
+            if got:  # no live writer holds it: this temp file is a dead writer's
+                remove_durably(tmp)
+                self.recovery.append(f"removed {tmp.name}, a temp file left by a killed writer")
+
+    def _reconcile_partial(self, cid: str) -> None:
+        path = self._partial(cid)
+        with locked(self._lock(cid), blocking=False) as got:
+            if not got:
+                return
+            raw = read_bytes(path)
+            if raw is None:
+                return
+            partial = doc.decode_partial(raw, str(path))
+            snap = self._read(cid) if self._file(cid).exists() else None
+            last = snap[2][-1].seq if snap and snap[2] else -1
+            if snap is None or partial.seq <= last:
+                remove_durably(path)
+                self.recovery.append(f"{cid}: removed a stale partial reply (seq {partial.seq}) "
+                                     "already superseded by the stored transcript")
+            else:
+                self.recovery.append(f"{cid}: found an interrupted reply ({len(partial.content)} "
+                                     "chars, kept as partial)")
+
+    def close(self) -> None:
+        self._cache.clear()
+
+    # -- reads -----------------------------------------------------------------------
+    def _read(self, cid: str) -> Snapshot:
+        path = self._file(cid)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise ConversationNotFound(f"no conversation {cid!r} in {self.url}") from None
+        except OSError as exc:
+            raise os_error(exc, "stat", path) from exc
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        hit = self._cache.get(cid)
+        if hit and hit[0] == key:
+            return hit[1]
+        raw = read_bytes(path)
+        if raw is None:
+            raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+        header, messages = doc.decode(raw, str(path))
+        # the verified lines as read, when laid out as written: no re-serialising
+        lines = doc.stored_lines(raw, len(messages)) or [doc.message_line(m) for m in messages]
+        snap = (header, lines, messages)
+        self._cache[cid] = (key, snap)
+        return snap
+
+    def load(self, conversation_id: str) -> Conversation:
+        header, _, messages = self._read(conversation_id)
+        partial = None
+        raw = read_bytes(self._partial(conversation_id))
+        if raw is not None:
+            candidate = doc.decode_partial(raw, str(self._partial(conversation_id)))
+            if candidate.seq == (messages[-1].seq + 1 if messages else 0):
+                partial = candidate
+        check_stored_blobs(str(self._file(conversation_id)),
+                           [*messages, *([partial] if partial else [])],
+                           self._blob_size, self._blob_where)
+        return doc.to_conversation(header, list(messages), partial)
+
+    def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
+        out = []
+        for path in self.root.glob("*.json"):
+            try:
+                with open(path, "rb") as fh:
+                    first = fh.readline().decode("utf-8", "replace")
+                # the document's own key ends the first line; metadata may hold the same text
+                head = json.loads(first.rsplit(',"messages":[', 1)[0] + "}")
+                out.append(ConversationSummary(
+                    id=head["id"], title=head.get("title", ""), created_at=head["created_at"],
+                    updated_at=head["updated_at"], message_count=head.get("message_count", 0)))
+            except (OSError, ValueError, KeyError):
+                out.append(ConversationSummary(id=path.name[:-5], title="(unreadable: run "
+                           "`chatstate doctor`)", created_at="", updated_at="",
+                           message_count=0))
+        out.sort(key=lambda s: s.updated_at, reverse=True)
+        return out[:limit] if limit is not None else out
+
+    # -- writes ----------------------------------------------------------------------
+    def _write(self, cid: str, header: dict[str, Any], lines: list[str],
+               messages: list[Message]) -> None:
+        path = self._file(cid)
+        atomic_write(path, doc.encode(header, lines, schema_for(messages)))
+        st = os.stat(path)
+        self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size), (header, lines, messages))
+
+    def create(self, conversation: Conversation) -> None:
+        cid = conversation.id
+        with locked(self._lock(cid)):
+            if self._file(cid).exists():
+                raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
+            self._write(cid, conversation.header(), [], [])
+
+    def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
+        cid = conversation_id
+        with locked(self._lock(cid)):
+            header, lines, stored = self._read(cid)
+            where = str(self._file(cid))
+            already = check_append(where, stored[-1].seq if stored else -1,
+                                   lambda seq: stored[seq].hash, messages)
+            fresh = list(messages[already:])
+            refuse_unheld_blobs(where, fresh, self._blob_size)
+            partial_path = self._partial(cid)
+            raw = read_bytes(partial_path) if messages else None
+            partial = doc.decode_partial(raw, str(partial_path)) if raw is not None else None
+            check_partial_commit(where, fresh, partial)
+            if fresh:
+                new_header = dict(header, updated_at=now_iso())
+                self._write(cid, new_header, lines + [doc.message_line(m) for m in fresh],
+                            stored + fresh)
+            elif already:  # a retry of an append whose outcome was unknown: make it durable
+                sync_durably(self._file(cid))
+            if partial is not None and partial.seq <= messages[-1].seq:
+                remove_durably(partial_path)
+
+    def save_partial(self, conversation_id: str, partial: Message) -> None:
+        with locked(self._lock(conversation_id)):
+            _header, _, stored = self._read(conversation_id)
+            expected = stored[-1].seq + 1 if stored else 0
+            if partial.seq != expected:
+                raise ConflictError(f"{self._file(conversation_id)}: partial reply for seq "
+                                    f"{partial.seq}, but the next seq is {expected}",
+                                    expected_seq=partial.seq - 1, actual_seq=expected - 1)
+            record = doc.encode_partial(conversation_id, partial)
+            if not self._sidecar.append(self._partial(conversation_id), record):
+                atomic_write(self._partial(conversation_id), record)
+                self._sidecar.wrote(self._partial(conversation_id))
+
+    def clear_partial(self, conversation_id: str) -> None:
+        with locked(self._lock(conversation_id)):
+            remove_durably(self._partial(conversation_id))
+
+    def set_header(self, conversation_id: str, *, title: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> None:
+        with locked(self._lock(conversation_id)):
+            header, lines, stored = self._read(conversation_id)
+            changes: dict[str, Any] = {"updated_at": now_iso()}
+            if title is not None:
+                changes["title"] = title
+            if metadata is not None:
+                changes["metadata"] = metadata
+            self._write(conversation_id, dict(header, **changes), lines, stored)
+
+    def delete(self, conversation_id: str) -> None:
+        with locked(self._lock(conversation_id)):
+            if not remove_durably(self._file(conversation_id)):
+                raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
+            remove_durably(self._partial(conversation_id))
+            self._cache.pop(conversation_id, None)
+
+    def quarantine(self, conversation_id: str) -> str:
+        """Move a (damaged) conversation aside into DIR/.quarantine/; never deletes."""
+        cid = conversation_id
+        qdir = self.root / ".quarantine"
+        ensure_dir(qdir)
+        stamp = now_iso().replace(":", "")
+        with locked(self._lock(cid)):
+            moved = []
+            # the partial first: a kill between the two moves leaves the transcript in
+            # place (still loadable, quarantined by a rerun); transcript first would leave
+            # an orphaned partial that the next open() removes as stale
+            for src in (self._partial(cid), self._file(cid)):
+                if src.exists():
+                    dst = qdir / f"{src.parent.name}-{src.name}.{stamp}"
+                    try:
+                        os.rename(src, dst)
+                    except OSError as exc:
+                        raise os_error(exc, "move to quarantine", src) from exc
+                    try:
+                        fsync_dir(qdir)
+                        fsync_dir(src.parent)
+                    except OSError as exc:
+                        raise os_error(exc, "fsync the move to quarantine of", src,
+                                       outcome=f"It was moved to {dst}, but the move is not "
+                                       "known to be on stable storage.") from exc
+                    moved.append(dst)
+            if not moved:
+                raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+            self._cache.pop(cid, None)
+        return str(moved[-1])
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """Temp files of these conversations, and their locks still held (ReportsLeftovers)."""
+        from chatstate.stores.json._leftovers import json_leftovers
+
+        return json_leftovers(self.root, conversation_ids)
+
+    def forget(self, conversation_ids: Sequence[str]) -> None:
+        """Remove the lock files of deleted conversations that no process uses (Forgets)."""
+        from chatstate.stores.json._leftovers import json_forget
+
+        json_forget(self.root, conversation_ids)
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def record_open(self, record: dict[str, Any]) -> None:
+        path = self.root / ".chatstate" / "opens.jsonl"
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        try:
+            created = not path.exists()
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if created:  # the new directory entry is durable only once its directory is
+                fsync_dir(path.parent)
+        except OSError as exc:
+            raise os_error(exc, "record this open in", path) from exc
+
+    def opens(self) -> list[dict[str, Any]]:
+        raw = read_bytes(self.root / ".chatstate" / "opens.jsonl") or b""
+        out = []
+        for line in raw.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line of a killed open: bookkeeping, not a transcript
+        return out
+
+    def check(self) -> CheckReport:
+        report = CheckReport(ok=False, url=self.url)
+        probe = self.root / ".chatstate" / f"probe-{os.getpid()}"
+        try:
+            atomic_write(probe, b"chatstate probe")
+            report.steps.append(f"wrote and fsynced {probe}")
+            if read_bytes(probe) != b"chatstate probe":
+                raise ChatstateError(f"{probe}: read back different bytes")
+            report.steps.append("read it back")
+            remove_durably(probe)
+            report.steps.append("deleted it")
+            report.ok = True
+        except (ChatstateError, OSError) as exc:
+            report.error = str(exc)
+        return report

@@ -1,0 +1,214 @@
+"""Reading a conversation's chain from segments and snapshots, and its listing index.
+
+A *segment* ``m/<first seq>.json`` holds the messages of one append (usually
+one). It is created with If-None-Match: * and never rewritten, so the key of
+the first seq is the compare-and-append: two writers racing for a seq race for
+one key and exactly one wins. Before creating ``m/<s>`` a writer proves that
+seq ``s - 1`` ends a stored segment (from the index, or by reading the chain),
+which keeps segments a partition of the seqs: no overlap, no gap.
+
+A *snapshot* ``snap/<seq>.json`` holds messages ``0..seq`` and is written when
+an append crosses a multiple of ``SNAPSHOT_EVERY``, always at the end of the
+segment just written. Loading reads the newest snapshot plus the segments
+after it: a bounded number of requests however long the conversation is.
+
+The *index* ``index/<id>.json`` holds the listing (title, times) and the
+conversation's head: message count and last hash. It only ever moves forward,
+by If-Match, and only to a seq that ends a segment, so it may lag (a writer
+killed between its append and the index update; ``load`` repairs that) but
+never run ahead. A stored chain shorter than the head, or with another hash at
+the head's seq, therefore lost objects (``check_head``): that is corruption,
+never a free seq to append at. Old data without an index loads unchecked.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+from chatstate.core.transcript import Message, now_iso, verify_chain
+from chatstate.errors import CorruptTranscriptError, StoreUnavailable
+from chatstate.stores.s3 import _doc as doc
+from chatstate.stores.s3._transport import S3IO, Exists, Stale
+
+SNAPSHOT_EVERY = 64
+
+
+@dataclass
+class IndexState:
+    """The index object as read: ``doc`` None and ``exists`` True means unreadable."""
+
+    doc: dict[str, Any] | None
+    etag: str | None
+    exists: bool
+
+    def tail(self) -> tuple[int, str | None] | None:
+        """(message count, last hash) when the index is usable as the stored tail."""
+        if self.doc is None:
+            return None
+        count, last = self.doc["message_count"], self.doc["last_hash"]
+        if count < 0 or (count > 0) != (last is not None):
+            return None
+        return count, last
+
+
+def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> list[Message]:
+    """The newest snapshot plus every segment after it, chain verified."""
+    messages: list[Message] = []
+    spans: list[tuple[int, str]] = []  # (first seq, key) to name the object at a position
+    snaps = io.keys(doc.snapshots_dir(cid))
+    if snaps:
+        key = snaps[-1][0]
+        where = io.target.where(key)
+        end = doc.seq_of(key, where)
+        pending = pool.submit(_must_get, io, key)  # overlaps the listing of the tail
+        keys = [k for k, _ in io.keys(doc.segments_dir(cid), offset=doc.segment_key(cid, end))]
+        messages = doc.decode_messages(pending.result(), where, 0)
+        if messages[-1].seq != end:
+            raise CorruptTranscriptError(f"{where}: snapshot named after seq {end} ends at seq "
+                                         f"{messages[-1].seq}; left as it is", where=where,
+                                         position=min(end, messages[-1].seq))
+        spans.append((0, key))
+    else:
+        keys = [k for k, _ in io.keys(doc.segments_dir(cid))]
+    for key, raw in zip(keys, pool.map(lambda k: _must_get(io, k), keys), strict=True):
+        where = io.target.where(key)
+        first = doc.seq_of(key, where)
+        if first != len(messages):
+            raise CorruptTranscriptError(
+                f"{where}: seq {len(messages)} is missing before this object (a segment was "
+                "deleted or renamed); left as it is", where=where, position=len(messages))
+        messages.extend(doc.decode_messages(raw, where, first))
+        spans.append((first, key))
+    bad = verify_chain(messages)
+    if bad is not None:
+        key = [k for first, k in spans if first <= bad][-1]
+        where = io.target.where(key)
+        raise CorruptTranscriptError(
+            f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
+            "reordered); nothing was changed. Restore the object or quarantine the "
+            "conversation with `chatstate repair`.", where=where, position=bad)
+    return messages
+
+
+def check_head(io: S3IO, cid: str, messages: list[Message], state: IndexState) -> None:
+    """Raise CorruptTranscriptError when ``messages`` fall short of the head the index records.
+
+    The key named is the first missing segment's (segments partition the seqs, so
+    the seq after the last stored message starts one).
+    """
+    head = state.tail()
+    if head is None:
+        return  # no index (data from before the head was kept), or unreadable: no check
+    count, last = head
+    if count > len(messages):
+        key = doc.segment_key(cid, len(messages))
+        where = io.target.where(key)
+        raise CorruptTranscriptError(
+            f"{where}: missing: the conversation's head ({io.target.where(doc.index_key(cid))}) "
+            f"records {count} messages, but only {len(messages)} are stored (a segment was "
+            f"deleted from seq {len(messages)}); nothing was changed. Restore the object or "
+            "quarantine the conversation with `chatstate repair`.", where=where,
+            position=len(messages))
+    if count and messages[count - 1].hash != last:
+        key = doc.segment_key(cid, count - 1)
+        where = io.target.where(doc.segments_dir(cid))
+        raise CorruptTranscriptError(
+            f"{where}: seq {count - 1} is not the message the conversation's head "
+            f"({io.target.where(doc.index_key(cid))}) records (hash {str(last)[:12]}…); a "
+            "segment was replaced. Nothing was changed. Restore the objects or quarantine "
+            "the conversation with `chatstate repair`.", where=where, position=count - 1)
+
+
+def read_against_head(io: S3IO, pool: ThreadPoolExecutor, cid: str,
+                      state: IndexState | Future[IndexState]) -> tuple[list[Message], IndexState]:
+    """``read_chain`` checked against the head; ``state`` may still be in flight.
+
+    An index read in parallel with the listing may already hold another writer's
+    append that the listing missed; so a shortfall is read again, index first
+    (the index never runs ahead of the segments), before it is called corruption.
+    """
+    messages = read_chain(io, pool, cid)
+    head = state.result() if isinstance(state, Future) else state
+    try:
+        check_head(io, cid, messages, head)
+    except CorruptTranscriptError:
+        if not isinstance(state, Future):
+            raise
+        head = get_index(io, cid)
+        messages = read_chain(io, pool, cid)
+        check_head(io, cid, messages, head)
+    return messages, head
+
+
+def _must_get(io: S3IO, key: str) -> bytes:
+    blob = io.get(key)
+    if blob is None:
+        raise StoreUnavailable(f"{io.target.where(key)} vanished while it was being read (the "
+                               "conversation is being deleted?); retry")
+    return blob.data
+
+
+def get_index(io: S3IO, cid: str) -> IndexState:
+    key = doc.index_key(cid)
+    blob = io.get(key)
+    if blob is None:
+        return IndexState(None, None, False)
+    try:
+        return IndexState(doc.decode_index(blob.data, io.target.where(key)), blob.etag, True)
+    except CorruptTranscriptError:
+        return IndexState(None, blob.etag, True)  # derived data: never overwritten, not fatal
+
+
+def update_index(io: S3IO, cid: str, state: IndexState | None, header: dict[str, Any] | None,
+                 *, tail: tuple[int, str | None] | None = None,
+                 title: str | None = None, touch: bool = True) -> None:
+    """Move the index forward by If-Match; give up quietly (load repairs) under contention.
+
+    ``tail`` is (message count, last hash) and must end a segment; the index never
+    moves backward. ``header`` supplies title and times when the index is missing.
+    """
+    for _ in range(5):
+        state = state or get_index(io, cid)
+        if state.exists and state.doc is None:
+            return  # unreadable: leave it for `chatstate doctor`, never overwrite
+        base = state.doc or _from_header(header)
+        if base is None:
+            return
+        if tail is not None and base["message_count"] >= tail[0] and title is None:
+            return
+        new = dict(base)
+        if tail is not None and tail[0] > base["message_count"]:
+            new.update(message_count=tail[0], last_hash=tail[1])
+        if title is not None:
+            new["title"] = title
+        if touch:
+            new["updated_at"] = now_iso()
+        new.pop("schema", None)
+        try:
+            io.put(doc.index_key(cid), doc.encode(new), create=not state.exists,
+                   etag=state.etag, action="update the listing index")
+            return
+        except (Exists, Stale):
+            state = None
+
+
+def _from_header(header: dict[str, Any] | None) -> dict[str, Any] | None:
+    if header is None:
+        return None
+    return {"id": header["id"], "title": header["title"], "created_at": header["created_at"],
+            "updated_at": header["updated_at"], "message_count": 0, "last_hash": None}
+
+
+def write_snapshot(io: S3IO, cid: str, messages: list[Message]) -> None:
+    """Snapshot ``messages`` (0..end of a segment); an existing one is left alone."""
+    with suppress(Exists):
+        io.put(doc.snapshot_key(cid, messages[-1].seq), doc.encode_messages(cid, messages),
+               create=True, action="write a snapshot")
+
+
+def crosses_snapshot(first: int, last: int) -> bool:
+    """Does the segment first..last contain a seq that ends a block of SNAPSHOT_EVERY?"""
+    return (last + 1) // SNAPSHOT_EVERY > first // SNAPSHOT_EVERY

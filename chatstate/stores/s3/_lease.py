@@ -1,0 +1,44 @@
+"""The s3 store's writer lease: ``_leases/<id>.json``.
+
+Created with If-None-Match and replaced with If-Match, so two hosts cannot both take
+it. Expiry is judged by the writers' clocks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from chatstate.core.transcript import validate_id
+from chatstate.stores._lease import Holder, Lease, LeaseMethods, holder_of, lease_record
+
+
+class S3Lease(LeaseMethods):
+    io: Any
+
+    def _try_lease(self, lease: Lease) -> Holder | None:
+        from chatstate.stores.s3._transport import Exists, Stale
+
+        key = f"_leases/{validate_id(lease.conversation_id)}.json"
+        blob = self.io.get(key, "read the writer lease of")
+        if blob is not None:
+            try:
+                held = json.loads(blob.data)
+            except ValueError:
+                held = None
+            holder = holder_of(held, lease)
+            if holder is not None:
+                return holder
+        data = json.dumps(lease_record(lease)).encode()
+        try:
+            self.io.put(key, data, create=blob is None, etag=blob.etag if blob else None,
+                        action="take the writer lease of")
+        except (Exists, Stale):  # another writer took it between our read and our write
+            return self._try_lease(lease)
+        return None
+
+    def _drop_lease(self, lease: Lease) -> None:
+        key = f"_leases/{validate_id(lease.conversation_id)}.json"
+        blob = self.io.get(key, "read the writer lease of")
+        if blob is not None and json.loads(blob.data).get("owner") == lease.owner:
+            self.io.delete([key], "release the writer lease of")

@@ -1,0 +1,346 @@
+"""The s3 store: conversations in any S3-compatible bucket, compare-and-append by conditional PUT.
+
+Layout under ``s3://bucket/prefix/``::
+
+    chatstate.json                       store marker (schema version)
+    conversations/<id>/header.json       id, title, created_at, updated_at, metadata
+    conversations/<id>/m/<seq>.json      one segment per append, If-None-Match: *
+    conversations/<id>/snap/<seq>.json   messages 0..seq, every SNAPSHOT_EVERY messages
+    conversations/<id>/partial.json      the in-progress reply, replaced with If-Match
+    index/<id>.json                      listing summary, moved forward with If-Match
+    _opens/<time>-<rand>.json            one object per open (boot id, host, DEPLOY_ID)
+    _probe/…                             check()'s probe object, deleted after use
+    blobs/<sha256>                       images and files named by messages (_s3blobs)
+
+``<seq>`` is zero-padded to 10 digits. See ``_s3chain`` for why segments,
+snapshots and the index keep compare-and-append exact without a lock service.
+
+Requests (steady state, pinned by tests/contract/test_s3_store.py::test_request_cost_per_turn):
+appending one message is 3 sequential requests (GET index, PUT segment, PUT index),
+plus a DELETE of the partial reply this store streamed for it (overlapping the
+index PUT). A streamed reply's first flush is 2 (GET index, PUT), each later
+flush 1 PUT. One user+assistant turn is 6 requests unstreamed, N + 8 with the
+reply streamed in N flushes; every SNAPSHOT_EVERY (64) messages one more PUT
+writes a snapshot. Loading is 5 requests (6 once a snapshot exists) plus one GET
+per segment after the newest snapshot, in 3 round trips; listing is 2 LISTs plus
+one GET of a small index object per conversation, in parallel. A write onto a
+conversation this process has neither created nor loaded first reads and
+verifies its chain (a load's worth of requests, once): nothing is written onto
+a chain that does not verify or falls short of the head the index records.
+
+The store assumes what AWS S3, MinIO and R2 give: strong read-after-write and
+list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
+
+A write is acknowledged by the object store before a method returns. The
+partial reply is flushed at most every ``partial_flush_interval`` seconds by
+the session (a flush is a network round trip; rendering waits for it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chatstate.core.transcript import (
+    Conversation,
+    ConversationSummary,
+    Message,
+    now_iso,
+    validate_id,
+)
+from chatstate.errors import ConflictError, ConversationNotFound, CorruptTranscriptError
+from chatstate.stores.base import (
+    check_append,
+    check_partial_commit,
+    check_stored_blobs,
+    named_blobs,
+    refuse_unheld_blobs,
+)
+from chatstate.stores.s3 import _chain as chain
+from chatstate.stores.s3 import _doc as doc
+from chatstate.stores.s3._blobs import S3Blobs
+from chatstate.stores.s3._lease import S3Lease
+from chatstate.stores.s3._transport import Exists, S3Target, Stale, parse_url
+
+
+@dataclass
+class _Partial:
+    seq: int
+    etag: str | None
+    attempt: bytes  # the last body we tried to put, to recognise our own unknown outcome
+
+
+class S3Store(S3Lease, S3Blobs):
+    """Conversations in an S3-compatible bucket. See the module docstring."""
+
+    def __init__(self, target: S3Target, url: str) -> None:
+        super().__init__(target, url)
+        self._partials: dict[str, _Partial] = {}
+
+    @classmethod
+    def from_url(cls, url: str) -> S3Store:
+        """Parse the URL (no I/O); credentials in it are refused."""
+        return cls(parse_url(url), url)
+
+    def close(self) -> None:
+        super().close()
+        self._partials.clear()
+
+    # -- reads -----------------------------------------------------------------------
+    def load(self, conversation_id: str) -> Conversation:
+        cid = validate_id(conversation_id)
+        index = self.pool.submit(chain.get_index, self.io, cid)
+        partial_blob = self.pool.submit(self.io.get, doc.partial_key(cid))
+        pending = self.pool.submit(self._header, cid)
+        messages, state = chain.read_against_head(self.io, self.pool, cid, index)
+        header = pending.result()
+        self._chains[cid] = list(messages)
+        if state.doc is None or state.doc["message_count"] < len(messages):
+            tail = (len(messages), messages[-1].hash if messages else None)
+            chain.update_index(self.io, cid, state, header, tail=tail, touch=False)
+        partial = None
+        blob = partial_blob.result()
+        if blob is not None:
+            candidate = doc.decode_partial(blob.data, self._where(doc.partial_key(cid)))
+            if candidate.seq == len(messages):
+                partial = candidate
+        named = [*messages, *([partial] if partial else [])]
+        sizes = self._blob_sizes(list(named_blobs(named)))
+        check_stored_blobs(self._where(doc.conv_dir(cid)), named, sizes.get, self._blob_where)
+        times = [header["updated_at"]] + ([messages[-1].created_at] if messages else [])
+        if state.doc is not None:
+            times.append(state.doc["updated_at"])
+        return Conversation.model_construct(
+            id=cid, title=header["title"], created_at=header["created_at"],
+            updated_at=max(times), metadata=header["metadata"], messages=messages,
+            partial=partial)
+
+    def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
+        indexed = {k[len(doc.INDEX) + 1:-5] for k, _ in self.io.keys(doc.INDEX)}
+        ids = self.io.dirs(doc.CONVERSATIONS)
+        states: dict[str, chain.IndexState | None] = dict(zip(ids, self.pool.map(
+            lambda c: chain.get_index(self.io, c) if c in indexed else None, ids), strict=True))
+        out = []
+        for cid in ids:
+            state = states[cid]
+            if state is not None and state.doc is not None:
+                d = state.doc
+                out.append(ConversationSummary(
+                    id=cid, title=d["title"], created_at=d["created_at"],
+                    updated_at=d["updated_at"], message_count=d["message_count"]))
+                continue
+            try:
+                out.append(self.load(cid).summary())  # no usable index: load repairs it
+            except ConversationNotFound:
+                continue  # half-created or half-deleted: no header
+            except CorruptTranscriptError:
+                out.append(ConversationSummary(id=cid, title="(unreadable: run `chatstate "
+                           "doctor`)", created_at="", updated_at="", message_count=0))
+        out.sort(key=lambda s: (s.updated_at, s.id), reverse=True)
+        return out[:limit] if limit is not None else out
+
+    # -- writes ----------------------------------------------------------------------
+    def create(self, conversation: Conversation) -> None:
+        cid = validate_id(conversation.id)
+        if conversation.messages:
+            raise ValueError("create() takes an empty conversation; append the messages")
+        header = conversation.header()
+        try:
+            self.io.put(doc.header_key(cid), doc.encode(header), create=True,
+                        action="create a conversation at")
+        except Exists:
+            raise ConflictError(f"conversation {cid!r} already exists in {self.url}") from None
+        self._chains[cid] = []  # the header was created just now: no segment can precede it
+        chain.update_index(self.io, cid, chain.IndexState(None, None, False), header,
+                           touch=False)
+
+    def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
+        cid = validate_id(conversation_id)
+        new = list(messages)
+        if not new:
+            self._header(cid)
+            return
+        where = self._where(doc.conv_dir(cid))
+        state = chain.get_index(self.io, cid)
+        stored = self._verified(cid, state)  # never onto a chain that does not verify
+        for _ in range(4):
+            hashes = [m.hash for m in stored]
+            already = check_append(where, len(hashes) - 1, hashes.__getitem__, new)
+            fresh = new[already:]
+            refuse_unheld_blobs(where, fresh, self._blob_size)
+            if fresh and fresh[0].status == "partial":
+                self._claim_partial(cid, where, fresh)
+            if not fresh or self._put_segment(cid, fresh):
+                break
+            stored = self._authoritative(cid)  # another writer (or our own lost attempt)
+        else:
+            raise ConflictError(f"{where}: other writers kept taking seq {new[0].seq}; reload "
+                                "and retry", expected_seq=new[0].seq - 1)
+        self._after_append(cid, state, fresh, stored)
+
+    def _claim_partial(self, cid: str, where: str, fresh: list[Message]) -> None:
+        """Before keeping a partial reply in the chain, take it from whoever streams it.
+
+        The stored partial must be the one being kept (check_partial_commit), and it
+        is rewritten with If-Match as claimed: a live writer's next flush then fails
+        its own If-Match and it stops before showing text that would not be kept.
+        """
+        key = doc.partial_key(cid)
+        blob = self.io.get(key)
+        if blob is None:
+            return
+        held = doc.decode_partial(blob.data, self._where(key))
+        check_partial_commit(where, fresh, held)
+        if held.seq != fresh[0].seq:
+            return
+        try:
+            self.io.put(key, doc.encode_partial(cid, held, claimed=True), etag=blob.etag,
+                        create=blob.etag is None, action="claim the partial reply at")
+        except (Stale, Exists):
+            raise ConflictError(f"{self._where(key)}: the partial reply changed while it was "
+                                "being kept (another writer is still streaming it); reload "
+                                "and retry", expected_seq=fresh[0].seq - 1) from None
+
+    def _put_segment(self, cid: str, fresh: list[Message]) -> bool:
+        try:
+            self.io.put(doc.segment_key(cid, fresh[0].seq), doc.encode_messages(cid, fresh),
+                        create=True, action="append to")
+            return True
+        except Exists:
+            return False
+
+    def _after_append(self, cid: str, state: chain.IndexState, fresh: list[Message],
+                      stored: list[Message]) -> None:
+        if fresh:
+            end = fresh[-1]
+            cached = self._chains.get(cid)
+            prev = cached[-1].hash if cached else None
+            if cached is not None and len(cached) == fresh[0].seq and \
+                    fresh[0].expected_hash(prev) == fresh[0].hash:
+                self._chains[cid] = cached + fresh
+            else:
+                self._chains.pop(cid, None)
+            tail = (end.seq + 1, end.hash)
+        elif stored:
+            end, tail = stored[-1], (len(stored), stored[-1].hash)
+        else:
+            return
+        mine = self._partials.get(cid)
+        cleared = None
+        if mine is not None and mine.seq <= end.seq:  # overlaps the index update
+            cleared = self.pool.submit(self.io.delete, [doc.partial_key(cid)],
+                                       "clear the partial reply at")
+            self._partials.pop(cid, None)
+        header = None if state.exists else self._header(cid)
+        chain.update_index(self.io, cid, state, header, tail=tail)
+        if cleared is not None:
+            cleared.result()
+        if fresh and chain.crosses_snapshot(fresh[0].seq, end.seq):
+            self._snapshot(cid, end)
+
+    def _snapshot(self, cid: str, end: Message) -> None:
+        cached = self._chains.get(cid)
+        if cached is None or len(cached) <= end.seq or cached[end.seq].hash != end.hash:
+            cached = self._authoritative(cid)
+        if len(cached) > end.seq and cached[end.seq].hash == end.hash:
+            chain.write_snapshot(self.io, cid, cached[:end.seq + 1])
+
+    def save_partial(self, conversation_id: str, partial: Message) -> None:
+        cid = validate_id(conversation_id)
+        key, data = doc.partial_key(cid), doc.encode_partial(cid, partial)
+        mine = self._partials.get(cid)
+        if mine is None or mine.seq != partial.seq or mine.etag is None:
+            self._expect_next(cid, partial.seq)
+            mine = _Partial(partial.seq, None, data)
+            self._partials[cid] = mine
+            try:
+                mine.etag = self.io.put(key, data, create=True, action="save the partial reply")
+                return
+            except Exists:  # a dead writer's partial (or an older one of ours): replace it
+                pass
+        mine.attempt, previous = data, mine.attempt
+        for _ in range(3):
+            etag = mine.etag
+            if etag is None:
+                current = self.io.get(key)
+                etag = current.etag if current else None
+            try:
+                mine.etag = self.io.put(key, data, etag=etag, create=etag is None,
+                                        action="save the partial reply")
+                return
+            except (Stale, Exists):
+                current = self.io.get(key)
+                if current is None or current.data not in (previous, data):
+                    break
+                mine.etag = current.etag  # our own write whose answer was lost
+        self._partials.pop(cid, None)
+        raise ConflictError(f"{self._where(key)}: another writer replaced this partial reply; "
+                            "two writers are streaming into one conversation. Reload.")
+
+    def _expect_next(self, cid: str, seq: int) -> None:
+        count = len(self._verified(cid, chain.get_index(self.io, cid)))
+        if seq != count:
+            raise ConflictError(f"{self._where(doc.conv_dir(cid))}: partial reply for seq "
+                                f"{seq}, but the next seq is {count}",
+                                expected_seq=seq - 1, actual_seq=count - 1)
+
+    def clear_partial(self, conversation_id: str) -> None:
+        cid = validate_id(conversation_id)
+        self.io.delete([doc.partial_key(cid)], "clear the partial reply at")
+        self._partials.pop(cid, None)
+
+    def set_header(self, conversation_id: str, *, title: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> None:
+        cid = validate_id(conversation_id)
+        key = doc.header_key(cid)
+        state = chain.get_index(self.io, cid)
+        self._verified(cid, state)  # never onto a chain that does not verify
+        for _ in range(5):
+            blob = self.io.get(key)
+            if blob is None:
+                raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+            header = doc.decode_header(blob.data, self._where(key), cid)
+            header["updated_at"] = now_iso()
+            if title is not None:
+                header["title"] = title
+            if metadata is not None:
+                header["metadata"] = metadata
+            try:
+                self.io.put(key, doc.encode(header), etag=blob.etag, action="update")
+                break
+            except Stale:
+                continue
+        else:
+            raise ConflictError(f"{self._where(key)}: changed by other writers 5 times in a "
+                                "row; retry")
+        chain.update_index(self.io, cid, state, header, title=title)
+
+    def quarantine(self, conversation_id: str) -> str:
+        """Copy a (damaged) conversation aside under quarantine/, then remove it."""
+        from chatstate.stores.s3._repair import quarantine
+
+        cid = validate_id(conversation_id)
+        self._chains.pop(cid, None)
+        return quarantine(self.io, cid, self.url)
+
+    def leftovers(self, conversation_ids: Sequence[str],
+                  counts: Mapping[str, int]) -> list[str]:
+        """Objects outside the layout or beyond the stored chain (ReportsLeftovers)."""
+        from chatstate.stores.s3._leftovers import s3_leftovers
+
+        return s3_leftovers(self.io, conversation_ids, counts)
+
+    def delete(self, conversation_id: str) -> None:
+        cid = validate_id(conversation_id)
+        self._header(cid)
+        # index first (drops out of listings), header last (create() of the same id stays
+        # refused until everything is gone, so no new chain can inherit old segments);
+        # an interrupted delete is finished by running it again
+        self.io.delete([doc.index_key(cid), doc.partial_key(cid)])
+        for sub in (doc.snapshots_dir(cid), doc.segments_dir(cid)):
+            self.io.delete([k for k, _ in reversed(self.io.keys(sub))])
+        self.io.delete([doc.header_key(cid)])
+        self._chains.pop(cid, None)
+        self._partials.pop(cid, None)
+

@@ -1,0 +1,92 @@
+"""The fast load path hashes what Message.body() hashes, for old and rich messages.
+
+The json store verifies the chain over orjson's canonical rewrite of each parsed
+line; wherever that could differ from ``Message.body()`` (a float orjson spells
+otherwise, a lone surrogate) the exact path decides, so both accept and refuse
+exactly the same chains.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chatstate.core.transcript import Conversation, Message
+from chatstate.errors import CorruptTranscriptError
+from chatstate.stores import open_store
+from chatstate.stores._fastload import canonical, first_break
+from chatstate.stores.json._doc import message_line
+
+RICH: list[dict[str, Any]] = [
+    {"role": "user", "content": "plain 0.1 text"},
+    {"role": "assistant", "content": "cut", "status": "partial", "model": "m"},
+    {"role": "assistant", "content": "done", "model": "m",
+     "usage": {"prompt_tokens": 3, "completion_tokens": 5},
+     "params": {"temperature": 0.7, "top_p": 1.0, "stop": ["\n"], "seed": 2**40}},
+    {"role": "user", "content": "ünïcödé, emoji 🦊, CJK 漢字, RTL \u202e, LS \u2028, "
+     "controls \x00\x01\x1f\x7f, quotes \" and \\ backslash, tab\tnewline\n"},
+    {"role": "user", "content": [{"type": "text", "text": "look"},
+                                 {"type": "image_url", "image_url": {"url": "data:,x"}},
+                                 {"type": "future_kind", "x": [1, 2.5, None, True]}]},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "f", "arguments": "{\"a\": 1.50, \"b\": \"é\"}"}}]},
+    {"role": "tool", "content": "42", "tool_call_id": "call_1", "name": "f"},
+    {"role": "assistant", "content": "r", "extra": {"refusal": None, "reasoning": "ok",
+                                                    "nested": {"z": 1, "a": [0.1, -0.0]}}},
+]
+
+
+def chain(specs: list[dict[str, Any]]) -> list[Message]:
+    out: list[Message] = []
+    for i, spec in enumerate(specs):
+        out.append(Message.seal(out[-1] if out else None, turn_id=f"t{i}", **spec))
+    return out
+
+
+def test_canonical_bytes_of_a_stored_line_are_what_body_hashes() -> None:
+    for msg in chain(RICH):
+        item = json.loads(message_line(msg))  # as the json store keeps it
+        assert canonical(item) == msg.body().encode("utf-8"), msg
+
+
+def test_the_whole_chain_verifies_on_the_fast_path_and_a_change_is_found() -> None:
+    msgs = chain(RICH)
+    items = [json.loads(message_line(m)) for m in msgs]
+    assert first_break(msgs, [canonical(i) for i in items]) is None
+    edited = [*msgs[:3], msgs[3].model_copy(update={"content": "edited"}), *msgs[4:]]
+    assert first_break(edited, [canonical(json.loads(message_line(m))) for m in edited]) == 3
+
+
+@pytest.mark.parametrize("spec", [
+    {"role": "user", "content": "x", "params": {"big": 1e16, "tiny": 1e-7}},
+    {"role": "user", "content": "lone surrogate \ud800 here"},
+], ids=["float-spelling", "lone-surrogate"])
+def test_where_orjson_differs_the_exact_path_decides(spec: dict[str, Any]) -> None:
+    msgs = chain([RICH[0], spec, RICH[2]])
+    bodies = [canonical(json.loads(message_line(m))) for m in msgs]
+    assert bodies[1] != msgs[1].body().encode("utf-8", "surrogatepass")  # really differs
+    assert first_break(msgs, bodies) is None
+    forged = msgs[1].model_copy(update={"hash": "0" * 64})
+    assert first_break([msgs[0], forged, msgs[2]], bodies) == 1
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_stores_load_rich_chains_and_refuse_a_tampered_one(tmp_path: Path, kind: str) -> None:
+    url = f"json://{tmp_path}/j" if kind == "json" else f"sqlite://{tmp_path}/s.db"
+    specs = [*RICH, {"role": "user", "content": "x", "params": {"big": 1e+16}}]
+    msgs = chain(specs * 3)
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", msgs)
+    store.close()
+    loaded = open_store(url).load("c").messages
+    assert loaded == msgs and [m.body() for m in loaded] == [m.body() for m in msgs]
+    if kind == "json":
+        path = tmp_path / "j" / "c.json"
+        path.write_bytes(path.read_bytes().replace(b"plain 0.1 text", b"plain 0.1 TEXT", 1))
+        with pytest.raises(CorruptTranscriptError, match=r"broken at seq 0"):
+            open_store(url).load("c")

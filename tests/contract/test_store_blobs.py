@@ -1,0 +1,245 @@
+"""The 0.2 transcript on every store: each content kind round-trips, and the blob area.
+
+Proves, per store: every content kind (text parts, image URL, small and large image
+bytes, file, tool calls, tool results with error/unknown status, unknown part
+types, extra provider fields) loads back identical with its chain intact; a 1 MiB
+image named by ten turns is stored once; append refuses a message naming a blob
+the store lacks and writes nothing; a missing or altered blob is corruption naming
+the file/key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.richkinds import KINDS, PNG_1MIB, seal_kind
+from support.stores import local_path, new_conversation, pg_connect, scheme
+
+from chatstate.core.content import image, inliner, store_parts, text
+from chatstate.core.transcript import Message
+from chatstate.errors import ChatstateError, CorruptTranscriptError
+from chatstate.stores.base import BlobStore, verify_blobs
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_content_kind_round_trips(store: Any, kind: str) -> None:
+    prev = new_conversation(store, "c1", 2)[-1]
+    rich = seal_kind(store, kind, prev)
+    store.append("c1", rich)
+    conv = store.load("c1")
+    assert conv.messages[2:] == rich and conv.verify() is None
+    assert verify_blobs(store, conv) == len({r["sha256"] for m in rich for r in m.blob_refs()})
+    after = Message.seal(conv.last, role="user", content="and then?", turn_id="t-2")
+    store.append("c1", [after])  # the chain goes on after a rich message
+    assert store.load("c1").messages[-1] == after
+
+
+def test_large_parts_become_blobs_and_inline_back(store: Any) -> None:
+    assert isinstance(store, BlobStore)
+    new_conversation(store, "c1")
+    (msg,) = seal_kind(store, "image-large")
+    part = msg.content[1]
+    assert isinstance(part, dict) and "url" not in part["image_url"]
+    assert part["blob"] == {"sha256": hashlib.sha256(PNG_1MIB).hexdigest(),
+                            "size": len(PNG_1MIB), "media_type": "image/png", "name": "big.png"}
+    store.append("c1", [msg])
+    sent = store.load("c1").messages[0].to_openai(blob=inliner(store))
+    assert sent["content"][1] == {"type": "image_url",
+                                  "image_url": image(PNG_1MIB)["image_url"]}
+    assert store.get_blob(part["blob"]["sha256"]) == PNG_1MIB
+
+
+def _blob_count(store: Any, url: str) -> int:
+    if scheme(url) == "json":
+        return len([p for p in (local_path(url) / "blobs").iterdir() if p.is_file()])
+    if scheme(url) == "sqlite":
+        db = sqlite3.connect(local_path(url))
+        try:
+            return int(db.execute("SELECT count(*) FROM blobs").fetchone()[0])
+        finally:
+            db.close()
+    if scheme(url) == "postgresql":
+        with pg_connect(url) as conn:
+            return int(conn.execute("SELECT count(*) FROM blobs").fetchone()[0])
+    return len(store.io.keys("blobs"))
+
+
+def test_one_mib_image_in_ten_turns_is_stored_once(store: Any, store_url: str) -> None:
+    new_conversation(store, "c1")
+    prev = None
+    for turn in range(10):
+        content = store_parts(store, [text(f"turn {turn}"), image(PNG_1MIB, name="same.png")])
+        prev = Message.seal(prev, role="user", content=content, turn_id=f"t-{turn}")
+        store.append("c1", [prev])
+    conv = store.load("c1")
+    assert len(conv.messages) == 10 and conv.verify() is None
+    assert _blob_count(store, store_url) == 1
+    if scheme(store_url) == "json":  # the transcript holds references, not ten copies
+        assert (local_path(store_url) / "c1.json").stat().st_size < 10 * 1024
+
+
+def test_append_refuses_a_blob_the_store_lacks(store: Any) -> None:
+    new_conversation(store, "c1", 1)
+    before = store.load("c1")
+    ref = {"sha256": hashlib.sha256(b"never stored").hexdigest(), "size": 12,
+           "media_type": "image/png"}
+    msg = Message.seal(before.last, role="user", turn_id="t-x",
+                       content=[{"type": "image_url", "image_url": {}, "blob": ref}])
+    with pytest.raises(ChatstateError, match=f"names blob {ref['sha256']} which this store "
+                       "does not hold.*nothing was written"):
+        store.append("c1", [msg])
+    assert store.load("c1").messages == before.messages
+    store.put_blob(b"never stored", media_type="image/png")
+    store.append("c1", [msg])  # once the blob is there, the same message goes in
+    assert store.load("c1").messages[-1] == msg
+
+
+def _damage(store: Any, url: str, sha: str, how: str) -> str:
+    """Remove, alter or truncate the stored blob; return the name the error must give."""
+    def damaged(data: bytes) -> bytes:
+        return data[:1000] if how == "truncated" else b"X" + data[1:]
+
+    if scheme(url) == "json":
+        path = local_path(url) / "blobs" / sha
+        if how == "missing":
+            path.unlink()
+        else:
+            path.write_bytes(damaged(path.read_bytes()))
+        return str(path)
+    if scheme(url) == "sqlite":
+        db = sqlite3.connect(local_path(url))
+        with db:
+            if how == "missing":
+                db.execute("DELETE FROM blobs WHERE sha256=?", (sha,))
+            else:
+                data = db.execute("SELECT data FROM blobs WHERE sha256=?", (sha,)).fetchone()[0]
+                db.execute("UPDATE blobs SET data=? WHERE sha256=?", (damaged(data), sha))
+        db.close()
+        return f"blob {sha}"
+    if scheme(url) == "postgresql":
+        with pg_connect(url) as conn:
+            if how == "missing":
+                conn.execute("DELETE FROM blobs WHERE sha256=%s", (sha,))
+            else:
+                data = conn.execute("SELECT data FROM blobs WHERE sha256=%s",
+                                    (sha,)).fetchone()[0]
+                conn.execute("UPDATE blobs SET data=%s WHERE sha256=%s", (damaged(data), sha))
+        return f"blob {sha}"
+    key = f"blobs/{sha}"
+    if how == "missing":
+        store.io.delete([key])
+    else:
+        store.io.put(key, damaged(store.io.get(key).data))
+    return key
+
+
+@pytest.mark.parametrize("how", ["missing", "altered"])
+def test_damaged_blob_is_corruption_naming_it(store: Any, store_url: str, how: str) -> None:
+    new_conversation(store, "c1")
+    rich = seal_kind(store, "image-large")
+    store.append("c1", rich)
+    sha = rich[0].blob_refs()[0]["sha256"]
+    name = _damage(store, store_url, sha, how)
+    if how == "missing":  # load checks every named blob is there, with its size
+        with pytest.raises(CorruptTranscriptError, match="is missing") as exc:
+            store.load("c1")
+        assert name in str(exc.value) and exc.value.position == 0
+        with pytest.raises(ChatstateError, match="does not hold"):
+            store.append("c1", [Message.seal(rich[-1], role="user", turn_id="t",
+                                             content=rich[0].content)])
+    else:  # an altered byte: the digest check of every read (and of verify) finds it
+        conv = store.load("c1")
+        with pytest.raises(CorruptTranscriptError, match="was altered") as exc:
+            verify_blobs(store, conv)
+        assert name in str(exc.value)
+        with pytest.raises(CorruptTranscriptError, match=sha):
+            conv.messages[0].to_openai(blob=inliner(store))
+    with pytest.raises(CorruptTranscriptError, match=sha):
+        store.get_blob(sha)
+
+
+def test_plain_messages_stay_in_the_0_1_format(local_store_url: str, tmp_path: Path) -> None:
+    from chatstate.stores import open_store
+
+    store = open_store(local_store_url)
+    try:
+        new_conversation(store, "c1", 2)
+        if scheme(local_store_url) == "json":
+            raw = (local_path(local_store_url) / "c1.json").read_bytes()
+            assert raw.startswith(b'{"schema":1,') and b"tool_calls" not in raw
+        store.append("c1", seal_kind(store, "tool-calls", store.load("c1").last))
+        if scheme(local_store_url) == "json":  # 0.1 refuses it as newer, not as damaged
+            raw = (local_path(local_store_url) / "c1.json").read_bytes()
+            assert raw.startswith(b'{"schema":2,')
+            line = raw.splitlines()[1].rstrip(b",")
+            assert set(json.loads(line)) == {"seq", "role", "content", "created_at",
+                                             "turn_id", "status", "model", "usage", "params",
+                                             "hash"}
+    finally:
+        store.close()
+
+
+def test_a_truncated_blob_is_never_overwritten(store: Any, store_url: str) -> None:
+    new_conversation(store, "c1")
+    rich = seal_kind(store, "image-large")
+    store.append("c1", rich)
+    sha = rich[0].blob_refs()[0]["sha256"]
+    name = _damage(store, store_url, sha, "truncated")
+    with pytest.raises(CorruptTranscriptError, match="has 1000 bytes, not 1048584") as exc:
+        store.load("c1")
+    assert name in str(exc.value)
+    with pytest.raises(CorruptTranscriptError, match=r"stored with 1000 bytes.*left as it is"):
+        store.put_blob(PNG_1MIB, media_type="image/png")
+    with pytest.raises(CorruptTranscriptError, match="was altered"):
+        store.get_blob(sha)  # still the damaged bytes: nothing wrote over them
+
+
+def test_json_open_removes_a_dead_blob_writers_temp_file(tmp_path: Path) -> None:
+    from chatstate.stores import open_store
+
+    url = f"json://{tmp_path}/s"
+    store = open_store(url)
+    ref = store.put_blob(PNG_1MIB, media_type="image/png")
+    store.close()
+    blobs = tmp_path / "s" / "blobs"
+    assert (blobs.stat().st_mode & 0o777, (blobs / ref["sha256"]).stat().st_mode & 0o777) \
+        == (0o700, 0o600)
+    stray = blobs / f".{ref['sha256']}.tmp-0123456789abcdef"
+    stray.write_bytes(b"half a blob")
+    store = open_store(url)
+    try:
+        assert not stray.exists() and any("blobs/" + stray.name in r for r in store.recovery)
+        assert store.get_blob(ref["sha256"]) == PNG_1MIB
+    finally:
+        store.close()
+
+
+def test_a_blob_that_cannot_be_made_durable_stores_no_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection (json: its fsyncs are Python's): the blob write fails, nothing stays."""
+    import errno
+    import os
+
+    from chatstate.stores import open_store
+
+    store = open_store(f"json://{tmp_path}/s")
+    try:
+        new_conversation(store, "c1", 2)
+
+        def failing_fsync(fd: int) -> None:
+            raise OSError(errno.EIO, "injected I/O error")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fsync", failing_fsync)
+            with pytest.raises(ChatstateError, match="injected I/O error"):
+                seal_kind(store, "image-large", store.load("c1").last)
+        assert len(store.load("c1").messages) == 2
+        assert not store.has_blob(hashlib.sha256(PNG_1MIB).hexdigest())
+        assert [p.name for p in (tmp_path / "s" / "blobs").iterdir()] == []  # no temp left
+    finally:
+        store.close()

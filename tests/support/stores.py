@@ -1,0 +1,171 @@
+"""Helpers shared by the store tests: sealing chains, peeking at a store's bytes."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from chatstate.core.transcript import Conversation, Message, Role
+
+TESTS_DIR = Path(__file__).resolve().parent
+CRASH_WRITER = TESTS_DIR / "crash_writer.py"
+
+
+def scheme(url: str) -> str:
+    return url.split("://", 1)[0]
+
+
+def local_path(url: str) -> Path:
+    """The json store's directory or the sqlite store's file."""
+    parsed = urlparse(url)
+    return Path(parsed.netloc + parsed.path)
+
+
+def pg_connect(url: str) -> Any:
+    """A psycopg connection to a postgresql:// store URL's schema (autocommit)."""
+    import psycopg
+
+    base, _, query = url.partition("?")
+    schema = dict(p.split("=", 1) for p in query.split("&") if p).get("schema", "chatstate")
+    return psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}")
+
+
+def seal_chain(n: int, prev: Message | None = None, *, prefix: str = "msg",
+               turn_id: str = "t-1") -> list[Message]:
+    """``n`` sealed messages continuing after ``prev``, alternating user/assistant."""
+    out: list[Message] = []
+    for _ in range(n):
+        seq = 0 if prev is None else prev.seq + 1
+        role: Role = "user" if seq % 2 == 0 else "assistant"
+        prev = Message.seal(prev, role=role, content=f"{prefix} {seq}", turn_id=turn_id)
+        out.append(prev)
+    return out
+
+
+def fresh_load(url: str, cid: str) -> Conversation:
+    """``cid`` as a fresh open of ``url`` sees it; empty if no writer got to create it."""
+    from chatstate.errors import ConversationNotFound
+    from chatstate.stores import open_store
+
+    store = open_store(url)
+    try:
+        conv: Conversation = store.load(cid)
+        return conv
+    except ConversationNotFound:  # the first writer died before creating it
+        return Conversation(id=cid)
+    finally:
+        store.close()
+
+
+def new_conversation(store: Any, cid: str = "c1", n: int = 0, **header: Any) -> list[Message]:
+    """Create ``cid`` and append ``n`` messages one by one; return them."""
+    store.create(Conversation(id=cid, **header))
+    msgs = seal_chain(n)
+    for m in msgs:
+        store.append(cid, [m])
+    return msgs
+
+
+def temp_files(root: Path) -> list[Path]:
+    """Temp files of the atomic-write protocol anywhere under ``root``."""
+    return sorted(p for p in root.rglob(".*") if ".tmp-" in p.name)
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` (or the file itself) -> its bytes."""
+    if path.is_file():
+        return {path.name: path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+def run_writer(*args: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``tests/support/crash_writer.py`` with ``args`` to completion."""
+    return subprocess.run([sys.executable, str(CRASH_WRITER), *args], capture_output=True,
+                          text=True, timeout=timeout, check=False, **kw)
+
+
+def spawn_writer(*args: str) -> subprocess.Popen[str]:
+    """Start ``tests/support/crash_writer.py`` with pipes on stdin and stdout."""
+    return subprocess.Popen([sys.executable, str(CRASH_WRITER), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def parse_acks(stdout: str) -> list[tuple[int, str]]:
+    """The (seq, hash) of every complete ``ack`` line a writer printed."""
+    acks = []
+    for line in stdout.splitlines(keepends=True):
+        parts = line.split()
+        if line.endswith("\n") and len(parts) == 3 and parts[0] == "ack":
+            acks.append((int(parts[1]), parts[2]))
+    return acks
+
+
+def assert_acked_present(messages: Sequence[Message], acks: Sequence[tuple[int, str]]) -> None:
+    """Every acknowledged message is stored, at its seq, exactly once."""
+    hashes = [m.hash for m in messages]
+    for seq, h in acks:
+        assert seq < len(messages), f"acknowledged seq {seq} lost (store has {len(messages)})"
+        assert messages[seq].hash == h, f"acknowledged seq {seq} replaced by another message"
+        assert hashes.count(h) == 1, f"acknowledged seq {seq} stored more than once"
+
+
+def tamper(url: str, store: Any, cid: str, seq: int) -> None:
+    """Edit message ``seq``'s content behind the store's back, the way each kind allows.
+
+    Made by ``seal_chain`` (content ``msg <seq>``); its stored hash is left as it was,
+    so the chain no longer verifies at ``seq``.
+    """
+    old, new = f'"msg {seq}"', f'"msg {seq}, edited"'
+    if scheme(url) == "json":
+        file = local_path(url) / f"{cid}.json"
+        text = file.read_text()
+        assert old in text
+        file.write_text(text.replace(old, new, 1))
+    elif scheme(url) == "sqlite":
+        db = sqlite3.connect(local_path(url))
+        with db:
+            changed = db.execute("UPDATE messages SET body=replace(body, ?, ?) WHERE "
+                                 "conversation_id=? AND seq=?", (old, new, cid, seq)).rowcount
+        db.close()
+        assert changed == 1
+    elif scheme(url) == "postgresql":
+        with pg_connect(url) as db:
+            changed = db.execute("UPDATE messages SET body=replace(body, %s, %s) WHERE "
+                                 "conversation_id=%s AND seq=%s", (old, new, cid, seq)).rowcount
+        assert changed == 1
+    else:
+        key = f"conversations/{cid}/m/{seq:010d}.json"
+        blob = store.io.get(key)
+        assert blob is not None and old.encode() in blob.data
+        store.io.put(key, blob.data.replace(old.encode(), new.encode()))
+
+
+def stored_state(url: str, store: Any) -> dict[str, bytes]:
+    """Everything a conversation write could change (not the open records), to compare."""
+    if scheme(url) == "json":
+        return {k: v for k, v in snapshot(local_path(url)).items() if ".chatstate" not in k}
+    if scheme(url) == "sqlite":
+        db = sqlite3.connect(local_path(url))
+        try:
+            return {table: repr(db.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall())
+                    .encode() for table in ("conversations", "messages", "partials")}
+        finally:
+            db.close()
+    if scheme(url) == "postgresql":
+        with pg_connect(url) as db:
+            return {table: repr(db.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall())
+                    .encode() for table in ("conversations", "messages", "partials")}
+    out = {}
+    for prefix in ("conversations", "index"):
+        for key, _ in store.io.keys(prefix):
+            blob = store.io.get(key)
+            out[key] = blob.data if blob is not None else b""
+    return out
