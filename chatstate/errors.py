@@ -4,7 +4,8 @@
     ├── InvalidConversationId      (also a ValueError) an id that is not 1-128 of [A-Za-z0-9._-]
     ├── EphemeralStoreError        the store lives where bytes will not survive a restart
     ├── ConflictError              another writer appended first; nothing of ours was written
-    │   └── ConversationInUse      another live writer holds the conversation's lease
+    │   ├── ConversationInUse      another live writer holds the conversation's lease
+    │   └── LeaseLost              a write carried a lease token that is no longer current
     ├── CorruptTranscriptError     a stored document fails to parse or its hash chain breaks
     ├── SchemaVersionError         a stored document is from a newer chatstate
     ├── ConversationNotFound       (also a KeyError) no conversation with that id
@@ -86,6 +87,19 @@ class ConversationInUse(ConflictError):
         self.host = host
         self.pid = pid
         self.until = until
+
+
+class LeaseLost(ConflictError):
+    """A fenced write was refused: the writer's lease token is no longer the current one.
+
+    Another writer took the conversation over (this writer stalled past its lease
+    term, or was SIGSTOPped). Nothing was written; the writer must stop, writing and
+    showing nothing more of its turn.
+    """
+
+    def __init__(self, message: str, *, fence: str = "") -> None:
+        super().__init__(message)
+        self.fence = fence
 
 
 class ModelError(ChatstateError):

@@ -99,27 +99,38 @@ class Store(Protocol):
         """Remove a conversation and its partial. ConversationNotFound if absent."""
         ...
 
-    def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
+    def append(self, conversation_id: str, messages: Sequence[Message], *,
+               fence: str | None = None) -> None:
         """Compare-and-append sealed messages after the stored last message.
 
         ``messages[0].seq`` must be the stored last seq + 1 and its hash must chain
         from the stored last hash; otherwise ConflictError and nothing is written.
         Appending messages that are already stored, identical, is a no-op
         (a retry after an "outcome unknown" error never duplicates). Clears the
-        partial reply of the same seq in the same atomic step.
+        partial reply of the same seq in the same atomic step. ``fence``: see below.
         """
         ...
 
-    def save_partial(self, conversation_id: str, partial: Message) -> None:
+    def save_partial(self, conversation_id: str, partial: Message, *,
+                     fence: str | None = None) -> None:
         """Replace the conversation's one in-progress reply (status ``partial``)."""
         ...
 
-    def clear_partial(self, conversation_id: str) -> None: ...
+    def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None: ...
 
     def set_header(self, conversation_id: str, *, title: str | None = None,
-                   metadata: dict[str, Any] | None = None) -> None:
+                   metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
         """Change the title or metadata (not the messages)."""
         ...
+
+    # Fencing. Every write a turn makes carries ``fence``, the owner token of the
+    # writer lease it holds (``Lease.owner``). A store that has leases checks it in
+    # the same atomic step as the write: when the conversation's lease record names
+    # another owner (another writer took over: this one stalled past its term), the
+    # write is refused with LeaseLost and nothing is written. A lease that lapsed but
+    # that nobody took is still this writer's. ``fence=None`` is an unfenced write
+    # (migrate, import, tools that copy stored state as it is); compare-and-append
+    # still applies to it.
 
     def record_open(self, record: dict[str, Any]) -> None:
         """Remember boot id, hostname, DEPLOY_ID and time of this open."""
