@@ -113,10 +113,9 @@ class MotoServer:
 
 
 def _command(port: int) -> list[str]:
-    script = Path(sys.executable).with_name("moto_server")
-    args = ["-H", "127.0.0.1", "-p", str(port)]
-    return [str(script), *args] if script.exists() else \
-        [sys.executable, "-m", "moto.server", *args]
+    # moto behind a lock for writes: its conditional PUTs race otherwise (moto_atomic.py)
+    return [sys.executable, str(Path(__file__).with_name("moto_atomic.py")), "-H", "127.0.0.1",
+            "-p", str(port)]
 
 
 def start_moto(timeout: float = 30.0) -> MotoServer:
