@@ -7,6 +7,7 @@ request the server saw and the reply the caller got both show the dialect's hand
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,9 @@ def test_the_sdk_backend_refuses_a_dialect_the_sdk_has_no_method_for(fake: FakeM
     client = openai.OpenAI(base_url=fake.base_url, api_key="k")
     with pytest.raises(ValueError, match=r"cannot speak the 'shouting' api.*chat_completions"):
         SdkBackend(client, dialect=Shouting())
+
+
+def test_the_backends_02_module_paths_still_import() -> None:
+    for old, new in (("wire", "backends.wire"), ("sdk", "backends.sdk")):
+        assert importlib.import_module(f"chatstate.adapter.{old}") is \
+            importlib.import_module(f"chatstate.adapter.{new}")
