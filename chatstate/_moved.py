@@ -33,6 +33,8 @@ MOVED = {
     "chatstate.stores.sqlite_setup": "chatstate.durable.sqlite_setup",
     "chatstate.stores.jsonfile": "chatstate.stores.json.store",
     "chatstate.stores.s3client": "chatstate.stores.s3.client",
+    "chatstate.adapter.wire": "chatstate.adapter.backends.wire",
+    "chatstate.adapter.sdk": "chatstate.adapter.backends.sdk",
 }
 
 

@@ -5,6 +5,10 @@
     adapter.complete(messages)  -> Completion
     adapter.stream(messages)    -> str deltas ..., then one Completion
 
+The wire API is a dialect (``dialects/``: chat completions, chosen by the
+``api`` setting); the client that sends it is a backend (``backends/``: httpx2
+wire or the openai SDK); one retry loop (``base``) drives both.
+
 Importing this package is cheap: httpx2 and openai load only when an adapter
 is made (openai only for an SDK client).
 """
@@ -13,13 +17,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from chatstate.adapter._policy import RetryPolicy
+from chatstate.adapter._policy import AttemptFailed, RetryPolicy
 from chatstate.adapter.base import Backend, Completion, ModelAdapter, RetryingAdapter
 
 if TYPE_CHECKING:
+    from chatstate.adapter.dialects.base import Dialect
     from chatstate.adapter.settings import ModelSettings
 
 __all__ = [
+    "AttemptFailed",
     "Backend",
     "Completion",
     "ModelAdapter",
@@ -54,6 +60,7 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
     from pydantic import SecretStr
 
     from chatstate.adapter._env import resolve
+    from chatstate.adapter.dialects import dialect
 
     given: dict[str, Any] = {"model": model, "base_url": base_url,
                              "api_key": SecretStr(api_key) if api_key is not None else None,
@@ -67,16 +74,17 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
     policy = RetryPolicy(max_retries=settings.max_retries, backoff_base=settings.backoff_base,
                          backoff_max=settings.backoff_max,
                          retry_after_max=settings.retry_after_max)
-    backend = _backend(settings, client, explicit_timeout=timeout is not None
+    backend = _backend(settings, client, dialect(settings.api),
+                       explicit_timeout=timeout is not None
                        or "timeout" in settings.model_fields_set,
                        conflicting=base_url is not None or api_key is not None)
     return RetryingAdapter(backend, model=settings.model, policy=policy)
 
 
-def _backend(settings: Any, client: Any, *, explicit_timeout: bool,
+def _backend(settings: Any, client: Any, api: Dialect, *, explicit_timeout: bool,
              conflicting: bool) -> Backend:
     if client is None:
-        from chatstate.adapter.wire import WireBackend
+        from chatstate.adapter.backends.wire import WireBackend
 
         key = settings.api_key.get_secret_value() if settings.api_key else None
         if key is None and "api.openai.com" in settings.base_url:
@@ -87,10 +95,10 @@ def _backend(settings: Any, client: Any, *, explicit_timeout: bool,
                 "CHATSTATE_API_KEY, or put it in .env), point CHATSTATE_BASE_URL at a local "
                 "OpenAI-compatible server, or try chatstate offline with --model fake")
         return WireBackend(settings.base_url, key, timeout=settings.timeout,
-                           connect_timeout=settings.connect_timeout)
+                           connect_timeout=settings.connect_timeout, dialect=api)
     import openai
 
-    from chatstate.adapter.sdk import SdkBackend
+    from chatstate.adapter.backends.sdk import SdkBackend
 
     if not isinstance(client, openai.OpenAI):
         raise TypeError(f"client must be an openai.OpenAI instance, not {type(client).__name__}")
@@ -98,4 +106,4 @@ def _backend(settings: Any, client: Any, *, explicit_timeout: bool,
         raise ValueError("pass base_url/api_key to the openai.OpenAI client, not with client=")
     # The caller's client keeps its own timeout unless one was configured here.
     return SdkBackend(client, timeout=settings.timeout if explicit_timeout else None,
-                      connect_timeout=settings.connect_timeout)
+                      connect_timeout=settings.connect_timeout, dialect=api)

@@ -1,4 +1,8 @@
-"""Read configuration from the environment and a ``.env`` file, without pydantic-settings.
+"""The adapter's configuration defaults, and reading the environment and a ``.env`` file
+without pydantic-settings.
+
+The defaults are written once, in ``PlainSettings``: ``ModelSettings``,
+``RetryPolicy`` and the backends take theirs from ``DEFAULTS``.
 
 Only what ModelSettings needs: variable names matched case-insensitively, empty
 values treated as unset (``OPENAI_API_KEY=`` in .env.example means "no key"),
@@ -34,7 +38,8 @@ class PlainSettings:
     """ModelSettings' values when nothing needs validating (text only, defaults else).
 
     Built without the pydantic model, whose class creation is a measurable part of
-    a cold `chatstate ask`; same attribute names and defaults."""
+    a cold `chatstate ask`; same attribute names. Its defaults are the defaults of
+    every setting (``DEFAULTS``)."""
 
     model: str = DEFAULT_MODEL
     base_url: str = DEFAULT_BASE_URL
@@ -45,7 +50,11 @@ class PlainSettings:
     backoff_base: float = 0.5
     backoff_max: float = 20.0
     retry_after_max: float = 60.0
+    api: str = "chat_completions"  # the dialect (chatstate.adapter.dialects); not read from env
     model_fields_set: frozenset[str] = field(default=frozenset(), repr=False)
+
+
+DEFAULTS = PlainSettings()
 
 
 def resolve(overrides: Mapping[str, Any]) -> Any:

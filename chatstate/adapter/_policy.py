@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from chatstate.adapter._env import DEFAULTS
 from chatstate.core.redact import scrub
 from chatstate.errors import ModelError
 
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
-
+MAX_PROVIDER_MESSAGE = 1000
+"""How much of a provider's error text an error message shows (on one line)."""
 
 
 class AttemptFailed(Exception):
@@ -56,10 +58,10 @@ class RetryPolicy:
     a provider asking for minutes would otherwise hang an interactive turn.
     """
 
-    max_retries: int = 3
-    backoff_base: float = 0.5
-    backoff_max: float = 20.0
-    retry_after_max: float = 60.0
+    max_retries: int = DEFAULTS.max_retries
+    backoff_base: float = DEFAULTS.backoff_base
+    backoff_max: float = DEFAULTS.backoff_max
+    retry_after_max: float = DEFAULTS.retry_after_max
     rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def delay(self, failure: AttemptFailed, attempt: int) -> float | None:
@@ -172,8 +174,6 @@ def to_model_error(failure: AttemptFailed, *, attempts: int, endpoint: str,
                    secret: str | None, timeout: float | None,
                    shown_chars: int = 0) -> ModelError:
     """The ModelError for a failure that will not be retried (again)."""
-    from chatstate.adapter._parse import MAX_PROVIDER_MESSAGE
-
     what = f"HTTP {failure.status}" if failure.status is not None else failure.detail
     provider = failure.provider_message
     if provider:

@@ -3,10 +3,14 @@
 An adapter takes the whole message list on every call and returns a reply; it
 keeps no conversation state (invariant 10). The HTTP work sits behind a
 ``Backend`` of two methods (one request, one streamed request), which the
-httpx2 wire client and the openai SDK client both implement. Each backend
-translates its foreign errors into ``AttemptFailed`` in exactly one place; the
-``RetryingAdapter`` below owns the single retry loop that both share, so the
-retry rules, the Retry-After handling and the error texts exist once.
+httpx2 wire client and the openai SDK client both implement (``backends/``).
+The request and reply format is the backend's ``Dialect`` (``dialects/``): the
+loop has it encode each request and decode each reply and stream event, and
+the backend sends the body to the dialect's path. Each backend translates its
+foreign errors into ``AttemptFailed`` in exactly one place; the
+``RetryingAdapter`` below owns the single retry loop that every backend and
+dialect share, so the retry rules, the Retry-After handling and the error
+texts exist once.
 
 A stream that drops after it started is retried too: the new stream must
 re-produce the text already yielded, which is swallowed; if it diverges the
@@ -28,8 +32,8 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from chatstate.adapter._parse import StreamAccumulator, Usage, parse_completion
 from chatstate.adapter._policy import AttemptFailed, RetryPolicy, timeout_advice, to_model_error
+from chatstate.adapter.dialects.base import Dialect, Usage
 from chatstate.errors import ModelError
 
 log = logging.getLogger("chatstate.adapter")
@@ -86,8 +90,10 @@ class ModelAdapter(Protocol):
 
 
 class Backend(Protocol):
-    """One HTTP client for an OpenAI-compatible endpoint. Raises only AttemptFailed."""
+    """One HTTP client for a model endpoint, speaking one dialect. Raises only AttemptFailed."""
 
+    dialect: Dialect
+    """The wire API its requests are in: it sends them to ``dialect.path``."""
     endpoint: str
     """Where requests go (no credentials), for error messages."""
     secret: str | None
@@ -96,11 +102,11 @@ class Backend(Protocol):
     """The read timeout in seconds, for error advice."""
 
     def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        """POST a chat completion request and return the decoded JSON reply."""
+        """POST a request the dialect encoded and return the decoded JSON reply."""
         ...
 
     def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
-        """POST a streamed request and yield each decoded chunk until the stream ends."""
+        """POST a streamed request and yield each decoded event until the stream ends."""
         ...
 
     def close(self) -> None:
@@ -112,12 +118,17 @@ Attempt = Callable[[], Generator["str | Completion", None, None]]
 
 
 class RetryingAdapter:
-    """A ModelAdapter over any Backend, with the retry loop that every backend shares."""
+    """A ModelAdapter over any Backend, with the retry loop that every backend shares.
+
+    It speaks the backend's dialect: one object says both where a request goes and
+    what it looks like, so the two cannot disagree.
+    """
 
     def __init__(self, backend: Backend, *, model: str,
                  policy: RetryPolicy | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.backend = backend
+        self.dialect = backend.dialect
         self.model = model
         self.policy = policy or RetryPolicy()
         self._sleep = sleep
@@ -130,10 +141,11 @@ class RetryingAdapter:
 
     def complete(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> Completion:
-        body = self._body(messages, model, params, stream=False)
+        body = self.dialect.encode(messages, model=model or self.model, params=params,
+                                   stream=False)
 
         def attempt() -> Generator[str | Completion, None, None]:
-            yield Completion(*parse_completion(self.backend.send(body)))
+            yield Completion(*self.dialect.decode(self.backend.send(body)))
 
         for item in self._run(attempt):
             if isinstance(item, Completion):
@@ -142,10 +154,11 @@ class RetryingAdapter:
 
     def stream(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
                params: Mapping[str, Any] | None = None) -> Iterator[str | Completion]:
-        body = self._body(messages, model, params, stream=True)
+        body = self.dialect.encode(messages, model=model or self.model, params=params,
+                                   stream=True)
 
         def attempt() -> Generator[str | Completion, None, None]:
-            acc = StreamAccumulator()
+            acc = self.dialect.stream_decoder()
             with contextlib.closing(self.backend.stream(body)) as chunks:
                 for chunk in chunks:
                     delta = acc.feed(chunk)
@@ -158,19 +171,6 @@ class RetryingAdapter:
             yield Completion(*acc.reply())
 
         return self._run(attempt)
-
-    def _body(self, messages: Sequence[Mapping[str, Any]], model: str | None,
-              params: Mapping[str, Any] | None, *, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = dict(params or {})
-        body["model"] = model or self.model
-        body["messages"] = [dict(m) for m in messages]
-        if stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        else:
-            body.pop("stream", None)
-            body.pop("stream_options", None)
-        return body
 
     def _run(self, attempt: Attempt) -> Iterator[str | Completion]:
         """The one retry loop: run attempts until one finishes, yielding each new character once.

@@ -46,7 +46,7 @@ REPORTED = ("create", "append", "save_partial", "clear_partial", "set_header", "
 
 def make_adapter(base_url: str) -> RetryingAdapter:
     """An adapter for the fake model: the wire backend, a short retry budget, no user config."""
-    from chatstate.adapter.wire import WireBackend
+    from chatstate.adapter.backends.wire import WireBackend
 
     backend = WireBackend(base_url, None, timeout=30.0, connect_timeout=5.0)
     return RetryingAdapter(backend, model="fake-model",

@@ -24,8 +24,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from chatstate.adapter._parse import StreamAccumulator
-from chatstate.adapter._policy import AttemptFailed
+from chatstate.adapter import AttemptFailed
+from chatstate.adapter.dialects.chat_completions import StreamAccumulator
 
 log = logging.getLogger("chatstate.serve")
 

@@ -10,7 +10,7 @@ import httpx2
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from chatstate.adapter._parse import parse_usage
+from chatstate.adapter.dialects.chat_completions import parse_usage
 from chatstate.core.transcript import validate_id
 from chatstate.serve._history import ROLES
 

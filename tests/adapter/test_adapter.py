@@ -20,8 +20,16 @@ from typing import Any
 import openai
 import pytest
 
-from chatstate.adapter import Completion, ModelSettings, RetryingAdapter, make_adapter
-from chatstate.adapter._policy import AttemptFailed, RetryPolicy, parse_retry_after
+from chatstate.adapter import (
+    AttemptFailed,
+    Completion,
+    ModelSettings,
+    RetryingAdapter,
+    RetryPolicy,
+    make_adapter,
+)
+from chatstate.adapter._policy import parse_retry_after
+from chatstate.adapter.dialects.chat_completions import CHAT_COMPLETIONS
 from chatstate.errors import ModelError
 from chatstate.testing import FakeModel
 
@@ -307,7 +315,7 @@ def test_a_stream_cut_inside_tool_call_deltas_is_retried_whole(make: MakeAdapter
 
 
 def test_streamed_tool_calls_and_provider_fields_are_assembled_by_index() -> None:
-    from chatstate.adapter._parse import StreamAccumulator
+    from chatstate.adapter.dialects.chat_completions import StreamAccumulator
 
     acc = StreamAccumulator()
     chunks = [
@@ -330,7 +338,7 @@ def test_streamed_tool_calls_and_provider_fields_are_assembled_by_index() -> Non
 
 
 def test_a_refusal_is_kept_as_an_extra_field() -> None:
-    from chatstate.adapter._parse import parse_completion
+    from chatstate.adapter.dialects.chat_completions import parse_completion
 
     reply = parse_completion({"choices": [{"message": {
         "role": "assistant", "content": None, "refusal": "I can't help with that."},
@@ -344,7 +352,7 @@ def test_a_refusal_is_kept_as_an_extra_field() -> None:
     [{"index": 0, "id": "a", "function": {"name": "f", "arguments": 5}}],
 ], ids=["no-id", "no-index", "non-string-arguments"])
 def test_misshapen_tool_call_deltas_are_malformed(calls: list[dict[str, Any]]) -> None:
-    from chatstate.adapter._parse import StreamAccumulator
+    from chatstate.adapter.dialects.chat_completions import StreamAccumulator
 
     acc = StreamAccumulator()
     with pytest.raises(AttemptFailed, match="malformed"):
@@ -355,6 +363,7 @@ def test_misshapen_tool_call_deltas_are_malformed(calls: list[dict[str, Any]]) -
 class ScriptedBackend:
     """A Backend peer that replays given streams: for what the fake cannot do (diverge)."""
 
+    dialect = CHAT_COMPLETIONS
     endpoint: str = "scripted://model"
     secret: str | None = None
     timeout: float | None = None
@@ -506,8 +515,8 @@ def test_public_names_are_pinned() -> None:
     import chatstate.adapter
 
     assert chatstate.adapter.__all__ == [
-        "Backend", "Completion", "ModelAdapter", "ModelSettings", "RetryPolicy",
-        "RetryingAdapter", "make_adapter"]
+        "AttemptFailed", "Backend", "Completion", "ModelAdapter", "ModelSettings",
+        "RetryPolicy", "RetryingAdapter", "make_adapter"]
     assert chatstate.adapter.ModelSettings is ModelSettings
     adapter = make_adapter(base_url="http://127.0.0.1:9/v1")
     assert isinstance(adapter, chatstate.adapter.ModelAdapter)
@@ -577,6 +586,10 @@ def test_plain_settings_match_the_model_when_nothing_needs_validating(
     names = [f.name for f in fields(PlainSettings) if f.name != "model_fields_set"]
     assert sorted(names) == sorted(ModelSettings.model_fields)
     assert {n: getattr(plain, n) for n in names} == model.model_dump()
+    policy = RetryPolicy()  # its defaults, too, are the settings' defaults
+    assert (policy.max_retries, policy.backoff_base, policy.backoff_max,
+            policy.retry_after_max) == (model.max_retries, model.backoff_base,
+                                        model.backoff_max, model.retry_after_max)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-canary")
     keyed = resolve({})
     assert keyed.api_key.get_secret_value() == "sk-canary" and "sk-canary" not in repr(keyed)

@@ -19,7 +19,7 @@ import pytest
 from support.cli_helpers import CHATSTATE, cli_env, invoke, replay_json, run_cli
 
 from chatstate.adapter import make_adapter
-from chatstate.adapter._parse import parse_completion
+from chatstate.adapter.dialects.chat_completions import parse_completion
 from chatstate.core.transcript import Message
 from chatstate.errors import ModelError
 from chatstate.ops import doctor
@@ -254,7 +254,7 @@ def test_a_context_length_400_names_the_window_and_says_what_to_change(
 
 
 def test_context_overflow_is_read_from_each_providers_words() -> None:
-    from chatstate.adapter._parse import context_overflow
+    from chatstate.adapter.dialects.chat_completions import context_overflow
 
     assert context_overflow({"error": {"message": LLAMA_OVERFLOW}}) == (512, 831)
     assert context_overflow({"error": {"message": "the request exceeds the available "

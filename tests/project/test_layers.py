@@ -2,6 +2,8 @@
 
 - code outside ``chatstate.stores`` uses the stores' public helpers, never their
   private modules (``stores._files``, ``stores._s3doc``, ...);
+- code outside ``chatstate.adapter`` uses its public names (``chatstate.adapter``,
+  ``adapter.dialects.chat_completions``, ...), never its private modules or names;
 - the production CLI does not import ``chatstate.testing``: ``ask`` against a real
   OpenAI-compatible endpoint (the fake server, reached over HTTP like any other)
   runs without it.
@@ -69,3 +71,16 @@ def test_ask_against_a_real_endpoint_never_imports_the_testing_package(tmp_path:
                 if line.startswith("import time:")]
     assert "chatstate.cli" in imported  # -X importtime did report the imports
     assert [m for m in imported if m.startswith("chatstate.testing")] == []
+
+
+def test_nothing_outside_the_adapter_imports_its_private_modules() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.is_relative_to(PACKAGE / "adapter"):
+            continue
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[:2] == ["chatstate", "adapter"] and any(
+                    p.startswith("_") for p in parts[2:]):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} {name}")
+    assert offenders == []

@@ -1,9 +1,9 @@
-"""The default backend: OpenAI chat completions over plain httpx2, JSON and SSE.
+"""The default backend: a dialect's requests over plain httpx2, JSON and SSE.
 
-It speaks only ``POST {base_url}/chat/completions``, so it works with any
-OpenAI-compatible server and keeps the openai SDK out of the import path.
-Every httpx2 error is translated into ``AttemptFailed`` in ``_translate``,
-around the request and around the stream iteration alike.
+It sends ``POST {base_url}{dialect.path}`` (``/chat/completions`` by default), so
+it works with any OpenAI-compatible server and keeps the openai SDK out of the
+import path. Every httpx2 error is translated into ``AttemptFailed`` in
+``_translate``, around the request and around the stream iteration alike.
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ from typing import Any
 
 import httpx2
 
-from chatstate.adapter._parse import context_overflow, provider_message
-from chatstate.adapter._policy import AttemptFailed, is_retryable_status, parse_retry_after
+from chatstate.adapter._env import DEFAULTS
+from chatstate.adapter._policy import AttemptFailed
+from chatstate.adapter.backends._http import http_failure
+from chatstate.adapter.dialects.base import Dialect
+from chatstate.adapter.dialects.chat_completions import CHAT_COMPLETIONS
 from chatstate.core.redact import redact_url
 
 __all__ = ["WireBackend"]
@@ -26,9 +29,12 @@ class WireBackend:
     """A Backend over an httpx2 client that this object owns (or one passed in)."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *,
-                 timeout: float | None = 60.0, connect_timeout: float = 10.0,
-                 http_client: httpx2.Client | None = None) -> None:
-        self._url = base_url.rstrip("/") + "/chat/completions"
+                 timeout: float | None = DEFAULTS.timeout,
+                 connect_timeout: float = DEFAULTS.connect_timeout,
+                 http_client: httpx2.Client | None = None,
+                 dialect: Dialect = CHAT_COMPLETIONS) -> None:
+        self.dialect = dialect
+        self._url = base_url.rstrip("/") + dialect.path
         self.endpoint = redact_url(self._url)  # what messages show: never user:password
         self.secret = api_key
         self.timeout = timeout
@@ -49,33 +55,38 @@ class WireBackend:
     def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         with _translate():
             response = self._client.post(self._url, json=dict(body), headers=self._headers)
-            _raise_for_status(response)
+            self._raise_for_status(response)
             return _decode(response.content, "response body")
 
     def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
         headers = {**self._headers, "Accept": "text/event-stream"}
         with _translate(), self._client.stream("POST", self._url, json=dict(body),
                                                headers=headers) as response:
-            _raise_for_status(response)
-            done = False
-            for data in _event_data(response):
+            self._raise_for_status(response)
+            done, end = False, self.dialect.sse_done
+            for data in self._event_data(response):
                 if done:
                     continue  # drain to the end of the body so the connection is reused
-                if data.strip() == "[DONE]":
+                if end is not None and data.strip() == end:
                     done = True
                     continue
                 yield _decode(data, "SSE event")
 
+    def _event_data(self, response: httpx2.Response) -> Iterator[str]:
+        for event in httpx2.EventSource(response):
+            if event.event not in self.dialect.sse_events:
+                continue  # other named events (pings) carry no data of the dialect's
+            yield event.data
+
+    def _raise_for_status(self, response: httpx2.Response) -> None:
+        if response.status_code < 400:
+            return
+        raise http_failure(self.dialect, response.status_code, response.read(),
+                           response.headers)
+
 
 def _min(a: float, b: float | None) -> float:
     return a if b is None else min(a, b)
-
-
-def _event_data(response: httpx2.Response) -> Iterator[str]:
-    for event in httpx2.EventSource(response):
-        if event.event not in ("message", "error"):
-            continue  # other named events (pings) carry no chat completion data
-        yield event.data
 
 
 def _decode(raw: bytes | str, what: str) -> Mapping[str, Any]:
@@ -87,19 +98,6 @@ def _decode(raw: bytes | str, what: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise AttemptFailed("malformed", f"malformed {what}: expected a JSON object")
     return value
-
-
-def _raise_for_status(response: httpx2.Response) -> None:
-    if response.status_code < 400:
-        return
-    status = response.status_code
-    body = response.read()
-    raise AttemptFailed(
-        "http", f"HTTP {status}", status=status,
-        provider_message=provider_message(body), overflow=context_overflow(body),
-        retryable=is_retryable_status(status),
-        retry_after=parse_retry_after(response.headers),
-    )
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Reading OpenAI chat completion replies and stream chunks, strictly.
+"""The chat-completions dialect (``POST /chat/completions``): requests, replies and
+stream chunks, read strictly.
 
 Both backends hand decoded JSON here, so a reply that is not shaped like an
 OpenAI chat completion fails the same way whichever client fetched it.
@@ -8,35 +9,36 @@ Streamed tool calls are put together the chat-completions way: each delta in
 carries the id, type and function name, later ones append to the arguments
 string. Tool calls are not text, so ``feed`` returns only text; the calls
 surface whole in the final reply.
+
+Public, for ``serve`` (which relays this format): ``StreamAccumulator``,
+``parse_completion``, ``parse_usage``, ``provider_message``, ``context_overflow``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from chatstate.adapter._policy import AttemptFailed
+from chatstate.adapter.dialects.base import ErrorDetails, Overflow, Reply, Usage
 
-MAX_PROVIDER_MESSAGE = 1000
-"""How much of a provider's error text an error message shows (on one line)."""
+__all__ = [
+    "CHAT_COMPLETIONS",
+    "ChatCompletions",
+    "StreamAccumulator",
+    "context_overflow",
+    "parse_completion",
+    "parse_usage",
+    "provider_message",
+    "stream_error",
+]
+
 _RAW_LIMIT = 8000  # what is kept of an error body at all
-
-Usage = dict[str, "int | dict[str, int]"]
-
 
 # Message fields worth keeping besides content and tool_calls: a later request may need them.
 EXTRA_FIELDS = ("refusal", "reasoning", "reasoning_content")
-
-
-class Reply(NamedTuple):
-    text: str
-    model: str | None
-    usage: Usage | None
-    finish_reason: str | None
-    tool_calls: list[dict[str, Any]] | None = None
-    extra: dict[str, Any] | None = None
 
 
 def _malformed(detail: str) -> AttemptFailed:
@@ -233,7 +235,7 @@ _OVERFLOW_WORDS = ("exceeds the available context size", "maximum context length
                    "context_length_exceeded", "exceed_context_size")
 
 
-def context_overflow(body: object) -> tuple[int | None, int | None] | None:
+def context_overflow(body: object) -> Overflow | None:
     """(window, prompt tokens) when an error body says the prompt does not fit, else None.
 
     Either number may be None when the provider does not say it.
@@ -257,3 +259,40 @@ def context_overflow(body: object) -> tuple[int | None, int | None] | None:
     elif openai:
         window, prompt = int(openai.group(1)), int(openai.group(2))
     return (window if _count(window) else None, prompt if _count(prompt) else None)
+
+
+class ChatCompletions:
+    """The OpenAI chat-completions format, spoken by most OpenAI-compatible servers."""
+
+    name = "chat_completions"
+    path = "/chat/completions"
+    sse_events = frozenset({"message", "error"})  # other named events (pings) carry no chunk
+    sse_done = "[DONE]"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def encode(self, messages: Sequence[Mapping[str, Any]], *, model: str,
+               params: Mapping[str, Any] | None, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = dict(params or {})
+        body["model"] = model
+        body["messages"] = [dict(m) for m in messages]
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        else:
+            body.pop("stream", None)
+            body.pop("stream_options", None)
+        return body
+
+    def decode(self, data: object) -> Reply:
+        return parse_completion(data)
+
+    def stream_decoder(self) -> StreamAccumulator:
+        return StreamAccumulator()
+
+    def error_details(self, body: object) -> ErrorDetails:
+        return ErrorDetails(provider_message(body), context_overflow(body))
+
+
+CHAT_COMPLETIONS = ChatCompletions()

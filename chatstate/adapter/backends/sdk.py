@@ -4,19 +4,26 @@ The client is copied with ``max_retries=0``: the adapter's retry loop is the
 only one, so the SDK's retries cannot multiply with ours, and a stream that
 drops mid-way (which the SDK never retries) is covered too. Every openai
 error is translated into ``AttemptFailed`` in ``_translate``.
+
+The SDK has one method per wire API, so this backend speaks the dialects it
+has a method for (``_CALLS``); the reply is handed back as plain JSON for the
+dialect to decode, as from the wire backend.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 import httpx2
 import openai
 
-from chatstate.adapter._parse import context_overflow, provider_message
-from chatstate.adapter._policy import AttemptFailed, is_retryable_status, parse_retry_after
+from chatstate.adapter._env import DEFAULTS
+from chatstate.adapter._policy import AttemptFailed
+from chatstate.adapter.backends._http import http_failure
+from chatstate.adapter.dialects.base import Dialect
+from chatstate.adapter.dialects.chat_completions import CHAT_COMPLETIONS
 from chatstate.core.redact import redact_url
 
 __all__ = ["SdkBackend"]
@@ -26,11 +33,32 @@ __all__ = ["SdkBackend"]
 _KWARGS = ("model", "messages", "stream", "stream_options", "tools", "tool_choice")
 
 
+def _chat_completions(client: openai.OpenAI, body: Mapping[str, Any]) -> Any:
+    kwargs = {k: body[k] for k in _KWARGS if k in body}
+    extra = {k: v for k, v in body.items() if k not in _KWARGS}
+    return client.chat.completions.create(**kwargs, extra_body=extra or None)
+
+
+# dialect name -> the SDK call that sends its request body
+_CALLS: dict[str, Callable[[openai.OpenAI, Mapping[str, Any]], Any]] = {
+    CHAT_COMPLETIONS.name: _chat_completions,
+}
+
+
 class SdkBackend:
-    """A Backend that sends requests through ``client.chat.completions.create``."""
+    """A Backend that sends requests through the client's method for the dialect
+    (``client.chat.completions.create`` for chat completions)."""
 
     def __init__(self, client: openai.OpenAI, *, timeout: float | None = None,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = DEFAULTS.connect_timeout,
+                 dialect: Dialect = CHAT_COMPLETIONS) -> None:
+        call = _CALLS.get(dialect.name)
+        if call is None:
+            raise ValueError(f"an openai.OpenAI client cannot speak the {dialect.name!r} api; "
+                             f"it speaks {', '.join(sorted(_CALLS))}: use one of those, or "
+                             "no client= (the built-in httpx2 backend)")
+        self.dialect = dialect
+        self._call = call
         if timeout is not None:
             client = client.with_options(
                 max_retries=0, timeout=httpx2.Timeout(timeout, connect=min(connect_timeout,
@@ -38,7 +66,7 @@ class SdkBackend:
         else:
             client = client.with_options(max_retries=0)
         self._client = client
-        self.endpoint = redact_url(str(client.base_url).rstrip("/") + "/chat/completions")
+        self.endpoint = redact_url(str(client.base_url).rstrip("/") + dialect.path)
         key = getattr(client, "api_key", None)
         self.secret = key if isinstance(key, str) else None
         configured = client.timeout
@@ -52,23 +80,21 @@ class SdkBackend:
         """The client belongs to the caller; it is theirs to close."""
 
     def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        with _translate():
+        with _translate(self.dialect):
             reply: Mapping[str, Any] = self._create(body).to_dict()
             return reply
 
     def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
-        with _translate(), self._create(body) as chunks:
+        with _translate(self.dialect), self._create(body) as chunks:
             for chunk in chunks:
                 yield chunk.to_dict()
 
     def _create(self, body: Mapping[str, Any]) -> Any:
-        kwargs = {k: body[k] for k in _KWARGS if k in body}
-        extra = {k: v for k, v in body.items() if k not in _KWARGS}
-        return self._client.chat.completions.create(**kwargs, extra_body=extra or None)
+        return self._call(self._client, body)
 
 
 @contextlib.contextmanager
-def _translate() -> Iterator[None]:
+def _translate(dialect: Dialect) -> Iterator[None]:
     """Map openai errors to AttemptFailed, most specific first (the one place this happens)."""
     try:
         yield
@@ -81,14 +107,7 @@ def _translate() -> Iterator[None]:
         raise AttemptFailed("cut", f"the connection dropped: {exc.__cause__ or exc}",
                             retryable=True) from exc
     except openai.APIStatusError as exc:
-        status = exc.status_code
-        raise AttemptFailed(
-            "http", f"HTTP {status}", status=status,
-            provider_message=provider_message(exc.body) or None,
-            overflow=context_overflow(exc.body),
-            retryable=is_retryable_status(status),
-            retry_after=parse_retry_after(exc.response.headers),
-        ) from exc
+        raise http_failure(dialect, exc.status_code, exc.body, exc.response.headers) from exc
     except openai.APIResponseValidationError as exc:
         raise AttemptFailed("malformed", f"malformed reply: {exc.message}") from exc
     except openai.APIError as exc:
