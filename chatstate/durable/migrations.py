@@ -112,12 +112,14 @@ def pending(migrations: History[DB], recorded: Recorded, where: str,
     names = [m.name for m in migrations]
     if isinstance(recorded, int):
         if recorded > len(names):
-            raise _newer(where, what, f"schema version {recorded}", len(names))
+            raise _newer(where, f"{what} schema version {recorded} is newer than this "
+                         f"chatstate knows ({len(names)})")
         return list(enumerate(migrations, start=1))[recorded:]
     unknown = sorted(recorded - set(names))
     missing = [n for n in names if n not in recorded]
     if unknown and not missing:  # a newer chatstate appended to this history
-        raise _newer(where, what, f"migration(s) {', '.join(unknown)} unknown here", len(names))
+        raise _newer(where, f"{what} schema was written by a newer chatstate (migration(s) "
+                     f"{', '.join(unknown)} unknown here)")
     if unknown:
         raise _edited(where, what, f"it records {', '.join(unknown)}, unknown here, and "
                       f"lacks {missing[0]}")
@@ -128,10 +130,9 @@ def pending(migrations: History[DB], recorded: Recorded, where: str,
     return [(i, m) for i, m in enumerate(migrations, start=1) if m.name not in recorded]
 
 
-def _newer(where: str, what: str, found: str, known: int) -> SchemaVersionError:
-    return SchemaVersionError(
-        f"{where}: {what} schema ({found}) is newer than this chatstate knows ({known} "
-        "migrations); upgrade chatstate. Nothing was written.", where=where)
+def _newer(where: str, found: str) -> SchemaVersionError:
+    return SchemaVersionError(f"{where}: {found}; upgrade chatstate. Nothing was written.",
+                              where=where)
 
 
 def _edited(where: str, what: str, detail: str) -> SchemaVersionError:
