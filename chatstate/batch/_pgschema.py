@@ -1,16 +1,18 @@
 """The shared ledger's URL (``?schema=`` is ours) and its schema: named, append-only migrations.
 
-Add a migration by appending a (name, function) pair; never edit one that has
-shipped. Each function returns the statements to run, for the given schema;
-``pgledger`` applies the missing ones in one transaction under an advisory
-lock, and records their names in ``<schema>.migrations``.
+Add a migration by appending a function; never edit one that has shipped. Each
+runs with the ledger's schema as its ``search_path``; ``pgledger`` applies the
+missing ones (``durable.migrations.run`` with its ``PgBackend``) in one
+transaction under an advisory lock, and records their names in
+``<schema>.migrations``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from chatstate.durable.migrations import History, history
 from chatstate.errors import ChatstateError
 
 DEFAULT_SCHEMA = "chatstate_batch"
@@ -41,34 +43,34 @@ def split_schema(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=rest)), schema
 
 
-def m001_initial(schema: str) -> list[str]:
-    return [
-        f"CREATE TABLE {schema}.meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        # seq is the input order; claims take the lowest claimable seq first.
-        f"""CREATE TABLE {schema}.records (
-            seq BIGSERIAL UNIQUE,
-            id TEXT PRIMARY KEY,
-            text TEXT NOT NULL,
-            text_sha256 TEXT NOT NULL,
-            status TEXT NOT NULL DEFAULT 'pending'
-                CHECK (status IN ('pending', 'running', 'done', 'failed')),
-            attempts INTEGER NOT NULL DEFAULT 0,
-            output_path TEXT NOT NULL UNIQUE,
-            output_sha256 TEXT,
-            writing_sha256 TEXT,
-            conversation_id TEXT,
-            worker TEXT,
-            lease_until TIMESTAMPTZ,
-            last_error TEXT,
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL,
-            done_at TEXT)""",
-        f"CREATE INDEX records_claimable ON {schema}.records(status, seq)",
-        f"CREATE INDEX records_worker ON {schema}.records(worker) WHERE worker IS NOT NULL",
-        f"""CREATE TABLE {schema}.workers (
-            id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, boot_id TEXT,
-            start_ticks BIGINT, started_at TEXT NOT NULL, ended_at TEXT)""",
-    ]
+def m001_initial(db: Any) -> None:
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    # seq is the input order; claims take the lowest claimable seq first.
+    db.execute("""CREATE TABLE records (
+        seq BIGSERIAL UNIQUE,
+        id TEXT PRIMARY KEY,
+        text TEXT NOT NULL,
+        text_sha256 TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending'
+            CHECK (status IN ('pending', 'running', 'done', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        output_path TEXT NOT NULL UNIQUE,
+        output_sha256 TEXT,
+        writing_sha256 TEXT,
+        conversation_id TEXT,
+        worker TEXT,
+        lease_until TIMESTAMPTZ,
+        last_error TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        done_at TEXT)""")
+    db.execute("CREATE INDEX records_claimable ON records(status, seq)")
+    db.execute("CREATE INDEX records_worker ON records(worker) WHERE worker IS NOT NULL")
+    db.execute("""CREATE TABLE workers (
+        id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, boot_id TEXT,
+        start_ticks BIGINT, started_at TEXT NOT NULL, ended_at TEXT)""")
 
 
-MIGRATIONS: list[tuple[str, Callable[[str], list[str]]]] = [("m001_initial", m001_initial)]
+MIGRATIONS: History[Any] = history(m001_initial)
+MIGRATIONS_TABLE = "migrations"
+MIGRATIONS_COLUMNS = "name TEXT PRIMARY KEY, applied_at TEXT NOT NULL"

@@ -1,6 +1,7 @@
-"""The batch ledger's schema: append-only, named migrations keyed on ``PRAGMA user_version``.
+"""The batch ledger's schema: append-only, named migrations counted in ``PRAGMA user_version``.
 
-Add a migration by appending a function; never edit one that has shipped.
+Add a migration by appending a function; never edit one that has shipped. The
+runner is ``durable.migrations.run`` (with ``sqlite_setup.SqliteBackend``).
 ``application_id`` marks the file as a chatstate batch ledger, so a foreign
 database (or a transcript store) is refused instead of being written into.
 """
@@ -8,7 +9,8 @@ database (or a transcript store) is refused instead of being written into.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+
+from chatstate.durable.migrations import History, history
 
 APPLICATION_ID = 0x43534254  # "CSBT"
 
@@ -47,4 +49,4 @@ def m001_initial(db: sqlite3.Connection) -> None:
         ended_at TEXT)""")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [m001_initial]
+MIGRATIONS: History[sqlite3.Connection] = history(m001_initial)

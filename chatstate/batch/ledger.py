@@ -26,7 +26,8 @@ from chatstate.batch._schema import APPLICATION_ID, MIGRATIONS
 from chatstate.batch.workers import Worker
 from chatstate.core.transcript import now_iso
 from chatstate.durable.files import ensure_dir
-from chatstate.durable.sqlite_setup import migrate, translate
+from chatstate.durable.migrations import run
+from chatstate.durable.sqlite_setup import SqliteBackend, translate
 from chatstate.errors import ChatstateError
 
 STATUSES = ("pending", "running", "done", "failed")
@@ -91,11 +92,10 @@ class Ledger:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         ledger = cls(path, network=network)
         try:
-            current = ledger._read("PRAGMA user_version")[0][0] == len(MIGRATIONS) and \
-                ledger._read("PRAGMA application_id")[0][0] == APPLICATION_ID
-            if not current:  # an up-to-date ledger is opened without writing to it
-                with translate(path, "migrate"), ledger._db.transaction() as db:
-                    ledger._migrate(db)
+            with translate(path, "migrate"):  # an up-to-date ledger opens without a write
+                run(SqliteBackend(path, APPLICATION_ID, LEDGER_WHAT, LEDGER_FIX,
+                                  read=ledger._db.read, transaction=ledger._db.transaction),
+                    MIGRATIONS)
         except BaseException:
             ledger.close()
             raise
@@ -117,9 +117,6 @@ class Ledger:
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with translate(self.path, "write"), self._db.transaction() as db:
             yield db
-
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        migrate(db, self.path, MIGRATIONS, APPLICATION_ID, LEDGER_WHAT, LEDGER_FIX)
 
     # -- meta and workers --------------------------------------------------------
     def meta(self, key: str) -> str | None:

@@ -22,10 +22,18 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from chatstate.batch._pgschema import MIGRATIONS, is_url, shown, split_schema
+from chatstate.batch._pgschema import (
+    MIGRATIONS,
+    MIGRATIONS_COLUMNS,
+    MIGRATIONS_TABLE,
+    is_url,
+    shown,
+    split_schema,
+)
 from chatstate.batch.ledger import STATUSES, Claim, Row
 from chatstate.batch.workers import Worker
 from chatstate.core.transcript import now_iso
+from chatstate.durable.migrations import PgBackend, run
 from chatstate.durable.uninterruptible import uninterruptible
 from chatstate.errors import ChatstateError, EphemeralStoreError, StoreUnavailable
 
@@ -119,24 +127,15 @@ class PgLedger:
 
     def _migrate(self) -> None:
         """Named, append-only migrations, applied under an advisory lock (hosts start at once)."""
-        s = self.schema
-        with self._translate("migrate"), self._transaction():
-            self._db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"chatstate:{s}",))
-            self._db.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-            self._db.execute(f"CREATE TABLE IF NOT EXISTS {s}.migrations "
-                             "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-            done = {r[0] for r in self._db.execute(f"SELECT name FROM {s}.migrations")}
-            unknown = done - {name for name, _ in MIGRATIONS}
-            if unknown:
-                raise ChatstateError(f"the batch ledger {self.where} (schema {s}) has migrations "
-                                     f"this chatstate does not know ({', '.join(sorted(unknown))})"
-                                     ": upgrade chatstate")
-            for name, steps in MIGRATIONS:
-                if name not in done:
-                    for sql in steps(s):
-                        self._db.execute(sql)
-                    self._db.execute(f"INSERT INTO {s}.migrations VALUES (%s, %s)",
-                                     (name, now_iso()))
+        @contextmanager
+        def begin() -> Iterator[Any]:
+            with self._transaction():
+                yield self._db
+
+        with self._translate("migrate"):
+            run(PgBackend(self._db, self.schema, table=MIGRATIONS_TABLE, columns=MIGRATIONS_COLUMNS,
+                          where=f"{self.where} (schema {self.schema})",
+                          what="chatstate batch ledger", begin=begin), MIGRATIONS)
 
     def close(self) -> None:
         self._db.close()

@@ -3,26 +3,26 @@
 The order is the point: ``check_owner`` runs read-only queries first, so a
 database that belongs to something else is refused before any PRAGMA that
 writes (``journal_mode=WAL`` rewrites the file header). Only then ``configure``
-sets the journal and sync modes, and ``migrate`` applies the append-only list
-of named migrations keyed on ``PRAGMA user_version``.
+sets the journal and sync modes, and ``SqliteBackend`` lets the migration
+runner (``durable.migrations``) apply the append-only history of named
+migrations, counted in ``PRAGMA user_version``.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
+from chatstate.durable.migrations import Recorded
 from chatstate.durable.uninterruptible import uninterruptible
-from chatstate.errors import CorruptTranscriptError, SchemaVersionError
+from chatstate.errors import CorruptTranscriptError
 from chatstate.stores.sqlite._errors import translate
 
-__all__ = ["Migration", "check_owner", "check_version", "configure", "migrate", "translate",
-           "write_transaction"]
-
-Migration = Callable[[sqlite3.Connection], None]
+__all__ = ["SqliteBackend", "check_owner", "configure", "translate", "write_transaction"]
 
 
 def check_owner(db: sqlite3.Connection, path: Path, application_id: int, what: str,
@@ -87,28 +87,52 @@ def _into_wal(db: sqlite3.Connection, timeout: float) -> None:
             time.sleep(0.005)
 
 
-def check_version(version: int, known: int, path: Path, what: str) -> None:
-    if version > known:
-        raise SchemaVersionError(
-            f"{path}: {what} schema version {version} is newer than this chatstate knows "
-            f"({known}); upgrade chatstate. The file was not changed.", where=str(path))
+class SqliteBackend:
+    """The migration runner's SQLite backend: ``PRAGMA user_version`` counts what is applied.
 
-
-def migrate(db: sqlite3.Connection, path: Path, migrations: Sequence[Migration],
-            application_id: int, what: str, fix: str) -> None:
-    """Apply the migrations not yet applied, in the caller's write transaction.
-
-    The owner is checked again inside the transaction (another process may have
-    created the file since), and a schema from a newer chatstate is refused.
+    ``read`` runs a query outside any transaction (the store's connection, or the
+    ledger's reader); ``transaction`` opens the write transaction (by default
+    ``write_transaction`` on ``db``; the ledger's goes through its group commit).
+    Inside it the owner is checked again (another process may have created the
+    file since ``check_owner``), and at its end the file is marked as ours.
     """
-    check_owner(db, path, application_id, what, fix)
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    check_version(version, len(migrations), path, what)
-    for number, migration in enumerate(migrations[version:], start=version + 1):
-        migration(db)
-        db.execute(f"PRAGMA user_version={number}")
-    if db.execute("PRAGMA application_id").fetchone()[0] != application_id:
-        db.execute(f"PRAGMA application_id={application_id}")
+
+    def __init__(self, path: Path, application_id: int, what: str, fix: str, *,
+                 read: Callable[[str], list[Any]],
+                 transaction: Callable[[], AbstractContextManager[sqlite3.Connection]]) -> None:
+        self.path, self.application_id, self.fix = path, application_id, fix
+        self.where, self.what = str(path), what
+        self._read, self._transaction = read, transaction
+
+    @classmethod
+    def on(cls, db: sqlite3.Connection, path: Path, application_id: int, what: str,
+           fix: str) -> SqliteBackend:
+        return cls(path, application_id, what, fix,
+                   read=lambda sql: db.execute(sql).fetchall(),
+                   transaction=lambda: write_transaction(db))
+
+    def peek(self) -> Recorded | None:
+        version, app_id = self._read(_VERSION_AND_OWNER)[0]
+        # not yet marked as ours (a new file): only the transaction can tell, and mark it
+        return int(version) if app_id == self.application_id else None
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._transaction() as db:
+            check_owner(db, self.path, self.application_id, self.what, self.fix)
+            yield db
+            if db.execute("PRAGMA application_id").fetchone()[0] != self.application_id:
+                db.execute(f"PRAGMA application_id={self.application_id}")
+
+    def applied(self, db: sqlite3.Connection) -> Recorded:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+    def record(self, db: sqlite3.Connection, position: int, name: str) -> None:
+        db.execute(f"PRAGMA user_version={position}")
+
+
+_VERSION_AND_OWNER = ("SELECT (SELECT user_version FROM pragma_user_version), "
+                      "(SELECT application_id FROM pragma_application_id)")
 
 
 @contextmanager

@@ -210,7 +210,7 @@ def test_migrations_are_named_and_applied_once(pg_url: str) -> None:
     with pg_connect(pg_url) as conn:
         names = [r[0] for r in conn.execute(
             "SELECT name FROM chatstate_migrations ORDER BY name").fetchall()]
-    assert names == sorted(m.__name__ for m in MIGRATIONS)
+    assert names == sorted(m.name for m in MIGRATIONS)
 
 
 def test_check_leaves_no_probe_row(pg_url: str) -> None:

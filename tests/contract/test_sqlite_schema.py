@@ -46,7 +46,7 @@ def test_a_version_2_database_upgrades_and_keeps_its_index(tmp_path: Path) -> No
     db = tmp_path / "old.db"
     con = sqlite3.connect(db, isolation_level=None)
     for migration in MIGRATIONS[:2]:
-        migration(con)
+        migration.step(con)
     con.execute("PRAGMA user_version=2")
     con.execute(f"PRAGMA application_id={APPLICATION_ID}")
     msgs = seal_turns(None, "an old fox", "an old hen")
@@ -96,7 +96,7 @@ def test_a_version_3_database_upgrades_to_appends_that_dirty_fewer_pages(
     con = sqlite3.connect(db, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
     for migration in MIGRATIONS[:3]:
-        migration(con)
+        migration.step(con)
     con.execute("PRAGMA user_version=3")
     con.execute(f"PRAGMA application_id={APPLICATION_ID}")
     msgs = seal_turns(None, "from version 3", "still here")
@@ -129,7 +129,7 @@ def test_a_new_database_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: P
     con.execute("PRAGMA page_size=4096")
     con.execute("PRAGMA journal_mode=WAL")
     for migration in MIGRATIONS[:3]:
-        migration(con)
+        migration.step(con)
     con.execute("PRAGMA user_version=3")
     con.execute(f"PRAGMA application_id={APPLICATION_ID}")
     con.close()

@@ -1,8 +1,9 @@
 """PostgreSQL schema: append-only, named migrations recorded in ``chatstate_migrations``.
 
 Add a migration by appending a function; never edit one that has shipped. They
-run on open, in one transaction under an advisory lock, so two processes opening
-a blank schema at once do not both create it. A schema that holds tables but no
+run on open (``durable.migrations.run`` with its ``PgBackend``), in one
+transaction under an advisory lock, so two processes opening a blank schema at
+once do not both create it. A schema that holds tables but no
 ``chatstate_migrations`` is someone else's and is refused; a migration name this
 code does not know means a newer chatstate wrote the schema.
 
@@ -13,10 +14,9 @@ compare-and-append hold across hosts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from chatstate.errors import ChatstateError, SchemaVersionError
+from chatstate.durable.migrations import History, PgBackend, history, run
 
 
 def m001_initial(db: Any) -> None:
@@ -74,35 +74,15 @@ def m005_blob_age(db: Any) -> None:
                "DEFAULT 'epoch'")
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [m001_initial, m002_blobs, m003_search, m004_leases,
-                                           m005_blob_age]
+MIGRATIONS: History[Any] = history(m001_initial, m002_blobs, m003_search, m004_leases,
+                                   m005_blob_age)
 
 
 def migrate(db: Any, schema: str, where: str) -> list[str]:
-    """Create the schema if missing and apply the migrations it lacks; return their names."""
-    from psycopg import sql
+    """Create the schema if missing and apply the migrations it lacks, in the caller's
+    transaction on ``db``; return their names."""
+    return run(PgBackend(db, schema, table="chatstate_migrations", columns=_COLUMNS,
+                         where=where, what="chatstate store"), MIGRATIONS)
 
-    db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"chatstate:{schema}",))
-    db.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-    tables = {r[0] for r in db.execute(
-        "SELECT tablename FROM pg_tables WHERE schemaname=%s", (schema,)).fetchall()}
-    if tables and "chatstate_migrations" not in tables:
-        raise ChatstateError(f"{where}: schema {schema!r} holds tables that are not "
-                             "chatstate's; nothing was written. Use ?schema=another_name.")
-    db.execute("CREATE TABLE IF NOT EXISTS chatstate_migrations (name text PRIMARY KEY, "
-               "applied_at timestamptz NOT NULL DEFAULT now())")
-    applied = {r[0] for r in db.execute("SELECT name FROM chatstate_migrations").fetchall()}
-    known = [m.__name__ for m in MIGRATIONS]
-    newer = sorted(applied - set(known))
-    if newer:
-        raise SchemaVersionError(
-            f"{where}: the schema was written by a newer chatstate (migration(s) "
-            f"{', '.join(newer)} unknown here); upgrade chatstate. Nothing was written.",
-            where=where)
-    done = []
-    for step in MIGRATIONS:
-        if step.__name__ not in applied:
-            step(db)
-            db.execute("INSERT INTO chatstate_migrations (name) VALUES (%s)", (step.__name__,))
-            done.append(step.__name__)
-    return done
+
+_COLUMNS = "name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now()"

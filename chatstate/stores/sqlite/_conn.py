@@ -21,13 +21,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from chatstate.durable.files import ensure_dir
-from chatstate.durable.sqlite_setup import (
-    check_owner,
-    check_version,
-    configure,
-    migrate,
-    write_transaction,
-)
+from chatstate.durable.migrations import pending, run
+from chatstate.durable.sqlite_setup import SqliteBackend, check_owner, configure
 from chatstate.durable.uninterruptible import uninterruptible
 from chatstate.errors import ChatstateError, StoreUnavailable
 from chatstate.stores.sqlite._errors import AT_COMMIT, translate
@@ -121,8 +116,8 @@ class SqliteConnection:
         check_owner(db, self.path, APPLICATION_ID, STORE_WHAT, STORE_FIX)
         if read_only:
             with translate(self.path, "read"):
-                check_version(db.execute("PRAGMA user_version").fetchone()[0],
-                              len(MIGRATIONS), self.path, STORE_WHAT)
+                pending(MIGRATIONS, db.execute("PRAGMA user_version").fetchone()[0],
+                        str(self.path), STORE_WHAT)  # a newer store is refused here too
                 self._fts = bool(db.execute(
                     "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
             return
@@ -142,14 +137,11 @@ class SqliteConnection:
                 self.recovery.append(f"{self.path} is on a network filesystem: WAL is unsafe "
                                      "there, using a rollback journal with synchronous=EXTRA")
             db.execute("PRAGMA foreign_keys=ON")
-            if db.execute("PRAGMA user_version").fetchone()[0] != len(MIGRATIONS):
-                self._migrate(db)  # an up-to-date store opens without a write
+            # an up-to-date store opens without a write
+            run(SqliteBackend.on(db, self.path, APPLICATION_ID, STORE_WHAT, STORE_FIX),
+                MIGRATIONS)
             self._fts = bool(db.execute(
                 "SELECT 1 FROM sqlite_master WHERE name='message_text'").fetchone())
-
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        with write_transaction(db):
-            migrate(db, self.path, MIGRATIONS, APPLICATION_ID, STORE_WHAT, STORE_FIX)
 
     def close(self) -> None:
         if self._db is not None:

@@ -1,8 +1,9 @@
-"""SQLite schema: append-only, named migrations keyed on ``PRAGMA user_version``.
+"""SQLite schema: append-only, named migrations counted in ``PRAGMA user_version``.
 
 Add a migration by appending a function; never edit one that has shipped.
 A migration's number is its position in MIGRATIONS (``user_version`` counts
-those applied), so merged branches keep their functions in name order.
+those applied), so merged branches keep their functions in name order. The
+runner is ``durable.migrations.run`` (with ``sqlite_setup.SqliteBackend``).
 
 New databases get 512-byte pages (``SqliteConnection``, before WAL is switched
 on: the page size of a WAL database is fixed). SQLite writes every page a
@@ -15,7 +16,8 @@ chain reads ~25% more pages than with 4 KiB. Older files keep their page size.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+
+from chatstate.durable.migrations import History, history
 
 APPLICATION_ID = 0x43485354  # "CHST"
 PAGE_SIZE = 512
@@ -97,6 +99,6 @@ def m007_blob_age(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE blobs ADD COLUMN stored_at REAL NOT NULL DEFAULT 0")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+MIGRATIONS: History[sqlite3.Connection] = history(
     m001_initial, m002_search, m003_search_lazily, m004_blobs, m005_append_at_the_floor,
-    m006_leases, m007_blob_age]
+    m006_leases, m007_blob_age)
