@@ -252,7 +252,7 @@ def test_quarantine_keeps_the_rows(pg_url: str) -> None:
 # -- migrate -------------------------------------------------------------------------------
 
 def test_migrate_sqlite_to_postgresql_to_json(tmp_path: Path, pg_url: str) -> None:
-    from test_migrate import CORPUS, TOTAL, build_corpus, state
+    from support.migrate_corpus import CORPUS, TOTAL, build_corpus, state
 
     src = open_store(f"sqlite://{tmp_path}/a.db")
     build_corpus(src)
@@ -321,7 +321,7 @@ def test_text_with_a_nul_character_round_trips(pg_url: str) -> None:
 def test_drill_on_postgresql(pg_url: str) -> None:
     """`chatstate drill`: writers SIGKILLed in every phase lose nothing acknowledged (their
     leases are taken over at once: their pids are gone)."""
-    from test_drill import assert_clean, drill
+    from support.drill_runs import assert_clean, drill
 
     code, doc, err = drill(pg_url, "--trials", "12", "--seed", "3")
     assert code == 0, (doc, err)

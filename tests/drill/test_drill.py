@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from support.cli_helpers import invoke
+from support.drill_runs import assert_clean, drill
 from support.stores import local_path, new_conversation, scheme
 from support.tiers import S3_MISSING, need_s3
 
@@ -56,24 +57,6 @@ def user_state(url: str) -> tuple[Any, dict[str, bytes]]:
         root = local_path(url)
         files = {p: (root / p).read_bytes() for p in (f"{MINE}.json", f".partials/{MINE}.json")}
     return loaded, files
-
-
-def drill(url: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, Any, str]:
-    result = invoke(["drill", "--store", url, "--json", *args], env=env)
-    try:
-        doc = result.json()
-    except ValueError:
-        raise AssertionError(f"no JSON (exit {result.code}): {result.out}\n{result.err}") \
-            from None
-    return result.code, doc, result.err
-
-
-def assert_clean(doc: dict[str, Any], trials: int) -> None:
-    assert doc["problems"] == [] and doc["problem_count"] == 0, doc["problems"]
-    assert (doc["lost"], doc["corrupt"], doc["duplicated"]) == (0, 0, 0), doc
-    assert doc["ok"] is True and doc["trials"] == trials
-    assert sum(doc["kills"].values()) == trials, doc["kills"]
-    assert doc["acked"] > 0 and doc["recovered"] > 0, doc
 
 
 def test_drill_kills_in_every_phase_and_loses_nothing(local_store_url: str) -> None:
