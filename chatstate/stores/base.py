@@ -56,10 +56,10 @@ class Store(Protocol):
     writer per conversation).
 
     A store that keeps images and files also implements ``BlobStore`` (every built-in
-    store does); one without it can hold only messages that name no blob. Three
-    optional attributes tune what ``open_store`` and ``Chat`` do with a store:
-    ``ReportsDurability``, ``OpensReadOnly`` and ``PacesPartials``. What ``open_store``
-    adds to the store it opens is ``OpenedStore``. A wrapper forwards through
+    store does); one without it can hold only messages that name no blob. Three more
+    parts tune what ``open_store`` and ``Chat`` do with a store: ``ReportsDurability``,
+    ``OpensReadOnly`` and ``PacesPartials``. What ``open_store`` adds to the store it
+    opens is ``OpenedStore`` (a store never defines it). A wrapper forwards through
     ``chatstate.stores.forwarding.ForwardingStore``, which keeps these checks true.
 
     Threads. Callers may call every method except ``open`` and ``close`` from
