@@ -75,7 +75,8 @@ class ForwardingStore(_Forwarder):
 
     @classmethod
     def parts(cls, inner: Store) -> list[type]:
-        """The optional protocols the wrapper of ``inner`` has: those ``inner`` has."""
+        """The optional parts the wrapper of ``inner`` has: those ``inner`` has. A subclass
+        may leave some out (each must be one of the parts listed in ``_MIXINS``)."""
         return [part for part in _MIXINS if isinstance(inner, part)]
 
     def __repr__(self) -> str:
