@@ -15,10 +15,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from chatstate.adapter import Completion, ModelAdapter, RetryingAdapter
 from chatstate.errors import ChatstateError
+from chatstate.stores.base import Store
+from chatstate.stores.forwarding import ForwardingStore
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class OutOfAttempts(ChatstateError):
@@ -60,23 +65,17 @@ class CountingAdapter:
             self._count()
 
 
-class SerialisedStore:
-    """A store proxy whose calls never overlap: stores need not be thread-safe."""
+class SerialisedStore(ForwardingStore):
+    """A store whose calls never overlap: a store need not be thread-safe to take
+    transcripts from batch's workers."""
 
-    def __init__(self, store: Any) -> None:
-        self._store = store
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
         self._lock = threading.RLock()
 
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._store, name)
-        if not callable(value):
-            return value
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                return value(*args, **kwargs)
-
-        return call
+    def _call(self, method: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with self._lock:
+            return method(*args, **kwargs)
 
 
 def conversation_id(batch_id: str, record_id: str) -> str:
@@ -93,7 +92,7 @@ def ask(adapter: ModelAdapter, prompt: str, *, system: str | None,
     return adapter.complete(messages, params=params or None).text
 
 
-def ask_with_transcript(store: Any, cid: str, adapter: ModelAdapter, prompt: str, *,
+def ask_with_transcript(store: Store, cid: str, adapter: ModelAdapter, prompt: str, *,
                         system: str | None, title: str,
                         params: Mapping[str, Any] | None) -> str:
     """The call as a one-turn conversation: persisted before the request, replayable after.

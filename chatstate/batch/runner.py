@@ -33,6 +33,7 @@ from chatstate.errors import ChatstateError
 if TYPE_CHECKING:
     from chatstate.batch._api import LedgerAPI, Outputs
     from chatstate.durable.guard import Report
+    from chatstate.stores.base import Store
 
 LEDGER_NAME = ".chatstate-batch.db"
 DEFAULT_MAX_ATTEMPTS = 3
@@ -77,7 +78,7 @@ class Batch:
                  model: str | None = None, base_url: str | None = None,
                  api_key: str | None = None, adapter: Any = None,
                  params: Mapping[str, Any] | None = None, concurrency: int = 4,
-                 max_attempts: int | None = None, transcripts: Any = None,
+                 max_attempts: int | None = None, transcripts: Store | None = None,
                  allow_ephemeral: bool = False,
                  echo: Callable[[str], None] | None = None, host_id: str | None = None,
                  lease: float = pgledger.DEFAULT_LEASE) -> None:

@@ -7,9 +7,12 @@ import logging
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from chatstate.stores.base import OpenedStore
 
 log = logging.getLogger("chatstate")
 
@@ -22,7 +25,7 @@ class Env:
     allow_ephemeral: bool = False
     debug: bool = False
     log_format: str = "text"
-    _store: Any = field(default=None, repr=False)
+    _store: OpenedStore | None = field(default=None, repr=False)
 
     def setup_logging(self) -> None:
         handler = logging.StreamHandler(sys.stderr)
@@ -32,17 +35,19 @@ class Env:
         root.handlers[:] = [handler]
         root.setLevel(logging.DEBUG if self.debug else logging.WARNING)
 
-    def store(self, *, quiet: bool = False) -> Any:
+    def store(self, *, quiet: bool = False) -> OpenedStore:
         """Open the store once; print where its bytes land and the verdict to stderr first."""
         if self._store is None:
             from chatstate.stores import open_store
 
-            self._store = open_store(self.store_url, allow_ephemeral=self.allow_ephemeral)
+            self._store = store = open_store(self.store_url,
+                                             allow_ephemeral=self.allow_ephemeral)
             ctx = click.get_current_context(silent=True)
             if ctx is not None:  # close (sqlite: release the connection) when the command ends
                 ctx.call_on_close(self.close)
             if not quiet:
-                describe_store(self._store)
+                describe_store(store)
+            return store
         return self._store
 
     def close(self) -> None:
@@ -51,7 +56,7 @@ class Env:
             store.close()
 
 
-def describe_store(store: Any) -> None:
+def describe_store(store: OpenedStore) -> None:
     report = store.guard_report
     line = f"store {store.url} {report.one_line()}"
     if report.verdict != "durable":

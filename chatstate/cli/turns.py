@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from chatstate.cli.common import Env, fail
+
+if TYPE_CHECKING:
+    from chatstate.stores.base import Store
 
 FAKE_MODELS = {"fake", "offline"}
 FAKE_WORDS_ENV = "CHATSTATE_FAKE_REPLY_WORDS"
@@ -39,7 +42,7 @@ def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def pick_conversation(store: Any, conversation_id: str | None, cont: bool) -> str | None:
+def pick_conversation(store: Store, conversation_id: str | None, cont: bool) -> str | None:
     if cont:
         latest = store.list_conversations(limit=1)
         if not latest:

@@ -13,6 +13,9 @@ does). At send time ``store_parts`` moves any part whose data is above
 ``"blob": {"sha256", "size", "media_type", "name"}`` instead of its data URL, so
 a 1 MiB image named by ten turns is stored once. ``inliner(store)`` turns such a
 part back into a data URL for a request (``Message.to_openai(blob=...)``).
+
+What a store's blob area offers is ``BlobStore``, defined here (below the stores,
+which implement it) and re-exported by ``chatstate.stores``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import binascii
 import mimetypes
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from chatstate.errors import ChatstateError
 
@@ -140,21 +143,59 @@ def _load(source: str | Path | bytes | None, base64: str | None, media_type: str
 # -- blobs: moving large data out of parts and back -------------------------------------------
 
 
+@runtime_checkable
+class BlobStore(Protocol):
+    """The content-addressed blob area a store may offer (every built-in store does).
+
+    A blob is immutable and keyed by the sha256 of its bytes, so it is stored once
+    however many messages name it. ``put_blob`` returns only once the blob is
+    durable, so a message naming it can be appended after it; ``append`` refuses
+    a message naming a blob the store does not hold.
+    """
+
+    def put_blob(self, data: bytes, *, media_type: str | None = None,
+                 name: str | None = None) -> dict[str, Any]:
+        """Store ``data`` (a no-op if that digest is held) and return its reference
+        ``{"sha256", "size", "media_type", "name"}``. Durable when it returns."""
+        ...
+
+    def get_blob(self, sha256: str) -> bytes:
+        """The blob's bytes, digest checked. CorruptTranscriptError naming the file/key
+        when it is missing or its bytes do not match the digest."""
+        ...
+
+    def has_blob(self, sha256: str) -> bool:
+        """Whether a blob with this digest is stored (no digest check)."""
+        ...
+
+
+def blob_area(store: object, what: str) -> BlobStore:
+    """``store`` as a ``BlobStore``; a clear error if it has no blob area for ``what``."""
+    if not isinstance(store, BlobStore):
+        raise ChatstateError(f"{getattr(store, 'url', store)}: this store has no blob area "
+                             f"for {what}; use a store that keeps blobs (every built-in store "
+                             "does: json, sqlite, s3, postgresql)")
+    return store
+
+
 def _slot(part: Part) -> tuple[str, str] | None:
     """(container key, data key) of a part kind that carries a data URL."""
     return {"image_url": ("image_url", "url"), "file": ("file", "file_data")}.get(
         str(part.get("type")))
 
 
-def store_parts(store: Any, parts: str | list[Part],
+def store_parts(store: object, parts: str | list[Part],
                 threshold: int = BLOB_THRESHOLD) -> str | list[Part]:
-    """Parts with data above ``threshold`` become blob references (stored durably first)."""
+    """Parts with data above ``threshold`` become blob references (stored durably first).
+
+    ``store`` needs a blob area (``BlobStore``) only when a part is that large.
+    """
     if isinstance(parts, str):
         return parts
     return [_to_blob(store, p, threshold) for p in parts]
 
 
-def _to_blob(store: Any, part: Part, threshold: int) -> Part:
+def _to_blob(store: object, part: Part, threshold: int) -> Part:
     name = part.get("name") if part.get("type") == "image_url" else None
     if name is not None:  # not a chat-completions field: it only names the blob
         part = {k: v for k, v in part.items() if k != "name"}
@@ -167,11 +208,9 @@ def _to_blob(store: Any, part: Part, threshold: int) -> Part:
     data, media_type = parse_data_url(url, f"{part['type']} part")
     if len(data) <= threshold:
         return part
-    if not hasattr(store, "put_blob"):
-        raise ChatstateError(f"{getattr(store, 'url', store)}: this store has no blob area for "
-                             f"a {len(data)}-byte {part['type']} part")
+    blobs = blob_area(store, f"a {len(data)}-byte {part['type']} part")
     name = name or inner.get("filename")
-    ref = store.put_blob(data, media_type=media_type, name=name)
+    ref = blobs.put_blob(data, media_type=media_type, name=name)
     rest = {k: v for k, v in inner.items() if k != slot[1]}
     return {**part, slot[0]: rest, "blob": ref}
 
@@ -188,14 +227,17 @@ def inline_part(part: Part, data: bytes) -> Part:
     return {k: v for k, v in part.items() if k != "blob"} | {slot[0]: inner}
 
 
-def inliner(store: Any) -> Callable[[Part], Part]:
-    """``blob=`` for ``Message.to_openai``: reads each blob once (digest checked)."""
+def inliner(store: object) -> Callable[[Part], Part]:
+    """``blob=`` for ``Message.to_openai``: reads each blob once (digest checked).
+
+    A store without a blob area is refused at the first part that names a blob.
+    """
     cache: dict[str, bytes] = {}
 
     def inline(part: Part) -> Part:
         sha = str((part.get("blob") or {}).get("sha256"))
         if sha not in cache:
-            cache[sha] = store.get_blob(sha)
+            cache[sha] = blob_area(store, f"blob {sha} named by a message").get_blob(sha)
         return inline_part(part, cache[sha])
 
     return inline

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chatstate.stores.base import Store
 
 PHASES = ("before_call", "mid_stream", "in_store_write")
 PHASE_LABELS = {"before_call": "before call", "mid_stream": "mid-stream",
@@ -40,7 +43,7 @@ def scheme_of(url: str) -> str:
     return url.split("://", 1)[0] if "://" in url else ""
 
 
-def reopen(url: str) -> Any:
+def reopen(url: str) -> Store:
     """A fresh store object, opened (which is recovery), without the guard or an open record.
 
     The drill opens the store hundreds of times; recording each open would bury
@@ -49,7 +52,7 @@ def reopen(url: str) -> Any:
     """
     from chatstate.stores import store_class
 
-    store = store_class(scheme_of(url)).from_url(url)
+    store: Store = store_class(scheme_of(url)).from_url(url)
     store.open()
     return store
 

@@ -27,6 +27,8 @@ from chatstate.core.transcript import Conversation
 from chatstate.drill._common import reopen
 from chatstate.drill.leftovers import leftovers
 from chatstate.errors import ChatstateError, ConversationNotFound, CorruptTranscriptError
+from chatstate.stores.base import Store
+from chatstate.stores.forwarding import ForwardingStore
 
 
 @dataclass
@@ -120,9 +122,9 @@ class Checker:
             setattr(tally, counter, getattr(tally, counter) + 1)
         tally.problems.append(text)
 
-    def _load(self, store: Any, cid: str, tally: Tally) -> Conversation | None:
+    def _load(self, store: Store, cid: str, tally: Tally) -> Conversation | None:
         try:
-            conv: Conversation = store.load(cid)
+            conv = store.load(cid)
         except ConversationNotFound:
             if cid in self.exists or self.acked[cid]:
                 for seq, hash_ in sorted(self.acked[cid]):
@@ -136,7 +138,7 @@ class Checker:
         self.exists.add(cid)
         return conv
 
-    def _conversation(self, store: Any, conv: Conversation, log: TrialLog, tally: Tally) -> None:
+    def _conversation(self, store: Store, conv: Conversation, log: TrialLog, tally: Tally) -> None:
         cid = conv.id
         if not self._verify(conv, tally):
             return
@@ -218,26 +220,22 @@ class Checker:
                            f"{len(content)} chars)", cid, "rendered", turn_id)
 
 
-class _Preloaded:
+class _Preloaded(ForwardingStore):
     """The fresh store, whose first ``load`` of ``conv`` returns what the checker just loaded.
 
     So ``Chat`` judges exactly what the fresh open showed, without a second read
     (a load is a dozen requests on S3); every later call goes to the store.
     """
 
-    def __init__(self, store: Any, conv: Conversation) -> None:
-        self._store = store
+    def __init__(self, inner: Store, conv: Conversation) -> None:
+        super().__init__(inner)
         self._conv: Conversation | None = conv
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
     def load(self, conversation_id: str) -> Conversation:
         conv, self._conv = self._conv, None
         if conv is not None and conv.id == conversation_id:
             return conv.model_copy()
-        loaded: Conversation = self._store.load(conversation_id)
-        return loaded
+        return super().load(conversation_id)
 
 
 def _complete(conv: Conversation, turn_id: str) -> bool:

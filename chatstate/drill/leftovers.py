@@ -14,20 +14,19 @@ implements ``forget`` drop their bookkeeping (the json store's lock files).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from chatstate.errors import ChatstateError, ConversationNotFound
-from chatstate.stores import Forgets, ReportsLeftovers
+from chatstate.stores.base import Forgets, ReportsLeftovers, Store
 
 
-def leftovers(store: Any, ids: Sequence[str], counts: dict[str, int]) -> list[str]:
+def leftovers(store: Store, ids: Sequence[str], counts: dict[str, int]) -> list[str]:
     """Problems found; ``counts`` is the stored message count per conversation."""
     if isinstance(store, ReportsLeftovers):
         return store.leftovers(ids, counts)
     return []
 
 
-def cleanup(store: Any, ids: Sequence[str]) -> list[str]:
+def cleanup(store: Store, ids: Sequence[str]) -> list[str]:
     """Delete the drill's conversations (and their bookkeeping). Returns problems.
 
     The drill only ever uses ``ids``; it does not list the store, which would

@@ -32,6 +32,7 @@ from chatstate.drill.report import DrillResult
 from chatstate.drill.server import WriterServer, kill
 from chatstate.drill.writer import THINK_SECONDS, make_adapter
 from chatstate.errors import ChatstateError, ConversationNotFound
+from chatstate.stores.base import Store
 
 
 @dataclass
@@ -156,7 +157,7 @@ def _fresh_ids(url: str, count: int) -> tuple[str, list[str]]:
         store.close()
 
 
-def _exists(store: Any, cid: str) -> bool:
+def _exists(store: Store, cid: str) -> bool:
     try:
         store.load(cid)
     except ConversationNotFound:
@@ -175,7 +176,7 @@ def _chunk_delay(url: str) -> float:
 
 def _cleanup(url: str, ids: list[str], result: DrillResult) -> None:
     try:
-        store: Any = reopen(url)
+        store = reopen(url)
     except Exception as exc:  # report it; the drill's result is still worth printing
         result.problem(f"could not reopen the store to delete the drill's conversations: {exc}")
         return

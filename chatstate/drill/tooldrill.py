@@ -32,12 +32,15 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatstate.core.redact import redact_url
 from chatstate.drill._common import reopen
 from chatstate.drill.toolserver import ToolWriters
 from chatstate.drill.toolwriter import STEPS
+
+if TYPE_CHECKING:
+    from chatstate.core.transcript import Conversation
 
 SCHEDULE = (*STEPS, "none", "none", "none")
 
@@ -181,7 +184,7 @@ def _trials(writers: ToolWriters, url: str, cid: str, effects: Path, rng: random
     _check_after_kill(url, cid, effects, acked, result)
 
 
-def _load(url: str, cid: str) -> Any:
+def _load(url: str, cid: str) -> Conversation:
     from chatstate.core.transcript import Conversation
     from chatstate.errors import ConversationNotFound
 

@@ -33,16 +33,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from chatstate.adapter import Completion, RetryingAdapter, RetryPolicy
-from chatstate.core.transcript import Message
+from chatstate.core.transcript import Conversation, Message
 from chatstate.drill._common import conversation_ids, emit, reopen, scheme_of, stream_kind
 from chatstate.session.chat import Chat
+from chatstate.stores.forwarding import ForwardingStore
 
 THINK_SECONDS = 0.004
 """A writer pauses 4-8 ms before each turn, like a client between two messages: a window
 in which nothing of the turn is written yet, to kill in."""
-
-REPORTED = ("create", "append", "save_partial", "clear_partial", "set_header", "delete")
-
 
 def make_adapter(base_url: str) -> RetryingAdapter:
     """An adapter for the fake model: the wire backend, a short retry budget, no user config."""
@@ -54,27 +52,42 @@ def make_adapter(base_url: str) -> RetryingAdapter:
                                               backoff_max=0.5))
 
 
-class ReportingStore:
+class ReportingStore(ForwardingStore):
     """A store that says on the pipe when each write starts and what its return acknowledged."""
 
-    def __init__(self, store: Any) -> None:
-        self._store = store
+    def create(self, conversation: Conversation) -> None:
+        emit(["w", "create"])
+        super().create(conversation)
+        emit(["a", "create", conversation.id, []])
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if name not in REPORTED:
-            return attr
+    def append(self, conversation_id: str, messages: Sequence[Message], *,
+               fence: str | None = None) -> None:
+        emit(["w", "append"])
+        super().append(conversation_id, messages, fence=fence)
+        emit(["a", "append", conversation_id,
+              [[m.seq, m.hash, m.turn_id, m.role] for m in messages]])
 
-        def reported(cid: Any, *args: Any, **kwargs: Any) -> Any:
-            emit(["w", name])
-            result = attr(cid, *args, **kwargs)
-            acks: list[list[Any]] = []
-            if name == "append":
-                acks = [[m.seq, m.hash, m.turn_id, m.role] for m in args[0]]
-            key = cid.id if name == "create" else cid
-            emit(["a", name, key, acks])
-            return result
-        return reported
+    def save_partial(self, conversation_id: str, partial: Message, *,
+                     fence: str | None = None) -> None:
+        emit(["w", "save_partial"])
+        super().save_partial(conversation_id, partial, fence=fence)
+        emit(["a", "save_partial", conversation_id, []])
+
+    def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
+        emit(["w", "clear_partial"])
+        super().clear_partial(conversation_id, fence=fence)
+        emit(["a", "clear_partial", conversation_id, []])
+
+    def set_header(self, conversation_id: str, *, title: str | None = None,
+                   metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
+        emit(["w", "set_header"])
+        super().set_header(conversation_id, title=title, metadata=metadata, fence=fence)
+        emit(["a", "set_header", conversation_id, []])
+
+    def delete(self, conversation_id: str) -> None:
+        emit(["w", "delete"])
+        super().delete(conversation_id)
+        emit(["a", "delete", conversation_id, []])
 
 
 class ReportingAdapter:

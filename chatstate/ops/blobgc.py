@@ -13,10 +13,9 @@ references cannot be known).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from chatstate.errors import ChatstateError
-from chatstate.stores.base import CollectsBlobs, named_blobs
+from chatstate.stores.base import CollectsBlobs, Store, named_blobs
 
 DEFAULT_GRACE = 3600.0
 
@@ -38,11 +37,10 @@ class BlobSweep:
     dry_run: bool = False
 
 
-def collect_blobs(store: Any, *, grace: float = DEFAULT_GRACE,
+def collect_blobs(store: Store, *, grace: float = DEFAULT_GRACE,
                   dry_run: bool = False) -> BlobSweep:
     """Remove blobs no message names and nobody stored for ``grace`` seconds."""
-    sweepable = isinstance(store, CollectsBlobs)  # (kept Any: the Store methods too)
-    if not sweepable:
+    if not isinstance(store, CollectsBlobs):
         raise ChatstateError(f"the store {store.url} cannot sweep its blobs")
     listed = store.list_blobs()  # before the references: a blob stored later is young
     names: set[str] = set()

@@ -22,6 +22,7 @@ from typing import Any
 
 from chatstate.core.redact import redact_url, scrub
 from chatstate.durable.guard import Report, host_identity, inspect
+from chatstate.stores.base import OpenedStore, Store
 
 __all__ = ["DoctorReport", "StateRow", "Survived", "check_conversations", "diagnose",
            "history_path", "redact_url", "run", "scrub", "state_table", "survived",
@@ -160,7 +161,7 @@ def survived(opens: list[dict[str, Any]]) -> Survived:
     return out
 
 
-def check_conversations(store: Any, limit: int = DEFAULT_LIMIT) -> ConversationCheck:
+def check_conversations(store: Store, limit: int = DEFAULT_LIMIT) -> ConversationCheck:
     """Load and verify up to ``limit`` conversations, newest first; name every failure."""
     from chatstate.errors import ConversationNotFound
 
@@ -192,9 +193,9 @@ def _is_ours(exc: BaseException) -> bool:
     return isinstance(exc, ChatstateError | ValueError)
 
 
-def diagnose(store: Any, *, limit: int = DEFAULT_LIMIT) -> DoctorReport:
+def diagnose(store: OpenedStore, *, limit: int = DEFAULT_LIMIT) -> DoctorReport:
     """The full report for a store that opened (``open_store`` ran the guard already)."""
-    guard: Report = store.guard_report
+    guard = store.guard_report
     report = DoctorReport(ready=True, store=redact_url(store.url),
                           durability=_scrubbed(guard.to_dict()),
                           recovery=[scrub(note) for note in store.recovery])

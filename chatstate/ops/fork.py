@@ -10,20 +10,19 @@ nothing, which is how `/edit` of a first message starts).
 
 from __future__ import annotations
 
-from typing import Any
-
 from chatstate.core.transcript import Conversation, new_id, validate_id
 from chatstate.errors import ChatstateError
+from chatstate.stores.base import Store
 
 
-def fork(store: Any, conversation_id: str, *, at: int | None = None,
+def fork(store: Store, conversation_id: str, *, at: int | None = None,
          new_conversation_id: str | None = None) -> Conversation:
     """Copy messages ``0..at`` (default: all) of ``conversation_id`` into a new conversation.
 
     Raises ConversationNotFound for an unknown source, ConflictError when the new
     id exists, and ChatstateError for a seq outside the source.
     """
-    source: Conversation = store.load(conversation_id)
+    source = store.load(conversation_id)
     at = source.last_seq if at is None else at
     if not -1 <= at <= source.last_seq:
         raise ChatstateError(f"conversation {conversation_id!r} has seqs 0..{source.last_seq}; "
@@ -39,8 +38,7 @@ def fork(store: Any, conversation_id: str, *, at: int | None = None,
     store.create(new)
     if copied:
         store.append(new.id, copied)
-    loaded: Conversation = store.load(new.id)
-    return loaded
+    return store.load(new.id)
 
 
 def last_user_seq(conversation: Conversation) -> int:

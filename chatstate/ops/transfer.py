@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from chatstate.core.content import data_url, parse_data_url, store_parts
+from chatstate.core.content import blob_area, data_url, parse_data_url, store_parts
 from chatstate.core.transcript import (
     Conversation,
     Message,
@@ -38,7 +38,7 @@ from chatstate.core.transcript import (
 )
 from chatstate.errors import ChatstateError, CorruptTranscriptError
 from chatstate.ops.replay_text import message_lines
-from chatstate.stores.base import blob_ref, named_blobs
+from chatstate.stores.base import Store, blob_ref, checked_blob, named_blobs
 
 ROLES = {"system", "user", "assistant", "tool"}
 _UNSAFE = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -59,7 +59,7 @@ def _all(conv: Conversation) -> list[Message]:
 
 
 def to_document(conv: Conversation, *, export: bool = False,
-                store: Any = None) -> dict[str, Any]:
+                store: Store | None = None) -> dict[str, Any]:
     """As JSON. For replay the partial reply is a trailing message with status ``partial``;
     an export keeps it apart (``partial``) so an import restores it as the partial, and
     carries the named blobs (read from ``store``, digest checked) as data URLs."""
@@ -71,7 +71,8 @@ def to_document(conv: Conversation, *, export: bool = False,
         named = named_blobs(_all(conv))
         if named:
             doc["schema"] = 2
-            doc["blobs"] = {sha: data_url(store.get_blob(sha), _media(conv, sha))
+            blobs = blob_area(store, f"the blobs conversation {conv.id!r} names")
+            doc["blobs"] = {sha: data_url(blobs.get_blob(sha), _media(conv, sha))
                             for sha in named}
         return doc
     if partial is not None:
@@ -96,13 +97,13 @@ def dumps(data: Any, *, indent: int | None = None, sort_keys: bool = False) -> s
                        json.dumps(data, ensure_ascii=False, indent=indent, sort_keys=sort_keys))
 
 
-def export_json(conv: Conversation, store: Any = None) -> str:
+def export_json(conv: Conversation, store: Store | None = None) -> str:
     """The export file's text: the conversation, its hashes, any partial reply apart, and
     the blobs its messages name (``store`` is needed when they name any)."""
     return dumps(to_document(conv, export=True, store=store), indent=2) + "\n"
 
 
-def openai_messages(conv: Conversation, store: Any = None) -> list[dict[str, Any]]:
+def openai_messages(conv: Conversation, store: Store | None = None) -> list[dict[str, Any]]:
     """The chain as chat-completions messages, blobs inlined (partial replies left out)."""
     from chatstate.core.content import inliner
 
@@ -111,7 +112,8 @@ def openai_messages(conv: Conversation, store: Any = None) -> list[dict[str, Any
             for m in conv.messages if m.status != "partial"]
 
 
-def export_openai(conv: Conversation, store: Any = None, *, jsonl: bool = False) -> str:
+def export_openai(conv: Conversation, store: Store | None = None, *,
+                  jsonl: bool = False) -> str:
     """Keys sorted: the sqlite store keeps a message's canonical JSON, so key order is not
     a property of the message, and the same transcript exports the same text anywhere."""
     messages = openai_messages(conv, store)
@@ -174,7 +176,8 @@ def _is_message(item: Any) -> bool:
 
 
 class _Collect:
-    """A blob area that only collects: import parses before anything is written."""
+    """A blob area that only collects (a ``BlobStore``): import parses before anything is
+    written."""
 
     def __init__(self) -> None:
         self.blobs: dict[str, tuple[bytes, str | None]] = {}
@@ -184,6 +187,13 @@ class _Collect:
         ref = blob_ref(data, media_type, name)
         self.blobs[ref["sha256"]] = (data, media_type)
         return ref
+
+    def get_blob(self, sha256: str) -> bytes:
+        held = self.blobs.get(sha256)
+        return checked_blob("the import's blobs", sha256, held[0] if held else None)
+
+    def has_blob(self, sha256: str) -> bool:
+        return sha256 in self.blobs
 
 
 def _from_openai(items: list[dict[str, Any]], title: str, where: str) -> Imported:
@@ -229,8 +239,6 @@ def _from_export(data: dict[str, Any], where: str) -> Imported:
 
 def _export_blobs(data: dict[str, Any], messages: list[Message],
                   where: str) -> dict[str, tuple[bytes, str | None]]:
-    from chatstate.stores.base import checked_blob
-
     carried = data.get("blobs") or {}
     out: dict[str, tuple[bytes, str | None]] = {}
     for sha in named_blobs(messages):
@@ -241,11 +249,13 @@ def _export_blobs(data: dict[str, Any], messages: list[Message],
     return out
 
 
-def import_into(store: Any, imported: Imported) -> None:
+def import_into(store: Store, imported: Imported) -> None:
     """Write an import: blobs first (durable before the messages naming them), then the
     conversation, its messages and its partial. ConflictError if the id is taken."""
-    for data, media_type in imported.blobs.values():
-        store.put_blob(data, media_type=media_type)
+    if imported.blobs:
+        blobs = blob_area(store, f"the {len(imported.blobs)} blob(s) of the import")
+        for data, media_type in imported.blobs.values():
+            blobs.put_blob(data, media_type=media_type)
     conv = imported.conversation
     store.create(conv)
     if imported.messages:

@@ -25,7 +25,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from chatstate.core.transcript import Usage
 from chatstate.errors import ChatstateError, CorruptTranscriptError
+from chatstate.stores.base import Store
 
 BY = ("model", "conversation", "day")
 _SPAN = re.compile(r"(\d+)\s*([mhdw])")
@@ -98,7 +100,7 @@ def price_for(prices: dict[str, tuple[float, float]], model: str) -> tuple[float
     return prices[best] if best else None
 
 
-def collect(store: Any, *, by: str = "model", since: datetime | None = None,
+def collect(store: Store, *, by: str = "model", since: datetime | None = None,
             prices: dict[str, tuple[float, float]] | None = None) -> Report:
     """Total the usage of every stored reply (created at or after ``since``) by ``by``."""
     if by not in BY:
@@ -112,7 +114,7 @@ def collect(store: Any, *, by: str = "model", since: datetime | None = None,
             continue
         key = {"model": model, "conversation": conv_id, "day": created.date().isoformat()}[by]
         row = rows.setdefault(key, Row(key, cost=0.0 if prices is not None else None))
-        prompt, completion = used.get("prompt_tokens", 0), used.get("completion_tokens", 0)
+        prompt, completion = _tokens(used, "prompt_tokens"), _tokens(used, "completion_tokens")
         row.replies += 1
         row.prompt_tokens += prompt
         row.completion_tokens += completion
@@ -128,7 +130,12 @@ def collect(store: Any, *, by: str = "model", since: datetime | None = None,
     return report
 
 
-def _replies(store: Any, report: Report) -> Iterable[tuple[str, str, str, dict[str, int]]]:
+def _tokens(used: Usage, key: str) -> int:
+    count = used.get(key, 0)
+    return count if isinstance(count, int) else 0  # a nested detail, never a count
+
+
+def _replies(store: Store, report: Report) -> Iterable[tuple[str, str, str, Usage]]:
     """(conversation, created_at, model, usage) of every reply and /compact summary."""
     for summary in store.list_conversations():
         try:
@@ -141,7 +148,7 @@ def _replies(store: Any, report: Report) -> Iterable[tuple[str, str, str, dict[s
         for message in conv.messages[copied + 1:]:  # a fork's copies count in the original
             if message.role == "assistant" and message.usage:
                 yield conv.id, message.created_at, message.model or "(unknown)", message.usage
-            summary = (message.params or {}).get("summary") if message.role == "system" else None
-            if isinstance(summary, dict) and isinstance(summary.get("usage"), dict):
-                yield (conv.id, message.created_at, str(summary.get("model") or "(unknown)"),
-                       summary["usage"])
+            compact = (message.params or {}).get("summary") if message.role == "system" else None
+            if isinstance(compact, dict) and isinstance(compact.get("usage"), dict):
+                yield (conv.id, message.created_at, str(compact.get("model") or "(unknown)"),
+                       compact["usage"])

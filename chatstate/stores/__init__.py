@@ -12,7 +12,7 @@ import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatstate.errors import ChatstateError, EphemeralStoreError, StoreUnavailable
 from chatstate.stores.base import (
@@ -22,12 +22,18 @@ from chatstate.stores.base import (
     Forgets,
     Leases,
     Location,
+    OpenedStore,
+    OpensReadOnly,
     Quarantines,
+    ReportsDurability,
     ReportsLeftovers,
     Searchable,
     Store,
     verify_blobs,
 )
+
+if TYPE_CHECKING:
+    from chatstate.durable.guard import Report
 
 log = logging.getLogger("chatstate.stores")
 
@@ -86,7 +92,7 @@ def allow_ephemeral_from_env() -> bool:
     return os.environ.get("CHATSTATE_ALLOW_EPHEMERAL", "").strip().lower() in TRUTHY
 
 
-def guard(store: Store, *, allow_ephemeral: bool = False) -> Any:
+def guard(store: Store, *, allow_ephemeral: bool = False) -> Report:
     """Run the durability guard on a store's location; raise if ephemeral and not allowed.
 
     Returns the ``durability.Report``.
@@ -94,7 +100,7 @@ def guard(store: Store, *, allow_ephemeral: bool = False) -> Any:
     from chatstate.durable.guard import Report, inspect
 
     loc: Location = store.location()
-    if hasattr(store, "durability_report"):  # a server says how it acknowledges commits
+    if isinstance(store, ReportsDurability):  # a server says how it acknowledges commits
         report = store.durability_report()
     elif loc.path is None:
         report = Report(path=loc.remote or loc.url, verdict="durable", reasons=[
@@ -112,7 +118,7 @@ def guard(store: Store, *, allow_ephemeral: bool = False) -> Any:
     return report
 
 
-def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Any:
+def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> OpenedStore:
     """Open the store at ``url`` (default: ``CHATSTATE_STORE``, else SQLite in the user data dir).
 
     The durability guard runs before anything is written: an ephemeral location
@@ -124,7 +130,7 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Any:
 
     url = url or default_store_url()
     scheme = url.split("://", 1)[0] if "://" in url else ""
-    store = store_class(scheme).from_url(url)
+    store: OpenedStore = store_class(scheme).from_url(url)  # guard_report is set below
     report = guard(store, allow_ephemeral=allow_ephemeral)
     store.open()
     store.guard_report = report
@@ -133,7 +139,7 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Any:
         log.info("%s: recovered: %s", store.url, note)
     record = dict(host_identity(), opened_at=datetime.now(timezone.utc).isoformat(),
                   pid=os.getpid(), verdict=report.verdict)
-    if getattr(store, "read_only_reason", None):
+    if isinstance(store, OpensReadOnly) and store.read_only_reason:
         return store  # opened read-only (full or read-only disk): recovery says why
     try:
         store.record_open(record)

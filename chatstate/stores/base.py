@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
+from chatstate.core.content import BlobStore as BlobStore  # below the stores: content uses it
 from chatstate.core.transcript import Conversation, ConversationSummary, Message, verify_chain
+from chatstate.durable.guard import Report
 from chatstate.errors import ChatstateError, ConflictError, CorruptTranscriptError
 
 
@@ -53,8 +55,29 @@ class Store(Protocol):
     ``ReportsLeftovers`` and ``Forgets`` (``chatstate drill``), ``Leases`` (one live
     writer per conversation).
 
-    A store that keeps images and files also implements ``BlobStore`` (all three
-    built-in stores do); one without it can hold only messages that name no blob.
+    A store that keeps images and files also implements ``BlobStore`` (every built-in
+    store does); one without it can hold only messages that name no blob. Three more
+    parts tune what ``open_store`` and ``Chat`` do with a store: ``ReportsDurability``,
+    ``OpensReadOnly`` and ``PacesPartials``. What ``open_store`` adds to the store it
+    opens is ``OpenedStore`` (a store never defines it). A wrapper forwards through
+    ``chatstate.stores.forwarding.ForwardingStore``, which keeps these checks true.
+
+    Threads. Callers may call every method except ``open`` and ``close`` from
+    several threads at once, on one conversation or many (``serve`` runs each
+    request's store calls in a worker thread, ``AsyncChat`` runs turns in threads),
+    so a store must allow that; ``open`` and ``close`` are called with no other call
+    in flight. Concurrent writes to one conversation are still decided by
+    compare-and-append and the writer lease, exactly as between processes. The
+    built-in stores: sqlite serialises every call on its one connection's lock
+    (writes share a group commit); json takes the conversation's flock for every
+    read-modify-write (a new file description each time, so threads exclude each
+    other as processes do) and replaces its per-conversation caches whole;
+    postgresql runs each call in one transaction on a connection of its pool; s3
+    takes no lock: each call is its own conditional requests, its per-conversation
+    caches are replaced whole, and the bookkeeping of a partial reply it streams
+    assumes one writer per conversation (the lease). A store that is not
+    thread-safe still works where calls come from one thread (the CLI, ``Chat``)
+    and in batch, which serialises its calls; not under ``serve``.
     """
 
     url: str
@@ -230,6 +253,54 @@ class Forgets(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsDurability(Protocol):
+    """A store on a server that says itself how it acknowledges commits (postgresql).
+
+    The durability guard asks it instead of judging ``location()`` (a local path is
+    inspected, any other remote is taken at the service's word).
+    """
+
+    def durability_report(self) -> Report:
+        """The guard's verdict from the server's settings, before anything is written.
+
+        Raises StoreUnavailable when the server cannot take writes (a standby).
+        """
+        ...
+
+
+@runtime_checkable
+class OpensReadOnly(Protocol):
+    """A store that opens read-only when it cannot write, so what is stored stays readable."""
+
+    read_only_reason: str | None
+    """Why ``open()`` fell back to read-only (a full or read-only disk: sqlite), None when
+    writable. Every write then raises StoreUnavailable saying so; ``open_store`` records
+    no open."""
+
+
+@runtime_checkable
+class PacesPartials(Protocol):
+    """A store that says how often a streamed reply's partial should be saved."""
+
+    partial_flush_interval: float
+    """Seconds between two saves of a streamed partial reply that suit this store:
+    ``Chat``'s default ``flush_interval`` (s3: 0.25, each save is a round trip). A store
+    without it gets 0: saves as often as the store keeps up (what arrives during a save
+    goes into the next)."""
+
+
+@runtime_checkable
+class OpenedStore(Store, Protocol):
+    """A store as ``open_store`` returns it: guarded, opened, its open recorded.
+
+    A store never defines ``guard_report`` itself: ``open_store`` sets it.
+    """
+
+    guard_report: Report
+    """The durability guard's verdict on the store's location, from before the open."""
+
+
 def local_path(url: str, example: str) -> Path:
     """The absolute path of a ``json://`` or ``sqlite://`` URL (no I/O)."""
     parsed = urlparse(url)
@@ -295,32 +366,6 @@ def check_partial_commit(where: str, fresh: Sequence[Message], stored: Message |
 # -- blobs ------------------------------------------------------------------------------
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-
-
-@runtime_checkable
-class BlobStore(Protocol):
-    """The content-addressed blob area a store may offer (json, sqlite and s3 all do).
-
-    A blob is immutable and keyed by the sha256 of its bytes, so it is stored once
-    however many messages name it. ``put_blob`` returns only once the blob is
-    durable, so a message naming it can be appended after it; ``append`` refuses
-    a message naming a blob the store does not hold.
-    """
-
-    def put_blob(self, data: bytes, *, media_type: str | None = None,
-                 name: str | None = None) -> dict[str, Any]:
-        """Store ``data`` (a no-op if that digest is held) and return its reference
-        ``{"sha256", "size", "media_type", "name"}``. Durable when it returns."""
-        ...
-
-    def get_blob(self, sha256: str) -> bytes:
-        """The blob's bytes, digest checked. CorruptTranscriptError naming the file/key
-        when it is missing or its bytes do not match the digest."""
-        ...
-
-    def has_blob(self, sha256: str) -> bool:
-        """Whether a blob with this digest is stored (no digest check)."""
-        ...
 
 
 def blob_ref(data: bytes, media_type: str | None = None, name: str | None = None
@@ -413,7 +458,7 @@ def check_stored_blobs(where: str, messages: Sequence[Message],
                 where=blob_where(sha), position=seq)
 
 
-def verify_blobs(store: Any, conversation: Conversation) -> int:
+def verify_blobs(store: Store, conversation: Conversation) -> int:
     """Read every blob the conversation names and check its digest; return how many.
 
     Raises CorruptTranscriptError naming the blob's file/key. A store without a
@@ -423,7 +468,9 @@ def verify_blobs(store: Any, conversation: Conversation) -> int:
     if conversation.partial is not None:
         messages.append(conversation.partial)
     blobs = named_blobs(messages)
-    if blobs and not isinstance(store, BlobStore):
+    if not blobs:
+        return 0
+    if not isinstance(store, BlobStore):
         raise CorruptTranscriptError(f"{store.url}: conversation {conversation.id!r} names "
                                      "blobs, but this store has no blob area")
     for sha in blobs:

@@ -311,3 +311,21 @@ def test_search(local_store_url: str) -> None:
     assert len(limited.out.splitlines()) == 1 and limited.out.startswith("s2#")
     none = invoke(["search", "zebra"], store=s)
     assert none.code == 0 and none.out == "" and "no matches" in none.err
+
+
+def test_search_scan_finds_the_text_of_a_message_with_parts(tmp_path: Path) -> None:
+    """A store that is not Searchable is scanned: a message of text and image parts is
+    matched by its text (it used to fail on the list)."""
+    from chatstate.core.content import image, text
+
+    url = f"json://{tmp_path}/store"
+    store = open_store(url)
+    try:
+        store.create(Conversation(id="p1"))
+        store.append("p1", [Message.seal(None, role="user", turn_id="t-1", content=[
+            text("a photo of a red fox"), image(b"GIF89a tiny", media_type="image/gif")])])
+    finally:
+        store.close()
+    hits = invoke(["search", "red fox"], store=url)
+    assert hits.code == 0, hits.err
+    assert hits.out.splitlines() == ["p1#0: a photo of a red fox"]

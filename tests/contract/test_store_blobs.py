@@ -5,13 +5,14 @@ bytes, file, tool calls, tool results with error/unknown status, unknown part
 types, extra provider fields) loads back identical with its chain intact; a 1 MiB
 image named by ten turns is stored once; append refuses a message naming a blob
 the store lacks and writes nothing; a missing or altered blob is corruption naming
-the file/key.
+the file/key; a store without a blob area refuses every blob call clearly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from support.stores import local_path, new_conversation, pg_connect, scheme
 from chatstate.core.content import image, inliner, store_parts, text
 from chatstate.core.transcript import Message
 from chatstate.errors import ChatstateError, CorruptTranscriptError
-from chatstate.stores.base import BlobStore, verify_blobs
+from chatstate.ops.transfer import export_json, import_into, read_import
+from chatstate.stores.base import BlobStore, CollectsBlobs, Store, verify_blobs
+from chatstate.stores.forwarding import ForwardingStore
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -243,3 +246,44 @@ def test_a_blob_that_cannot_be_made_durable_stores_no_message(
         assert [p.name for p in (tmp_path / "s" / "blobs").iterdir()] == []  # no temp left
     finally:
         store.close()
+
+
+# -- a store without a blob area ------------------------------------------------------------
+
+
+class Blobless(ForwardingStore):
+    """The store, less its blob area: how a third-party store without one looks."""
+
+    @classmethod
+    def parts(cls, inner: Store) -> list[type]:
+        return [p for p in super().parts(inner) if p not in (BlobStore, CollectsBlobs)]
+
+
+def test_a_store_without_a_blob_area_refuses_blobs_clearly(store: Any, tmp_path: Path) -> None:
+    """Every blob call checks the capability and says what is missing; nothing is written."""
+    new_conversation(store, "c1")
+    rich = seal_kind(store, "image-large")  # stored through the real store, which has blobs
+    store.append("c1", rich)
+    blobless = Blobless(store)
+    conv = blobless.load("c1")
+    no_area = f"{store.url}: this store has no blob area for"
+    with pytest.raises(ChatstateError, match=f"{re.escape(no_area)} a 1048584-byte image_url"):
+        store_parts(blobless, [image(PNG_1MIB)])
+    assert store_parts(blobless, [text("small"), image(b"tiny")])[1]["image_url"]  # no blob
+    with pytest.raises(ChatstateError, match=f"{re.escape(no_area)} blob "):
+        conv.messages[0].to_openai(blob=inliner(blobless))
+    with pytest.raises(ChatstateError, match=f"{re.escape(no_area)} the blobs conversation"):
+        export_json(conv, blobless)
+    with pytest.raises(ChatstateError, match="no blob area for the blobs conversation 'c1'"):
+        export_json(conv)  # no store given at all
+    with pytest.raises(CorruptTranscriptError, match="names blobs, but this store has no blob"):
+        verify_blobs(blobless, conv)
+    exported = tmp_path / "c1.json"
+    exported.write_text(export_json(conv, store))
+    imported = read_import(exported)
+    imported.conversation.id = "c2"
+    with pytest.raises(ChatstateError, match=f"{re.escape(no_area)} the 1 blob"):
+        import_into(blobless, imported)
+    assert [s.id for s in store.list_conversations()] == ["c1"]  # nothing was written
+    plain = new_conversation(blobless, "c3", 2)  # messages naming no blob are fine
+    assert blobless.load("c3").messages == plain

@@ -14,12 +14,15 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from chatstate.cli.common import Env, fail
 from chatstate.cli.render import neutralise
+
+if TYPE_CHECKING:
+    from chatstate.stores.base import Store
 
 
 def step(text: str) -> None:
@@ -113,11 +116,11 @@ def report_recovery(chat: Any, shown: str) -> bool:
     return ok
 
 
-def replay(store: Any, cid: str) -> bool:
+def replay(store: Store, cid: str) -> bool:
     conv = store.load(cid)
     for m in conv.messages:
         tag = " (partial, kept)" if m.status == "partial" else ""
-        text = " ".join(m.content.split())
+        text = " ".join(m.text.split())
         click.echo(f"   [{m.seq}] {m.role}{tag}: {neutralise(text[:90])}"
                    f"{'…' if len(text) > 90 else ''}")
     bad = conv.verify()

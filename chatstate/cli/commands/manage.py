@@ -223,8 +223,8 @@ def search(env: Env, text: str, limit: int) -> None:
             except CorruptTranscriptError as exc:  # one damaged transcript hides no others
                 click.echo(f"skipped a damaged conversation: {exc}", err=True)
                 continue
-            hits += [(summary.id, m.seq, m.content) for m in messages
-                     if text.lower() in m.content.lower()]
+            hits += [(summary.id, m.seq, m.text) for m in messages  # parts: their text
+                     if text.lower() in m.text.lower()]
             if len(hits) >= limit:
                 break
     for cid, seq, content in hits[:limit]:
