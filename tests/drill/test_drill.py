@@ -76,6 +76,7 @@ def assert_clean(doc: dict[str, Any], trials: int) -> None:
     assert doc["acked"] > 0 and doc["recovered"] > 0, doc
 
 
+@pytest.mark.invariant(2, 4, 7)
 def test_drill_kills_in_every_phase_and_loses_nothing(local_store_url: str) -> None:
     seed_user_conversation(local_store_url)
     before = user_state(local_store_url)
@@ -90,6 +91,7 @@ def test_drill_kills_in_every_phase_and_loses_nothing(local_store_url: str) -> N
         assert locks == [f"{MINE}.lock"], locks
 
 
+@pytest.mark.invariant(2, 4, 7)
 def test_drill_on_s3(request: pytest.FixtureRequest) -> None:
     need_s3()
     moto_endpoint = request.getfixturevalue("moto_endpoint")
