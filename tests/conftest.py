@@ -37,7 +37,7 @@ if S3_MISSING is None:  # a broken import below fails the suite: it is not a mis
 
     import chatstate.stores.s3.store  # noqa: F401
 else:
-    collect_ignore.append("test_s3_store.py")  # it imports the store; its reason is below
+    collect_ignore.append("contract/test_s3_store.py")  # it imports the store; the reason is below
 
     @pytest.fixture(scope="session")
     def moto_server() -> str:
@@ -141,3 +141,34 @@ def no_model_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("CHATSTATE_", "OPENAI_")):
             monkeypatch.delenv(name)
+
+
+INVARIANTS = range(1, 11)
+"""DESIGN.md's ten invariants. A test that proves some says so with one marker naming them
+all, ``@pytest.mark.invariant(3, 4)``; scripts/gen-guarantees makes docs/guarantees.md's
+table from these markers."""
+
+
+def invariant_problem(item: pytest.Item) -> str | None:
+    """What is wrong with ``item``'s invariant marker, or None (also for a test without one)."""
+    marks = list(item.iter_markers("invariant"))
+    if len(marks) > 1:
+        return ("has more than one invariant marker: give one with every number, "
+                "@pytest.mark.invariant(3, 4)")
+    if not marks:
+        return None
+    args, kwargs = marks[0].args, marks[0].kwargs
+    if kwargs or not args or not all(type(n) is int and n in INVARIANTS for n in args) or \
+            len(set(args)) != len(args):
+        given = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        return (f"@pytest.mark.invariant({given}) is not a list of distinct invariant "
+                f"numbers: the invariants are {INVARIANTS[0]}-{INVARIANTS[-1]} (DESIGN.md)")
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything: every marker is checked
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    problems = {f"{item.nodeid.split('[')[0]} {problem}": None for item in items
+                if (problem := invariant_problem(item)) is not None}  # once per function
+    if problems:
+        raise pytest.UsageError("\n".join(problems))

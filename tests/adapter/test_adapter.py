@@ -123,6 +123,7 @@ def test_stream_deltas_add_up_to_the_same_reply(make: MakeAdapter, fake: FakeMod
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
+@pytest.mark.invariant(10)
 def test_each_call_sends_the_whole_list_and_params(make: MakeAdapter, fake: FakeModel) -> None:
     adapter = make()
     adapter.complete(MESSAGES[:2])
@@ -139,6 +140,7 @@ def test_each_call_sends_the_whole_list_and_params(make: MakeAdapter, fake: Fake
 # -- retries ----------------------------------------------------------------------------------
 
 
+@pytest.mark.invariant(10)
 @pytest.mark.parametrize("streamed", [False, True])
 def test_429_retry_after_is_honoured(make: MakeAdapter, fake: FakeModel, streamed: bool) -> None:
     fake.fail_next(429, times=2, retry_after=0.25)
@@ -161,6 +163,7 @@ def test_retry_after_is_capped(fake: FakeModel) -> None:
     assert time.monotonic() - started < 15  # uncapped it would wait 30 s; margin for a loaded box
 
 
+@pytest.mark.invariant(10)
 def test_5xx_until_retries_run_out(make: MakeAdapter, fake: FakeModel) -> None:
     fake.fail_next(503, times=10)
     with pytest.raises(ModelError) as caught:
@@ -191,6 +194,7 @@ def test_rule_fails_only_matching_requests(make: MakeAdapter, fake: FakeModel) -
     assert adapter.complete(MESSAGES).text == fake.reply_for(MESSAGES)
 
 
+@pytest.mark.invariant(10)
 def test_timeout_on_a_hanging_endpoint(make: MakeAdapter, fake: FakeModel) -> None:
     fake.hang_next(30.0, times=2)
     started = time.monotonic()
@@ -201,6 +205,7 @@ def test_timeout_on_a_hanging_endpoint(make: MakeAdapter, fake: FakeModel) -> No
     assert len(chat_log(fake)) == 2
 
 
+@pytest.mark.invariant(10)
 def test_connection_refused_is_retried_then_reported(fake: FakeModel) -> None:
     url = fake.base_url
     fake.close()
@@ -212,6 +217,7 @@ def test_connection_refused_is_retried_then_reported(fake: FakeModel) -> None:
 # -- streams that drop ------------------------------------------------------------------------
 
 
+@pytest.mark.invariant(10)
 @pytest.mark.parametrize("clean", [False, True], ids=["connection-cut", "early-end"])
 def test_cut_stream_is_resumed_without_duplication(make: MakeAdapter, fake: FakeModel,
                                                    clean: bool) -> None:
@@ -386,6 +392,7 @@ class ScriptedBackend:
         pass
 
 
+@pytest.mark.invariant(2)
 @pytest.mark.parametrize("retry", [["Hello ", "there ", "Bob"], ["Hel"]],
                          ids=["diverges", "ends-short"])
 def test_a_retried_stream_never_contradicts_what_was_shown(retry: list[str]) -> None:
@@ -425,6 +432,7 @@ def test_an_error_event_mid_stream_is_retried_when_the_provider_says_so() -> Non
 # -- secrets ----------------------------------------------------------------------------------
 
 
+@pytest.mark.invariant(9)
 def test_the_api_key_never_appears_in_errors_or_the_log(make: MakeAdapter,
                                                        fake: FakeModel) -> None:
     adapter = make(max_retries=0, timeout=0.2)

@@ -87,6 +87,7 @@ def chat_requests(fake: FakeModel) -> list[dict[str, Any]]:
     return [e for e in fake.request_log if e["path"].endswith("/chat/completions")]
 
 
+@pytest.mark.invariant(1)
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_429_storm_honours_retry_after_then_succeeds(local_store_url: str, fake: FakeModel,
                                                      stream: bool) -> None:
@@ -102,6 +103,7 @@ def test_429_storm_honours_retry_after_then_succeeds(local_store_url: str, fake:
     assert_completed(local_store_url, user, fake)
 
 
+@pytest.mark.invariant(1)
 @pytest.mark.parametrize(("status", "words"), [(429, "rate limiting"),
                                                (503, "provider is failing"),
                                                (500, "provider is failing")])
@@ -126,6 +128,7 @@ def test_errors_outlasting_retries_keep_the_turn(local_store_url: str, fake: Fak
     assert_completed(local_store_url, user, fake)
 
 
+@pytest.mark.invariant(1, 7)
 def test_retry_after_a_restart_completes_the_turn_once(local_store_url: str,
                                                        fake: FakeModel) -> None:
     fake.fail_next(503, times=50)
@@ -140,6 +143,7 @@ def test_retry_after_a_restart_completes_the_turn_once(local_store_url: str,
     assert new_chat(local_store_url, fake).interrupted is None
 
 
+@pytest.mark.invariant(1)
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_hanging_endpoint_times_out_clearly(local_store_url: str, fake: FakeModel,
                                             stream: bool) -> None:
@@ -173,6 +177,7 @@ def test_stream_cut_once_resumes_without_a_seam(local_store_url: str, fake: Fake
     assert all(m.status == "complete" for m in stored(local_store_url))
 
 
+@pytest.mark.invariant(2)
 @pytest.mark.parametrize("clean", [False, True], ids=["dropped", "no-finish"])
 def test_stream_cut_for_good_keeps_the_partial(local_store_url: str, fake: FakeModel,
                                                clean: bool) -> None:
@@ -196,6 +201,7 @@ def test_stream_cut_for_good_keeps_the_partial(local_store_url: str, fake: FakeM
     assert_completed(local_store_url, user, fake)
 
 
+@pytest.mark.invariant(1)
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_malformed_reply_is_not_retried_and_keeps_the_turn(local_store_url: str,
                                                            fake: FakeModel,
@@ -211,6 +217,7 @@ def test_malformed_reply_is_not_retried_and_keeps_the_turn(local_store_url: str,
     assert_completed(local_store_url, user, fake)
 
 
+@pytest.mark.invariant(1)
 def test_cli_ask_storm_then_retry(local_store_url: str, fake: FakeModel) -> None:
     """Through ``chatstate ask``: exit 1 with one paragraph and the retry hint; ``--retry``
     completes the turn; the prompt is stored once."""

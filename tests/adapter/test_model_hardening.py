@@ -70,6 +70,7 @@ def test_one_redaction_function_serves_doctor_s3_and_the_adapter() -> None:
     assert scrub("x\n\nDebug source: Foo { secret }") == "x"
 
 
+@pytest.mark.invariant(9)
 def test_credentials_in_the_base_url_never_show(tmp_path: Path, store_url: str,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     base = f"http://user:{PASSWORD}@127.0.0.1:{closed_port()}/v1"
@@ -93,6 +94,7 @@ def test_credentials_in_the_base_url_never_show(tmp_path: Path, store_url: str,
     assert not any(PASSWORD.encode() in p.read_bytes() for p in stored if p.is_file())
 
 
+@pytest.mark.invariant(9)
 def test_stored_params_carry_no_credentials(store_url: str, fake: FakeModel) -> None:
     chat = chat_on(store_url, fake)
     chat.send("hi", user=f"https://me:{PASSWORD}@proxy/v1",
@@ -104,6 +106,7 @@ def test_stored_params_carry_no_credentials(store_url: str, fake: FakeModel) -> 
     assert fake.request_log[-1]["body"]["user"] == f"https://me:{PASSWORD}@proxy/v1"
 
 
+@pytest.mark.invariant(9)
 def test_repl_history_file_is_created_0600(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from prompt_toolkit.history import FileHistory
@@ -123,6 +126,7 @@ def test_repl_history_file_is_created_0600(tmp_path: Path,
     assert stat.S_IMODE(private_history_file().stat().st_mode) == 0o600
 
 
+@pytest.mark.invariant(9)
 def test_repl_on_a_tty_writes_its_history_0600(tmp_path: Path, store_url: str) -> None:
     env = cli_env(tmp_path)
     child = pexpect.spawn(CHATSTATE, ["--store", store_url, "chat", "--model", "fake"],

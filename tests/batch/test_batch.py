@@ -209,6 +209,7 @@ def test_directory_input_and_hostile_ids_stay_inside_the_output_directory(
         assert (out / name).resolve().parent == out.resolve()
 
 
+@pytest.mark.invariant(8)
 def test_ephemeral_locations_are_refused_unless_allowed(tmp_path: Path, fake: FakeModel) -> None:
     if not os.path.isdir("/dev/shm"):
         pytest.skip(reason="no /dev/shm here")

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from support.batch_child import calls_by_record, epoch, ledger_rows, run_args, spawn, write_jsonl
 from support.cli_helpers import cli_env, invoke
 
@@ -69,6 +70,7 @@ def kill_mid_write(proc: subprocess.Popen[str], out: Path) -> str | None:
     return None
 
 
+@pytest.mark.invariant(7)
 def test_kill_drill_every_record_done_once_and_never_called_after_done(tmp_path: Path) -> None:
     source, out = tmp_path / "in.jsonl", tmp_path / "out"
     ids = write_jsonl(source, 100)

@@ -107,6 +107,7 @@ def damaged_json(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, P
     return url, path, word
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("damaged_json", list(JSON_DAMAGE), indirect=True)
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_damaged_json_transcript(damaged_json: tuple[str, Path, str], command: str) -> None:
@@ -196,6 +197,7 @@ def _state(path: Path) -> object:
         return path.read_bytes()
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("damaged_sqlite", list(SQLITE_DAMAGE), indirect=True)
 @pytest.mark.parametrize("command", [*COMMANDS, "list"])
 def test_damaged_sqlite_store(damaged_sqlite: tuple[str, Path, str], command: str) -> None:

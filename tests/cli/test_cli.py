@@ -174,6 +174,7 @@ def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeContro
         proc.wait(timeout=10)
 
 
+@pytest.mark.invariant(1)
 def test_model_error_is_one_paragraph_then_retry_completes_the_turn(
         local_store_url: str, tmp_path: Path, fake_server: FakeControl) -> None:
     """A 500 (retries off) exits 1 with one paragraph that says how to finish the turn; the
@@ -208,6 +209,7 @@ def test_model_error_is_one_paragraph_then_retry_completes_the_turn(
     assert API_KEY not in debug.err
 
 
+@pytest.mark.invariant(2, 7)
 def test_sigkill_mid_stream_leaves_a_partial_that_retry_completes(
         local_store_url: str, tmp_path: Path) -> None:
     """kill -9 an `ask` mid-reply: what it printed is a prefix of the stored partial; replay
@@ -249,6 +251,7 @@ def test_sigkill_mid_stream_leaves_a_partial_that_retry_completes(
     assert nothing.code == 1 and "has no interrupted turn to retry" in nothing.err
 
 
+@pytest.mark.invariant(2)
 def test_reader_going_away_keeps_the_partial_and_says_how_to_retry(tmp_path: Path) -> None:
     """`chatstate ask ... | head -c 20`: the reply is cut where the reader left, exit 1, and
     stderr says how to complete the turn."""
@@ -281,6 +284,7 @@ def shm_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.invariant(8)
 def test_ephemeral_store_is_refused_unless_allowed(shm_dir: Path, tmp_path: Path) -> None:
     store = f"json://{shm_dir}/store"
     env = cli_env(tmp_path)

@@ -108,6 +108,7 @@ def test_replay_formats(local_store_url: str) -> None:
     assert missing.code == 1 and "no conversation 'nope'" in missing.err
 
 
+@pytest.mark.invariant(7)
 def test_replay_shows_a_stored_partial_and_an_interrupted_turn(
         local_store_url: str, tmp_path: Path, fake: FakeModel) -> None:
     """A partial reply is a trailing message with status partial; a turn with no reply is a
@@ -156,6 +157,7 @@ def tamper(store_url: str, cid: str, seq: int) -> None:
     db.close()
 
 
+@pytest.mark.invariant(6)
 def test_replay_verify_names_the_first_bad_seq(local_store_url: str) -> None:
     s = local_store_url
     ask(s, "v", "one")

@@ -29,6 +29,7 @@ def test_debug_json_logs_are_json_lines_on_stderr_and_stdout_is_the_reply(
     assert not any("chatstate." in line for line in done.stdout.splitlines())
 
 
+@pytest.mark.invariant(9)
 def test_a_retry_is_logged_with_its_status_not_the_providers_text(
         caplog: pytest.LogCaptureFixture) -> None:
     with FakeModel() as fake:

@@ -58,6 +58,7 @@ def interrupt_mid_reply(repl: ReplSession, prompt: str) -> str:
     return shown
 
 
+@pytest.mark.invariant(2)
 def test_ctrl_c_keeps_the_partial_and_retry_completes_it(
         local_store_url: str, tmp_path: Path, sessions: list[ReplSession]) -> None:
     """A streamed reply appears; Ctrl-C mid-reply keeps what arrived (everything shown is a
@@ -88,6 +89,7 @@ def test_ctrl_c_keeps_the_partial_and_retry_completes_it(
     assert len({m["turn_id"] for m in messages}) == 1
 
 
+@pytest.mark.invariant(7)
 def test_resume_says_the_turn_was_interrupted_and_history_survives_restart(
         tmp_path: Path, sessions: list[ReplSession]) -> None:
     """`chat -c` shows the last turns, says plainly that the last turn was interrupted and how
@@ -195,6 +197,7 @@ def test_repl_without_a_terminal_reads_lines_from_stdin(tmp_path: Path) -> None:
     assert len(replay_json(s, "piped")["messages"]) == 4
 
 
+@pytest.mark.invariant(1)
 def test_a_model_error_keeps_the_repl_alive_and_retry_completes(tmp_path: Path) -> None:
     """A failing model call is one error line; the message is stored; /retry finishes it."""
     s = f"sqlite://{tmp_path}/s.db"

@@ -74,6 +74,7 @@ def test_where_orjson_differs_the_exact_path_decides(spec: dict[str, Any]) -> No
     assert first_break([msgs[0], forged, msgs[2]], bodies) == 1
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_stores_load_rich_chains_and_refuse_a_tampered_one(tmp_path: Path, kind: str) -> None:
     url = f"json://{tmp_path}/j" if kind == "json" else f"sqlite://{tmp_path}/s.db"

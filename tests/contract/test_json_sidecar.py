@@ -43,6 +43,7 @@ def test_flushes_append_lines_and_the_last_one_wins(tmp_path: Path) -> None:
     assert loaded is not None and loaded.content == "word " * 5
 
 
+@pytest.mark.invariant(4)
 def test_a_torn_last_line_is_ignored_and_the_next_flush_rewrites_the_file(
         tmp_path: Path) -> None:
     url, user, sidecar = setup_store(tmp_path)

@@ -47,6 +47,7 @@ def test_guard_reports_the_server_settings(pg_url: str) -> None:
     store.close()
 
 
+@pytest.mark.invariant(3)
 @pytest.mark.parametrize("setting", ["synchronous_commit=off", "fsync=off"])
 def test_server_that_acks_before_flushing_is_refused(pg_server: PgServer, setting: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,6 +88,7 @@ def test_read_only_server_is_a_clear_error(pg_server: PgServer) -> None:
 
 # -- credentials ---------------------------------------------------------------------------
 
+@pytest.mark.invariant(9)
 def test_the_password_never_shows(pg_server: PgServer, pg_url: str) -> None:
     password = pg_server.password
     store = open_store(pg_url)
@@ -127,6 +129,7 @@ def test_password_from_pgpass(pg_server: PgServer, tmp_path: Path,
     open_store(url).close()
 
 
+@pytest.mark.invariant(9)
 @pytest.mark.parametrize("url, problem", [
     ("postgresql://u@h/db?schema=Bad-Name", "schema 'Bad-Name' must be"),
     ("postgresql://u@h/db?schema=x&colour=red", "unknown parameter(s) colour"),
@@ -159,6 +162,7 @@ PG_DAMAGE = {
 }
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("damage", PG_DAMAGE.values(), ids=PG_DAMAGE.keys())
 def test_damaged_rows_are_named_by_seq_and_never_rewritten(pg_url: str,
                                                            damage: tuple[str, int]) -> None:
@@ -182,6 +186,7 @@ def test_damaged_rows_are_named_by_seq_and_never_rewritten(pg_url: str,
         assert conn.execute("SELECT * FROM messages ORDER BY seq").fetchall() == rows
 
 
+@pytest.mark.invariant(6)
 def test_foreign_schema_is_refused_untouched(pg_url: str) -> None:
     schema = pg_url.rsplit("schema=", 1)[1]
     with pg_connect(pg_url) as conn:
@@ -237,6 +242,7 @@ def test_full_text_search(pg_url: str) -> None:
     store.close()
 
 
+@pytest.mark.invariant(6)
 def test_quarantine_keeps_the_rows(pg_url: str) -> None:
     store = open_store(pg_url)
     new_conversation(store, "c1", 3)
@@ -270,6 +276,7 @@ def test_migrate_sqlite_to_postgresql_to_json(tmp_path: Path, pg_url: str) -> No
 
 # -- the server itself killed -----------------------------------------------------------------
 
+@pytest.mark.invariant(3)
 def test_acknowledged_turns_survive_a_sigkill_of_the_server(tmp_path: Path) -> None:
     """A writer appends and acknowledges; the postmaster is SIGKILLed mid-run; after its
     restart every acknowledged message is there, exactly once, and appends go on."""
@@ -318,6 +325,7 @@ def test_text_with_a_nul_character_round_trips(pg_url: str) -> None:
     store.close()
 
 
+@pytest.mark.invariant(2, 4, 7)
 def test_drill_on_postgresql(pg_url: str) -> None:
     """`chatstate drill`: writers SIGKILLed in every phase lose nothing acknowledged (their
     leases are taken over at once: their pids are gone)."""

@@ -49,6 +49,7 @@ def _objects(store: Any) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.invariant(6)
 def test_a_deleted_newest_segment_is_named_on_load(url: str) -> None:
     store = _four_messages(url)
     store.io.delete([NEWEST])
@@ -58,6 +59,7 @@ def test_a_deleted_newest_segment_is_named_on_load(url: str) -> None:
     assert "records 4 messages, but only 3 are stored" in str(info.value)
 
 
+@pytest.mark.invariant(5, 6)
 def test_a_deleted_newest_segment_is_never_a_free_seq(url: str) -> None:
     store = _four_messages(url)
     kept = store.load(CID).messages[:3]

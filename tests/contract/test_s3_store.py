@@ -64,6 +64,7 @@ def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
 
 
 # -- URL and location ----------------------------------------------------------------
+@pytest.mark.invariant(9)
 @pytest.mark.parametrize("bad, leak", [
     ("s3://AKIAXXXX:s3cr3tpass@bucket/p", "s3cr3tpass"),
     ("s3://bucket/p?secret_access_key=s3cr3tpass", "s3cr3tpass"),
@@ -122,6 +123,7 @@ def race(stores: list[S3Store], candidates: list[Message]) -> dict[int, Any]:
     return outcome
 
 
+@pytest.mark.invariant(5)
 def test_racing_writers_exactly_one_wins_each_round(url: str) -> None:
     stores = [fresh(url)] + [open_store(url) for _ in range(7)]
     prev: Message | None = None
@@ -138,6 +140,7 @@ def test_racing_writers_exactly_one_wins_each_round(url: str) -> None:
     assert conv.messages[-1].hash == prev.hash
 
 
+@pytest.mark.invariant(5)
 def test_stale_writer_gets_conflict_and_nothing_is_written(url: str) -> None:
     a, b = fresh(url), open_store(url)
     first = seal(None)
@@ -148,6 +151,7 @@ def test_stale_writer_gets_conflict_and_nothing_is_written(url: str) -> None:
     assert [m.content for m in a.load("c1").messages] == ["m 0", "b 0"]
 
 
+@pytest.mark.invariant(5)
 def test_lost_answer_then_retry_does_not_duplicate(url: str, proxy: FaultProxy,
                                                    bucket: str) -> None:
     store = fresh(s3_url(proxy.endpoint, bucket))
@@ -169,6 +173,7 @@ def test_lost_answer_then_retry_does_not_duplicate(url: str, proxy: FaultProxy,
     assert keys == ["conversations/c1/m/0000000000.json", "conversations/c1/m/0000000001.json"]
 
 
+@pytest.mark.invariant(4)
 def test_multi_message_append_is_one_object(url: str) -> None:
     store = fresh(url)
     store.append("c1", seal(None, 4))
@@ -209,6 +214,7 @@ def test_snapshot_load_equals_full_load_and_is_bounded(url: str, proxy: FaultPro
     assert proxy.count() == 61 + 6
 
 
+@pytest.mark.invariant(6)
 def test_tampered_message_is_named_and_left_alone(url: str) -> None:
     store = fresh(url)
     msgs = seal(None, 5)
@@ -303,6 +309,7 @@ def test_transient_5xx_are_retried(url: str, proxy: FaultProxy, bucket: str) -> 
     assert [m.hash for m in open_store(url).load("c1").messages] == [m.hash for m in msgs]
 
 
+@pytest.mark.invariant(4)
 def test_endpoint_gone_mid_run_gives_store_unavailable_and_no_torn_turn(
         url: str, proxy: FaultProxy, bucket: str) -> None:
     store = fresh(s3_url(proxy.endpoint, bucket))
@@ -341,6 +348,7 @@ def test_endpoint_gone_mid_run_gives_store_unavailable_and_no_torn_turn(
     assert conv.partial is None or conv.partial.seq == len(conv.messages)
 
 
+@pytest.mark.invariant(9)
 def test_stopped_server_is_a_clear_error_without_credentials(
         monkeypatch: pytest.MonkeyPatch, moto_endpoint: str) -> None:
     canary = "canary-Secret-Key-0123456789abcdef"
@@ -368,6 +376,7 @@ def test_stopped_server_is_a_clear_error_without_credentials(
     assert not report.ok and report.error and server.endpoint in report.error
 
 
+@pytest.mark.invariant(9)
 def test_credentials_from_a_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                     url: str) -> None:
     canary = "canary-profile-secret-0123456789"

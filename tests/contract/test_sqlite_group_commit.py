@@ -92,6 +92,7 @@ def test_concurrent_writes_share_commits_and_all_land(
             [f"t{i} {n}" for n in range(each)]
 
 
+@pytest.mark.invariant(4)
 def test_a_failed_write_in_a_group_is_undone_alone(
         traced: tuple[Any, list[str], str]) -> None:
     """Writers whose append conflicts (a seq already taken) fail with ConflictError inside

@@ -75,6 +75,7 @@ def _json_store(tmp_path: Path, n: int = 4) -> tuple[str, Path, list[Message]]:
     return url, tmp_path / "store" / "c1.json", msgs
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
 def test_damaged_json_is_refused_and_left_alone(
         tmp_path: Path, damage: tuple[Callable[[bytes], bytes], int | None, str]) -> None:
@@ -108,6 +109,7 @@ def test_damaged_json_is_refused_and_left_alone(
     assert not (path.parent / ".partials" / "c1.json").exists()
 
 
+@pytest.mark.invariant(6)
 def test_damaged_json_with_a_partial_is_left_alone_by_recovery(tmp_path: Path) -> None:
     url, path, msgs = _json_store(tmp_path)
     store = open_store(url)
@@ -124,6 +126,7 @@ def test_damaged_json_with_a_partial_is_left_alone_by_recovery(tmp_path: Path) -
         {k: v for k, v in before.items() if k != ".chatstate/opens.jsonl"}
 
 
+@pytest.mark.invariant(6)
 def test_damaged_partial_sidecar_is_named_and_kept(tmp_path: Path) -> None:
     url, _path, msgs = _json_store(tmp_path)
     store = open_store(url)
@@ -143,6 +146,7 @@ def test_damaged_partial_sidecar_is_named_and_kept(tmp_path: Path) -> None:
 # -- sqlite -----------------------------------------------------------------------------------
 
 
+@pytest.mark.invariant(6)
 def test_not_a_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     db.write_bytes(b"this is somebody's notes file, not a database\n" * 200)
@@ -155,6 +159,7 @@ def test_not_a_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("journal", ["delete", "wal"])
 def test_foreign_sqlite_database_is_refused_untouched(tmp_path: Path, journal: str) -> None:
     db = tmp_path / "s.db"
@@ -200,6 +205,7 @@ SQL_DAMAGE = {
 }
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("damage", SQL_DAMAGE.values(), ids=SQL_DAMAGE.keys())
 def test_damaged_sqlite_rows_are_named_by_seq(tmp_path: Path,
                                               damage: tuple[str, int]) -> None:

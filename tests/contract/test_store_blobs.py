@@ -141,6 +141,7 @@ def _damage(store: Any, url: str, sha: str, how: str) -> str:
     return key
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("how", ["missing", "altered"])
 def test_damaged_blob_is_corruption_naming_it(store: Any, store_url: str, how: str) -> None:
     new_conversation(store, "c1")
@@ -187,6 +188,7 @@ def test_plain_messages_stay_in_the_0_1_format(local_store_url: str, tmp_path: P
         store.close()
 
 
+@pytest.mark.invariant(6)
 def test_a_truncated_blob_is_never_overwritten(store: Any, store_url: str) -> None:
     new_conversation(store, "c1")
     rich = seal_kind(store, "image-large")
@@ -202,6 +204,7 @@ def test_a_truncated_blob_is_never_overwritten(store: Any, store_url: str) -> No
         store.get_blob(sha)  # still the damaged bytes: nothing wrote over them
 
 
+@pytest.mark.invariant(7)
 def test_json_open_removes_a_dead_blob_writers_temp_file(tmp_path: Path) -> None:
     from chatstate.stores import open_store
 
@@ -222,6 +225,7 @@ def test_json_open_removes_a_dead_blob_writers_temp_file(tmp_path: Path) -> None
         store.close()
 
 
+@pytest.mark.invariant(3)
 def test_a_blob_that_cannot_be_made_durable_stores_no_message(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fault injection (json: its fsyncs are Python's): the blob write fails, nothing stays."""

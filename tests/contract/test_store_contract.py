@@ -126,6 +126,7 @@ def test_append_several_at_once(store: Any) -> None:
     assert store.load("c1").messages == msgs
 
 
+@pytest.mark.invariant(5)
 def test_stale_expected_seq_conflicts_and_writes_nothing(store: Any) -> None:
     msgs = new_conversation(store, "c1", 4)
     ahead = seal_chain(3, msgs[-1])[2:]  # seq 6 while the store is at 3
@@ -135,6 +136,7 @@ def test_stale_expected_seq_conflicts_and_writes_nothing(store: Any) -> None:
     assert store.load("c1").messages == msgs
 
 
+@pytest.mark.invariant(5)
 def test_message_chained_off_stale_last_hash_conflicts(store: Any) -> None:
     msgs = new_conversation(store, "c1", 2)
     ours = Message.seal(msgs[-1], role="user", content="ours", turn_id="t-a")
@@ -151,6 +153,7 @@ def test_message_chained_off_stale_last_hash_conflicts(store: Any) -> None:
     assert store.list_conversations()[0].message_count == 3
 
 
+@pytest.mark.invariant(5)
 def test_conflict_leaves_partial_alone(store: Any) -> None:
     msgs = new_conversation(store, "c1", 1)
     partial = Message.seal(msgs[-1], role="assistant", content="half", turn_id="t",
@@ -170,6 +173,7 @@ def test_unsealed_chain_is_refused(store: Any) -> None:
     assert store.load("c1").messages == msgs
 
 
+@pytest.mark.invariant(5)
 def test_retried_append_never_duplicates(store: Any) -> None:
     msgs = new_conversation(store, "c1", 1)
     batch = seal_chain(2, msgs[-1])
@@ -204,6 +208,7 @@ def test_partial_save_replace_load_clear(store_url: str) -> None:
     store.close()
 
 
+@pytest.mark.invariant(5)
 def test_partial_for_wrong_seq_conflicts(store: Any) -> None:
     msgs = new_conversation(store, "c1", 2)
     stale = Message.seal(msgs[0], role="assistant", content="x", turn_id="t",
@@ -317,6 +322,7 @@ def _from_the_future(url: str, cid: str) -> None:
         raise AssertionError(f"no raw access to {kind} documents here")
 
 
+@pytest.mark.invariant(6)
 def test_schema_from_the_future_is_refused_and_untouched(local_store_url: str) -> None:
     # Local stores only: the s3 variant (a segment rewritten with schema 99, refused and
     # left as it is) is in test_s3_store.py::test_tampered_message_is_named_and_left_alone.
@@ -352,6 +358,7 @@ def test_schema_from_the_future_is_refused_and_untouched(local_store_url: str) -
 # -- two processes --------------------------------------------------------------------------
 
 
+@pytest.mark.invariant(5)
 def test_two_processes_appending_lose_nothing(store_url: str) -> None:
     store = open_store(store_url)
     new_conversation(store, "race", 1)
@@ -409,6 +416,7 @@ def test_valid_but_odd_ids_survive_reopen(store_url: str) -> None:
 # -- damage is never written over --------------------------------------------------------
 
 
+@pytest.mark.invariant(6)
 def test_writes_onto_a_chain_that_does_not_verify_are_refused(store_url: str) -> None:
     """append, save_partial and set_header check the chain first, on every store."""
     store = open_store(store_url)

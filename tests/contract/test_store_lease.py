@@ -31,6 +31,7 @@ def test_every_builtin_store_has_leases(store_url: str) -> None:
     assert isinstance(store, Leases)
 
 
+@pytest.mark.invariant(5)
 def test_second_writer_gets_a_clear_error(store_url: str) -> None:
     first, second = open_store(store_url), open_store(store_url)
     lease = first.acquire_lease("c1", term=30)
@@ -75,6 +76,7 @@ def test_a_renewed_lease_outlives_its_term(store_url: str) -> None:
     first.release_lease(lease)
 
 
+@pytest.mark.invariant(5)
 def test_a_lapsed_lease_is_taken_over_and_its_holder_told(store_url: str) -> None:
     first, second = open_store(store_url), open_store(store_url)
     lease = first.acquire_lease("c1", term=0.5)
@@ -97,6 +99,7 @@ def _holder(store_url: str, term: float, *host: str) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.invariant(7)
 def test_killed_writer_lease_is_taken_over_at_once_on_its_host(store_url: str) -> None:
     proc = _holder(store_url, 300)
     store = open_store(store_url)

@@ -59,6 +59,7 @@ def user_state(url: str) -> tuple[Any, dict[str, bytes]]:
     return loaded, files
 
 
+@pytest.mark.invariant(2, 4, 7)
 def test_drill_kills_in_every_phase_and_loses_nothing(local_store_url: str) -> None:
     seed_user_conversation(local_store_url)
     before = user_state(local_store_url)
@@ -73,6 +74,7 @@ def test_drill_kills_in_every_phase_and_loses_nothing(local_store_url: str) -> N
         assert locks == [f"{MINE}.lock"], locks
 
 
+@pytest.mark.invariant(2, 4, 7)
 def test_drill_on_s3(request: pytest.FixtureRequest) -> None:
     need_s3()
     moto_endpoint = request.getfixturevalue("moto_endpoint")

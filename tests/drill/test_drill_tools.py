@@ -18,6 +18,7 @@ from chatstate.stores import open_store
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.invariant(4, 7)
 @pytest.mark.usefixtures("no_model_settings_from_env")
 def test_tool_drill_kills_at_every_step_and_finds_nothing_wrong(store_url: str) -> None:
     store = open_store(store_url)

@@ -58,6 +58,7 @@ def test_items_round_trip_json_identical(store_url: str) -> None:
     reopened.close()
 
 
+@pytest.mark.invariant(7)
 def test_a_call_without_output_is_interrupted_and_never_handed_alone(store_url: str) -> None:
     session = ChatstateSession("orphan", store=store_url)
     run(session.add_items([ITEMS[0], ITEMS[2]]))  # the run died before the output

@@ -29,6 +29,7 @@ def trials(python: str, system: str, work: Path, n: int) -> dict[str, object]:
     return result
 
 
+@pytest.mark.invariant(4)
 @pytest.mark.slow
 @pytest.mark.parametrize("system", ["chatstate-json", "chatstate-sqlite"])
 def test_chatstate_history_survives_100_kills(system: str, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from support import SUPPORT
 from support.stores import local_path, scheme
 
@@ -21,6 +22,7 @@ from chatstate.stores.base import verify_blobs
 WRITER = SUPPORT / "blob_writer.py"
 
 
+@pytest.mark.invariant(4)
 def test_sigkill_during_blob_turns_loses_nothing(local_store_url: str) -> None:
     rng = random.Random(12)
     acked = -1

@@ -93,6 +93,7 @@ def fake() -> Any:
         yield server
 
 
+@pytest.mark.invariant(5)
 def test_writers_on_one_conversation(local_store_url: str, fake: FakeModel) -> None:
     reports = run_workers(local_store_url, ["shared"] * WORKERS, fake.base_url)
     messages = load(local_store_url, "shared")
@@ -108,6 +109,7 @@ def test_writers_on_one_conversation(local_store_url: str, fake: FakeModel) -> N
     assert len(conflicts) >= WORKERS - 1, f"the writers did not race: {conflicts}"
 
 
+@pytest.mark.invariant(5)
 def test_writers_on_separate_conversations(local_store_url: str, fake: FakeModel) -> None:
     cids = [f"own-{i}" for i in range(WORKERS)]
     reports = run_workers(local_store_url, cids, fake.base_url)

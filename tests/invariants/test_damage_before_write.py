@@ -46,6 +46,7 @@ def test_batch_ledger_refuses_a_foreign_sqlite_file_without_touching_it(
     db.close()
 
 
+@pytest.mark.invariant(6)
 def test_sqlite_store_refuses_a_foreign_file_without_touching_it(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
     before = _foreign_db(path)
@@ -69,6 +70,7 @@ store.quarantine("c1")
 """
 
 
+@pytest.mark.invariant(6)
 def test_json_quarantine_killed_between_its_two_moves_loses_nothing(tmp_path: Path) -> None:
     url = f"json://{tmp_path}/store"
     store = open_store(url)
@@ -88,6 +90,7 @@ def test_json_quarantine_killed_between_its_two_moves_loses_nothing(tmp_path: Pa
     assert originals <= kept, "a quarantine killed half-way lost the transcript or its partial"
 
 
+@pytest.mark.invariant(3)
 def test_record_open_fsyncs_the_directory_that_gains_opens_jsonl(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     synced: list[str] = []

@@ -47,6 +47,7 @@ def _assert_sentences(reasons: list[str]) -> None:
         assert reason[0].isupper() and reason.endswith("."), reason
 
 
+@pytest.mark.invariant(8)
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 @pytest.mark.parametrize("where", ["shm", "tmp"])
 def test_ephemeral_locations_are_refused(scratch_dirs: dict[str, Path], where: str, kind: str,
@@ -66,6 +67,7 @@ def test_ephemeral_locations_are_refused(scratch_dirs: dict[str, Path], where: s
     assert not base.exists(), "the guard must run before anything is written"
 
 
+@pytest.mark.invariant(8)
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 @pytest.mark.parametrize("how", ["argument", "environment"])
 def test_ephemeral_allowed_explicitly(scratch_dirs: dict[str, Path], kind: str, how: str,
@@ -86,6 +88,7 @@ def test_ephemeral_allowed_explicitly(scratch_dirs: dict[str, Path], kind: str, 
             store.close()
 
 
+@pytest.mark.invariant(8)
 def test_env_override_needs_a_truthy_value(scratch_dirs: dict[str, Path],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHATSTATE_ALLOW_EPHEMERAL", "0")
@@ -121,6 +124,7 @@ def test_ephemeral_reports_read_as_sentences(scratch_dirs: dict[str, Path], wher
         assert report.fstype == "tmpfs"
 
 
+@pytest.mark.invariant(8)
 def test_nonexistent_path_skips_the_probe_and_writes_nothing(tmp_path: Path) -> None:
     target = tmp_path / "missing" / "deeper"
     report = inspect(target)
@@ -172,6 +176,7 @@ def test_read_mounts_and_mount_for_on_a_fake_table(tmp_path: Path) -> None:
     assert read_mounts(str(tmp_path / "absent")) is None
 
 
+@pytest.mark.invariant(8)
 def test_verdicts_from_a_fake_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mounts = read_mounts(str(_fake_mountinfo(tmp_path)))
     monkeypatch.setattr(durability, "read_mounts", lambda *_a, **_k: mounts)

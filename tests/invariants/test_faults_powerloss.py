@@ -144,6 +144,7 @@ def stored(url: str) -> list[Message]:
         store.close()
 
 
+@pytest.mark.invariant(3)
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_acknowledged_messages_survive_power_loss(lazy: LazyMount, kind: str) -> None:
     """Round 0 kills a writer idling with its store open; later rounds kill it mid-append."""
@@ -168,6 +169,7 @@ def test_acknowledged_messages_survive_power_loss(lazy: LazyMount, kind: str) ->
           f"{len(prev)} stored")
 
 
+@pytest.mark.invariant(3)
 @pytest.mark.parametrize(("kind", "flag"), [("json", "--no-dir-fsync"),
                                             ("sqlite", "--sync-off")])
 def test_the_check_catches_a_store_that_skips_fsync(lazy: LazyMount, kind: str,

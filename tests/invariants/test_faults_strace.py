@@ -217,6 +217,7 @@ def check_error_round(rnd: Round, syscall: str, sweep: Sweep) -> None:
         assert not acks_after, f"an ack after a failed {syscall}:\n{rnd.describe()}"
 
 
+@pytest.mark.invariant(3)
 @pytest.mark.parametrize("scope", ["turn", "open"])
 @pytest.mark.parametrize("syscall", list(ERRORS))
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
@@ -252,6 +253,7 @@ def test_injected_errors(server: ForkServer, tmp_path: Path, kind: str, syscall:
         assert landed > 0, "a failed directory fsync after the rename should leave it landed"
 
 
+@pytest.mark.invariant(4)
 @pytest.mark.parametrize("scope", ["turn", "open"])
 @pytest.mark.parametrize("syscall", KILL_AT)
 @pytest.mark.parametrize("kind", ["json", "sqlite"])

@@ -94,6 +94,7 @@ def test_outside_the_main_thread_it_does_nothing() -> None:
     assert seen == [before]
 
 
+@pytest.mark.invariant(4)
 def test_ctrl_c_storm_leaves_every_store_whole_and_writable(store_url: str,
                                                             armed: Armed) -> None:
     """Appends and partial saves, each hit by a SIGINT at a random instant within its

@@ -18,6 +18,7 @@ def partial(prev: Message, text: str) -> Message:
     return Message.seal(prev, role="assistant", content=text, turn_id="t1", status="partial")
 
 
+@pytest.mark.invariant(5)
 def test_committing_a_stale_partial_is_refused(store_url: str) -> None:
     store = open_store(store_url)
     store.create(Conversation(id="c"))
@@ -40,6 +41,7 @@ def test_committing_a_stale_partial_is_refused(store_url: str) -> None:
     assert conv.partial is None and conv.verify() is None
 
 
+@pytest.mark.invariant(5)
 def test_a_streaming_writer_stops_once_its_partial_was_kept_by_another(store_url: str) -> None:
     """Writer A streams; writer B keeps A's partial in the chain. A's next flush must fail
     (so A never shows text that is not kept), and what B kept is what A had shown."""

@@ -100,6 +100,7 @@ SOURCES = [
 ]
 
 
+@pytest.mark.invariant(9)
 @pytest.mark.parametrize(("where", "variable", "kind"), SOURCES)
 def test_cli_never_shows_or_stores_the_key(tmp_path: Path, fake: FakeModel, canary: str,
                                            where: str, variable: str, kind: str) -> None:
@@ -139,6 +140,7 @@ def test_cli_never_shows_or_stores_the_key(tmp_path: Path, fake: FakeModel, cana
 
 # -- through the library -------------------------------------------------------------------
 
+@pytest.mark.invariant(9)
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_library_errors_logs_and_store_never_hold_the_key(
         tmp_path: Path, fake: FakeModel, canary: str, kind: str,
@@ -180,6 +182,7 @@ def test_library_errors_logs_and_store_never_hold_the_key(
     assert_fake_saw_key_but_kept_none(fake, canary)
 
 
+@pytest.mark.invariant(9)
 def test_a_canary_key_never_appears_in_drill_output_or_its_store(tmp_path: Path) -> None:
     """The drill's writers inherit the environment (and a .env in the cwd): nothing of the
     key may reach its table, its JSON, its logs or the store it drilled."""

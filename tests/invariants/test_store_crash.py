@@ -134,6 +134,7 @@ def _verify(url: str, acked: list[tuple[int, str]], found: list[str]) -> int:
         store.close()
 
 
+@pytest.mark.invariant(4, 7)
 def test_sigkilled_writer_loses_no_acknowledged_message(store_url: str) -> None:
     seed = int(os.environ.get("CHATSTATE_CRASH_SEED") or random.randrange(1 << 30))
     rng, timing = random.Random(seed), Timing()

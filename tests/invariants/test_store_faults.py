@@ -120,6 +120,7 @@ def json_store(tmp_path: Path) -> Iterator[Any]:
     store.close()
 
 
+@pytest.mark.invariant(3, 4)
 @pytest.mark.parametrize("code", CODES.values(), ids=CODES.keys())
 @pytest.mark.parametrize("step", BEFORE_RENAME + AFTER_RENAME)
 def test_json_append_fault(json_store: Any, monkeypatch: pytest.MonkeyPatch, step: str,
@@ -185,6 +186,7 @@ def test_json_partial_and_header_faults(json_store: Any, monkeypatch: pytest.Mon
     assert (conv.title, conv.partial, conv.messages) == ("kept", old, msgs)
 
 
+@pytest.mark.invariant(3)
 def test_json_failed_directory_fsync_is_never_acknowledged(
         json_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rename landed but the directory fsync failed: no later call may call it durable."""
@@ -208,6 +210,7 @@ def test_json_failed_directory_fsync_is_never_acknowledged(
 # -- SQLite: the database is full ----------------------------------------------------------
 
 
+@pytest.mark.invariant(3)
 def test_sqlite_full_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
     store = open_store(f"sqlite://{tmp_path}/s.db")
     msgs = new_conversation(store, "c1", 3)
@@ -283,6 +286,7 @@ def _exercise(url: str) -> Callable[[], None]:
     return store.close
 
 
+@pytest.mark.invariant(9)
 def test_modes_under_umask_000_json(tmp_path: Path) -> None:
     root = tmp_path / "made" / "by" / "store"
     with umask(0):
@@ -297,6 +301,7 @@ def test_modes_under_umask_000_json(tmp_path: Path) -> None:
         assert mode == (0o700 if is_dir else 0o600), f"{name}: {oct(mode)}"
 
 
+@pytest.mark.invariant(9)
 def test_modes_under_umask_000_sqlite(tmp_path: Path) -> None:
     db = tmp_path / "made" / "by" / "s.db"
     with umask(0):

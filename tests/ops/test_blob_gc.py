@@ -111,6 +111,7 @@ def test_a_dry_run_removes_nothing(gc_store: Any) -> None:
     assert held(gc_store) == {sha(picture("orphan"))}
 
 
+@pytest.mark.invariant(6)
 def test_a_damaged_conversation_stops_the_sweep_before_anything_is_removed(
         tmp_path: Path) -> None:
     url = f"json://{tmp_path}/store"

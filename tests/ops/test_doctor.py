@@ -173,6 +173,7 @@ def test_limit_bounds_the_conversations_loaded(local_store_url: str) -> None:
     assert "--limit to check more" in doctor(local_store_url, "--limit", "2").stdout
 
 
+@pytest.mark.invariant(7)
 def test_interrupted_turn_is_reported_not_a_failure(local_store_url: str) -> None:
     store = open_store(local_store_url)
     store.create(Conversation(id="cut"))
@@ -183,6 +184,7 @@ def test_interrupted_turn_is_reported_not_a_failure(local_store_url: str) -> Non
     assert "1 with an interrupted turn" in result.stdout
 
 
+@pytest.mark.invariant(8)
 def test_refused_store_is_not_ready_and_still_shows_the_table(tmp_path: Path) -> None:
     url = f"sqlite:///dev/shm/chatstate-doctor-test-{os.getpid()}/never.db"
     result = doctor(url)
@@ -195,6 +197,7 @@ def test_refused_store_is_not_ready_and_still_shows_the_table(tmp_path: Path) ->
     assert data["state"][0]["verdict"] == "ephemeral"
 
 
+@pytest.mark.invariant(9)
 def test_no_secret_in_any_output(local_store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in CANARIES.items():
         monkeypatch.setenv(name, value)

@@ -71,6 +71,7 @@ def test_json_has_the_fields(places: dict[str, Path]) -> None:
     assert by_label(data, "/tmp")["verdict"] == "ephemeral"
 
 
+@pytest.mark.invariant(9)
 def test_rows_accumulate_and_the_file_is_private(places: dict[str, Path]) -> None:
     probe_json(places)
     second = probe_json(places)
@@ -202,6 +203,7 @@ def test_diff_unreadable_inputs_exit_2(tmp_path: Path) -> None:
     assert real.returncode == 2 and "cannot read" in real.stderr
 
 
+@pytest.mark.invariant(9)
 def test_no_secret_in_any_output(places: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
                                  tmp_path: Path) -> None:
     for name, value in CANARIES.items():

@@ -30,6 +30,7 @@ def chatstate(url: str, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
+@pytest.mark.invariant(6)
 def test_json_repair_moves_the_damaged_file_aside(tmp_path: Path) -> None:
     root = tmp_path / "store"
     url = f"json://{root}"
@@ -47,6 +48,7 @@ def test_json_repair_moves_the_damaged_file_aside(tmp_path: Path) -> None:
     assert chatstate(url, "ask", "--model", "fake", "--id", "bad", "again").returncode == 0
 
 
+@pytest.mark.invariant(6)
 def test_sqlite_repair_dumps_rows_before_removing_them(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     url = f"sqlite://{db}"
@@ -73,6 +75,7 @@ def test_repair_of_an_unknown_id_is_a_clear_error(tmp_path: Path, kind: str) -> 
     assert "no conversation 'nope'" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.invariant(6)
 def test_s3_repair_copies_the_objects_aside_before_removing_them(moto_endpoint: str) -> None:
     from support.s3server import new_bucket_url, object_keys, read_object, write_object
 

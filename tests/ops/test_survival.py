@@ -117,6 +117,7 @@ def test_concurrent_writers_get_distinct_contiguous_seqs(tmp_path: Path) -> None
     assert "ok: 60 records" in result.stdout
 
 
+@pytest.mark.invariant(9)
 def test_no_secret_in_any_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in CANARIES.items():
         monkeypatch.setenv(name, value)

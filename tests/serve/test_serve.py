@@ -212,6 +212,7 @@ def test_invalid_conversation_id_is_refused(proxy: ServeProcess) -> None:
 
 
 # -- persist before the client sees it ------------------------------------------------------
+@pytest.mark.invariant(2)
 def test_every_streamed_chunk_is_stored_before_the_client_gets_it(
         proxy: ServeProcess, fake: FakeModel) -> None:
     fake.configure(chunk_delay=0.03, reply_words=12)
@@ -234,6 +235,7 @@ def test_every_streamed_chunk_is_stored_before_the_client_gets_it(
     assert load(proxy.store_url, cid).messages[-1].text == shown  # type: ignore
 
 
+@pytest.mark.invariant(2)
 def test_client_disconnect_leaves_the_reply_partial(proxy: ServeProcess,
                                                     fake: FakeModel) -> None:
     fake.configure(chunk_delay=0.15, reply_words=40)
@@ -266,6 +268,7 @@ def test_client_disconnect_leaves_the_reply_partial(proxy: ServeProcess,
     assert len({m.turn_id for m in conv.messages}) == 1 and conv.verify() is None
 
 
+@pytest.mark.invariant(1)
 def test_upstream_error_reaches_the_client_and_the_transcript(proxy: ServeProcess,
                                                               fake: FakeModel) -> None:
     fake.fail_next(400, message="model 'nope' does not exist")
@@ -321,6 +324,7 @@ def test_tools_and_content_parts_pass_through_and_are_stored(proxy: ServeProcess
     assert stored.content == messages[0]["content"]
 
 
+@pytest.mark.invariant(9)
 def test_keys_stay_out_of_the_store_and_the_logs(proxy: ServeProcess, fake: FakeModel) -> None:
     post(proxy, {"model": "m", "messages": USER}, Authorization="Bearer client-secret-1")
     assert fake.request_log[-1]["authorization_fingerprint"] == tag(f"Bearer {CANARY}")
@@ -460,6 +464,7 @@ def test_sigterm_drains_streams_in_flight(tmp_path: Path, fake: FakeModel) -> No
     assert load(url, "drained").messages[-1].text == result["text"]
 
 
+@pytest.mark.invariant(2)
 def test_kill_9_under_load_loses_nothing_any_client_received(tmp_path: Path, fake: FakeModel,
                                                              ) -> None:
     fake.configure(chunk_delay=0.02, reply_words=80)
@@ -519,6 +524,7 @@ def test_doctor_reports_a_running_proxy(proxy: ServeProcess, tmp_path: Path) -> 
     assert "chatstate serve at http://127.0.0.1:9/readyz is not ready" in down.out
 
 
+@pytest.mark.invariant(2)
 def test_streamed_tool_calls_reach_the_client_only_once_stored(proxy: ServeProcess,
                                                                fake: FakeModel) -> None:
     fake.add_tool_rule(contains="weather", calls=[{"name": "get_weather",

@@ -14,6 +14,7 @@ from chatstate.stores import open_store
 from conftest import LOCAL_KINDS
 
 
+@pytest.mark.invariant(2)
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", LOCAL_KINDS)
 def test_serve_drill_kills_the_proxy_and_loses_nothing(kind: str, tmp_path: Path) -> None:

@@ -85,6 +85,7 @@ class Stream:
         assert not self._thread.is_alive() and self.error is None, self.error
 
 
+@pytest.mark.invariant(5)
 def test_a_live_stream_keeps_other_writers_out_until_it_ends(
         store_url: str, fake: FakeModel, tmp_path: Path) -> None:
     """While serve streams a turn, a Chat, the lease API and a second proxy on the same

@@ -68,6 +68,7 @@ def test_send_and_stream(url: str, fake: FakeModel) -> None:
     assert len(requests[1]["messages"]) == 4  # the whole history went with the second turn
 
 
+@pytest.mark.invariant(2)
 def test_cancelled_consumer_stores_the_partial_and_the_turn_can_be_retried(
         url: str, fake: FakeModel) -> None:
     fake.configure(chunk_delay=0.02)
@@ -108,6 +109,7 @@ def test_cancelled_consumer_stores_the_partial_and_the_turn_can_be_retried(
     assert after.messages[2].content == text
 
 
+@pytest.mark.invariant(2)
 def test_breaking_out_of_the_loop_stores_what_was_shown(url: str, fake: FakeModel) -> None:
     async def main() -> tuple[str, str]:
         chat = await AsyncChat.open(url, adapter=adapter(fake))
@@ -124,6 +126,7 @@ def test_breaking_out_of_the_loop_stores_what_was_shown(url: str, fake: FakeMode
     assert conv.partial is not None and conv.partial.content.startswith(shown)
 
 
+@pytest.mark.invariant(1)
 def test_model_failure_then_retry(url: str, fake: FakeModel) -> None:
     fake.fail_next(503, times=2, retry_after=0)
 

@@ -55,6 +55,7 @@ def make_chat(url: str, fake: FakeModel, **kwargs: Any) -> tuple[Chat, SlowStore
     return Chat(store, adapter=adapter, **kwargs), store
 
 
+@pytest.mark.invariant(2)
 def test_slow_writes_are_coalesced_and_every_shown_text_was_stored_first(
         local_store_url: str, fake: FakeModel) -> None:
     chat, store = make_chat(local_store_url, fake)
@@ -76,6 +77,7 @@ def test_slow_writes_are_coalesced_and_every_shown_text_was_stored_first(
     assert all(b.startswith(a) and len(b) > len(a) for a, b in pairwise(store.writes))
 
 
+@pytest.mark.invariant(2)
 def test_async_chat_coalesces_too(local_store_url: str, fake: FakeModel) -> None:
     chat, store = make_chat(local_store_url, fake)
 
@@ -90,6 +92,7 @@ def test_async_chat_coalesces_too(local_store_url: str, fake: FakeModel) -> None
     assert 1 <= len(store.writes) < (WORDS + 3) / 2
 
 
+@pytest.mark.invariant(2)
 def test_interrupt_during_a_slow_write_keeps_all_that_arrived(local_store_url: str,
                                                               fake: FakeModel) -> None:
     chat, _store = make_chat(local_store_url, fake)

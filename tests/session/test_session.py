@@ -174,6 +174,7 @@ def test_add_system_and_set_title(url: str, store: Any, fake: FakeModel) -> None
 
 # -- model failures ----------------------------------------------------------------------
 
+@pytest.mark.invariant(10)
 @pytest.mark.parametrize("streamed", [False, True])
 def test_429_then_success_stores_one_user_message_and_one_reply(
         url: str, store: Any, fake: FakeModel, streamed: bool) -> None:
@@ -194,6 +195,7 @@ def test_429_then_success_stores_one_user_message_and_one_reply(
         assert request["messages"] == wire(conv)[:-1]
 
 
+@pytest.mark.invariant(1, 7)
 @pytest.mark.parametrize("streamed", [False, True])
 def test_5xx_until_retries_run_out_leaves_an_interrupted_turn_retry_completes(
         url: str, store: Any, fake: FakeModel, streamed: bool) -> None:
@@ -250,6 +252,7 @@ def test_a_single_cut_is_retried_without_repeating_a_character(url: str, store: 
     assert [r["behaviour"] for r in chat_requests(fake)] == ["cut", "ok"]
 
 
+@pytest.mark.invariant(2, 7)
 def test_cut_stream_keeps_a_partial_that_covers_every_delta_retry_completes(
         url: str, store: Any, fake: FakeModel) -> None:
     chat = chat_for(store, fake, retries=0)  # the cut is final: the turn really fails
@@ -290,6 +293,7 @@ def test_cut_stream_keeps_a_partial_that_covers_every_delta_retry_completes(
 
 # -- the consumer stops reading -----------------------------------------------------------
 
+@pytest.mark.invariant(2, 7)
 @pytest.mark.parametrize("how", ["raise", "throw", "close"])
 def test_consumer_interrupt_keeps_everything_yielded(url: str, store: Any, fake: FakeModel,
                                                      how: str) -> None:
@@ -327,6 +331,7 @@ def test_consumer_interrupt_keeps_everything_yielded(url: str, store: Any, fake:
                                           ("assistant", "complete")]
 
 
+@pytest.mark.invariant(2)
 def test_stream_left_before_its_completion_is_an_interrupted_turn(
         url: str, store: Any, fake: FakeModel) -> None:
     """Every delta read, but the generator closed before it finished: not complete."""
@@ -376,6 +381,7 @@ class CtrlC:
         signal.signal(signal.SIGALRM, self.previous)
 
 
+@pytest.mark.invariant(1, 7)
 def test_ctrl_c_while_waiting_for_a_plain_reply_keeps_the_question(
         url: str, store: Any, fake: FakeModel) -> None:
     chat = chat_for(store, fake)
@@ -389,6 +395,7 @@ def test_ctrl_c_while_waiting_for_a_plain_reply_keeps_the_question(
     assert reopened.retry().turn_id == conv.messages[0].turn_id
 
 
+@pytest.mark.invariant(2)
 def test_ctrl_c_mid_stream_stores_what_arrived_but_was_not_yet_flushed(
         url: str, store: Any, fake: FakeModel) -> None:
     fake.configure(chunk_delay=0.05, reply_words=40)
@@ -426,6 +433,7 @@ def stored_reply(conv: Conversation) -> str:
     return last.content if last.role == "assistant" else ""
 
 
+@pytest.mark.invariant(2)
 def test_flush_window_coalesces_writes_and_yields_only_stored_text(url: str, store: Any,
                                                                    fake: FakeModel) -> None:
     fake.configure(chunk_delay=0.02, reply_words=30)
@@ -444,6 +452,7 @@ def test_flush_window_coalesces_writes_and_yields_only_stored_text(url: str, sto
     assert yields <= counting.partial_writes + 1
 
 
+@pytest.mark.invariant(2)
 def test_without_a_flush_window_every_delta_is_written_before_it_is_yielded(
         url: str, store: Any, fake: FakeModel) -> None:
     counting = CountingStore(store)
@@ -491,6 +500,7 @@ def test_second_writer_goes_after_a_complete_turn(url: str, store: Any,
 LOADS = ["before the conversation exists", "after its first turn"]
 
 
+@pytest.mark.invariant(5)
 @pytest.mark.parametrize("loads", LOADS)
 def test_second_writer_refuses_to_split_a_failed_turn(url: str, store: Any, fake: FakeModel,
                                                       loads: str) -> None:
@@ -512,6 +522,7 @@ def test_second_writer_refuses_to_split_a_failed_turn(url: str, store: Any, fake
     assert roles(conv) == [("user", "complete"), ("assistant", "complete")] * 3
 
 
+@pytest.mark.invariant(5)
 @pytest.mark.parametrize("loads", LOADS)
 def test_second_writer_refuses_while_the_first_is_streaming(url: str, store: Any,
                                                             fake: FakeModel, loads: str) -> None:
@@ -530,6 +541,7 @@ def test_second_writer_refuses_while_the_first_is_streaming(url: str, store: Any
     assert conv.messages[-1].content == shown
 
 
+@pytest.mark.invariant(2, 5)
 def test_writer_that_loaded_mid_stream_never_drops_text_already_shown(
         url: str, store: Any, fake: FakeModel) -> None:
     """The second writer saw an early partial; the first has streamed (and shown) more since.
@@ -558,6 +570,7 @@ def test_writer_that_loaded_mid_stream_never_drops_text_already_shown(
     assert conv.messages[-1].content == shown
 
 
+@pytest.mark.invariant(5)
 def test_second_writer_never_cuts_a_live_stream(url: str, store: Any,
                                                  fake: FakeModel) -> None:
     """The streaming writer holds the conversation's lease: a second writer gets
@@ -640,6 +653,7 @@ def test_the_lease_is_renewed_while_the_model_is_slow(url: str, store: Any) -> N
     other.release_lease(other.acquire_lease("slow"))  # the turn ended: released
 
 
+@pytest.mark.invariant(5)
 def test_two_chats_creating_one_conversation_both_land(url: str, store: Any,
                                                        fake: FakeModel) -> None:
     first = chat_for(store, fake, conversation_id="fresh", system=SYSTEM)

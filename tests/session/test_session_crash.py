@@ -163,6 +163,7 @@ def check_transcript_shape(conv: Conversation) -> None:
             assert m.turn_id in seen, f"reply seq {m.seq} precedes its user message"
 
 
+@pytest.mark.invariant(2)
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_sigkill_mid_stream_never_loses_what_was_shown(kind: str, tmp_path: Path) -> None:
     url = f"json://{tmp_path}/store" if kind == "json" else f"sqlite://{tmp_path}/s.db"

@@ -41,6 +41,7 @@ class Scripted:
         yield Completion(self.final, self.model, None, "stop")
 
 
+@pytest.mark.invariant(2)
 def test_a_final_reply_that_does_not_extend_what_was_shown_is_logged_and_kept(
         local_store_url: str, caplog: pytest.LogCaptureFixture) -> None:
     store = open_store(local_store_url)

@@ -224,6 +224,7 @@ def interrupted_turn(url: str, cid: str, more: list[dict[str, Any]] | None = Non
     return calls
 
 
+@pytest.mark.invariant(7)
 def test_recovery_reruns_idempotent_and_never_reruns_a_started_side_effect(
         store_url: str, fake: FakeModel) -> None:
     # the killed writer had stored its "started" marker for c2
@@ -248,6 +249,7 @@ def test_recovery_reruns_idempotent_and_never_reruns_a_started_side_effect(
     assert requests(fake)[-1][2:] == sent  # the marker is never sent
 
 
+@pytest.mark.invariant(7)
 def test_recovery_runs_a_side_effect_that_never_started(store_url: str,
                                                         fake: FakeModel) -> None:
     interrupted_turn(store_url, "conv-n")
@@ -260,6 +262,7 @@ def test_recovery_runs_a_side_effect_that_never_started(store_url: str,
         ["complete", "partial", "complete", "complete"]  # c2 marked started before it ran
 
 
+@pytest.mark.invariant(7)
 def test_a_new_turn_answers_the_abandoned_calls_first(store_url: str, fake: FakeModel) -> None:
     interrupted_turn(store_url, "conv-a")
     chat = chat_for(store_url, fake, conversation_id="conv-a")
@@ -309,6 +312,7 @@ def test_the_request_never_carries_a_result_without_its_call(store_url: str,
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
 
 
+@pytest.mark.invariant(5)
 def test_two_writers_compare_and_append_every_loop_message(store_url: str,
                                                            fake: FakeModel) -> None:
     fake.add_tool_rule(contains="weather", calls=CALLS)
@@ -333,6 +337,7 @@ def test_two_writers_compare_and_append_every_loop_message(store_url: str,
     assert not [m for m in conv.messages if m.role == "tool"]
 
 
+@pytest.mark.invariant(5)
 def test_two_writers_completing_one_turn_never_run_a_side_effect_twice(
         store_url: str, fake: FakeModel) -> None:
     interrupted_turn(store_url, "conv-2w")

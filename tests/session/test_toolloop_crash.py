@@ -132,6 +132,7 @@ def run_crash_loop(url: str, tmp_path: Path, kills: int, seed: int) -> dict[str,
     return figures
 
 
+@pytest.mark.invariant(4, 7)
 @pytest.mark.parametrize("kind", ["json", "sqlite", "s3"])
 def test_sigkill_at_every_step_of_the_tool_loop(kind: str, tmp_path: Path,
                                                 request: pytest.FixtureRequest) -> None:

@@ -184,6 +184,7 @@ def test_store_round_trip_preserves_hashes(local_stores: list[Any], msgs: list[M
 # -- tampering is found at the right position ----------------------------------------------
 
 
+@pytest.mark.invariant(6)
 @SETTINGS
 @given(chains(), st.data())
 def test_any_single_field_mutation_is_found_where_it_is(msgs: list[Message],
@@ -198,6 +199,7 @@ def test_any_single_field_mutation_is_found_where_it_is(msgs: list[Message],
     assert Conversation(id="c", messages=tampered).verify() == i
 
 
+@pytest.mark.invariant(6)
 @SETTINGS
 @given(chains(min_size=2), st.data())
 def test_deletion_is_found_where_it_is(msgs: list[Message], data: st.DataObject) -> None:
@@ -206,6 +208,7 @@ def test_deletion_is_found_where_it_is(msgs: list[Message], data: st.DataObject)
     assert verify_chain(msgs[:-1]) is None  # a cut-off tail is invisible to the chain alone
 
 
+@pytest.mark.invariant(6)
 @SETTINGS
 @given(chains(min_size=2), st.data())
 def test_swap_and_duplicate_are_found_where_they_are(msgs: list[Message],
