@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from support.cli_helpers import invoke
-from tests.s3server import make_bucket, moto_endpoint, s3_url
+from support.s3server import make_bucket, moto_endpoint, s3_url
 
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import CorruptTranscriptError

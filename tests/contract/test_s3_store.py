@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.s3server import FaultProxy, make_bucket, moto_endpoint, s3_url, start_moto
+from support.s3server import FaultProxy, make_bucket, moto_endpoint, s3_url, start_moto
 
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import (

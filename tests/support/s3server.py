@@ -2,7 +2,7 @@
 
 Join a test module or conftest to the shared server with::
 
-    from tests.s3server import moto_endpoint, new_bucket_url  # moto_endpoint is a fixture
+    from support.s3server import moto_endpoint, new_bucket_url  # moto_endpoint is a fixture
 
     def test_something(moto_endpoint):
         url = new_bucket_url(moto_endpoint)  # a fresh bucket: s3://cs-…/t?endpoint_url=…
@@ -23,8 +23,8 @@ tests can inject transient failures and count requests per operation.
 store's objects (keys relative to its prefix; the layout is in
 ``chatstate/stores/s3/store.py``) for tests that tamper with stored documents.
 
-The module registers itself as both ``tests.s3server`` and ``s3server``, so
-the two import spellings share one server.
+The module registers itself under its old names ``tests.s3server`` and ``s3server`` too, so
+every import spelling shares one server.
 """
 
 from __future__ import annotations
