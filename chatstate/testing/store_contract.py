@@ -203,9 +203,12 @@ class ConversationCases(StoreCase):
             assert "nope" in str(info.value)
             assert isinstance(info.value, KeyError)
 
-    BAD_IDS = ("a/b", "../escape", "..", ".", "x\0y", "z" * 300, "", "a\\b", "/abs", "sp ace")
+    BAD_IDS: ClassVar[dict[str, str]] = {
+        "slash": "a/b", "parent": "../escape", "dotdot": "..", "dot": ".", "nul": "x\0y",
+        "300chars": "z" * 300, "empty": "", "backslash": "a\\b", "absolute": "/abs",
+        "space": "sp ace", "newline": "a\nb"}
 
-    @pytest.mark.parametrize("bad", BAD_IDS)
+    @pytest.mark.parametrize("bad", BAD_IDS.values(), ids=BAD_IDS.keys())
     def test_invalid_ids_are_refused(self, store: Any, bad: str) -> None:
         new_conversation(store, "ok", 1)
         msg = seal_chain(1)[0]
