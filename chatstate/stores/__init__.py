@@ -46,7 +46,7 @@ _REGISTRY: dict[str, tuple[Any, str | None]] = {}
 """scheme -> (the class, or "module:attr" until first used; what to pip install for it)"""
 
 
-def register(scheme: str, store: Any, *, requires: str | None = None) -> None:
+def register(scheme: str, store: type[Store] | str, *, requires: str | None = None) -> None:
     """Open ``scheme://`` URLs with ``store``: a class with a ``from_url`` classmethod, or
     ``"module:attr"`` naming one, imported only when such a URL is first opened.
 
