@@ -1,8 +1,11 @@
 """Store registry and ``open_store``: URL -> store, with the durability guard in front.
 
-Built-in schemes are imported lazily by module path; third-party stores register
-a class with a ``from_url`` classmethod under the ``chatstate.stores`` entry
-point group, keyed by URL scheme.
+One registry, URL scheme -> store class, filled one way for every store:
+``register(scheme, cls_or_"module:attr")``. The built-in stores register below by
+"module:attr", so nothing is imported until a URL of theirs is opened; a third party
+calls ``register`` too, or names its class under the ``chatstate.stores`` entry point
+group, which is read only for a scheme not registered (and what it finds is
+registered, so each is read once).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,17 +43,44 @@ log = logging.getLogger("chatstate.stores")
 
 __all__ = ["BlobStore", "CheckReport", "CollectsBlobs", "Forgets", "Leases", "Location",
            "Quarantines", "ReportsLeftovers",
-           "Searchable", "Store", "default_store_url", "guard", "open_store", "store_class",
-           "verify_blobs"]
+           "Searchable", "Store", "default_store_url", "guard", "open_store", "register",
+           "store_class", "verify_blobs"]
 
 ENTRY_POINT_GROUP = "chatstate.stores"
-BUILTIN = {
-    "json": ("chatstate.stores.json.store", "JsonStore", None),
-    "sqlite": ("chatstate.stores.sqlite.store", "SqliteStore", None),
-    "s3": ("chatstate.stores.s3.store", "S3Store", "s3"),
-    "postgresql": ("chatstate.stores.postgres.store", "PostgresStore", "postgres"),
-    "postgres": ("chatstate.stores.postgres.store", "PostgresStore", "postgres"),
-}
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+_REGISTRY: dict[str, tuple[Any, str | None]] = {}
+"""scheme -> (the class, or "module:attr" until first used; what to pip install for it)"""
+
+
+def register(scheme: str, store: type[Store] | str, *, requires: str | None = None) -> None:
+    """Open ``scheme://`` URLs with ``store``: a class with a ``from_url`` classmethod, or
+    ``"module:attr"`` naming one, imported only when such a URL is first opened.
+
+    ``requires`` is what to pip install when that import fails for a missing package
+    (the built-in s3 store says ``chatstate[s3]``). Registering a scheme again replaces it.
+    """
+    if not isinstance(scheme, str) or not _SCHEME.fullmatch(scheme):
+        raise ChatstateError(f"cannot register store scheme {scheme!r}: use lower-case letters, "
+                             "digits, '+', '-' or '.', starting with a letter, as in 'mystore'")
+    if isinstance(store, str):
+        module, _, attr = store.partition(":")
+        if not module or not attr:
+            raise ChatstateError(f"cannot register {store!r} for {scheme}://: name the class "
+                                 "as 'package.module:ClassName'")
+    elif not callable(getattr(store, "from_url", None)):
+        raise ChatstateError(f"cannot register {store!r} for {scheme}://: a store class needs "
+                             "a from_url(url) classmethod (see chatstate.stores.base.Store)")
+    _REGISTRY[scheme] = (store, requires)
+
+
+register("json", "chatstate.stores.json.store:JsonStore")
+register("sqlite", "chatstate.stores.sqlite.store:SqliteStore")
+register("s3", "chatstate.stores.s3.store:S3Store", requires="chatstate[s3]")
+register("postgresql", "chatstate.stores.postgres.store:PostgresStore",
+         requires="chatstate[postgres]")
+register("postgres", "chatstate.stores.postgres.store:PostgresStore",
+         requires="chatstate[postgres]")
+register("memory", "chatstate.stores.memory.store:MemoryStore")
 TRUTHY = {"1", "true", "yes", "on"}
 
 
@@ -64,28 +95,44 @@ def default_store_url() -> str:
 
 
 def store_class(scheme: str) -> Any:
-    if scheme in BUILTIN:
-        module, name, extra = BUILTIN[scheme]
-        try:
-            return getattr(importlib.import_module(module), name)
-        except ModuleNotFoundError as exc:
-            if extra and exc.name and not exc.name.startswith("chatstate"):
-                raise ChatstateError(
-                    f"the {scheme}:// store needs the '{exc.name}' package: "
-                    f"pip install 'chatstate[{extra}]'") from exc
-            raise
+    """The store class registered for ``scheme``, imported now if it was named by string."""
+    if scheme not in _REGISTRY:
+        _from_entry_points(scheme)
+    store, requires = _REGISTRY[scheme]
+    if not isinstance(store, str):
+        return store
+    module, _, attr = store.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as exc:
+        root = module.split(".")[0]
+        if requires and exc.name and exc.name.split(".")[0] != root:
+            raise ChatstateError(
+                f"the {scheme}:// store needs the '{exc.name}' package: "
+                f"pip install '{requires}'") from exc
+        raise
+    except AttributeError as exc:
+        raise ChatstateError(f"the {scheme}:// store is registered as {store!r}, but module "
+                             f"{module!r} has no {attr!r}") from exc
+    _REGISTRY[scheme] = (cls, requires)
+    return cls
+
+
+def _from_entry_points(scheme: str) -> None:
+    """Register ``scheme`` from the entry point group, or raise naming what is known."""
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == scheme:
-            return ep.load()
+        if ep.name == scheme and scheme:
+            register(scheme, f"{ep.module}:{ep.attr}")
+            return
     if not scheme:
         raise ChatstateError("a store URL needs a scheme: sqlite:///abs/file.db, "
                              "json:///abs/dir or s3://bucket/prefix")
-    known = ", ".join(f"{name}://" for name in sorted(BUILTIN))
-    raise ChatstateError(f"unknown store scheme {scheme!r}: use one of {known} or install "
-                         f"a package that registers it under the {ENTRY_POINT_GROUP!r} "
-                         "entry point group")
+    known = ", ".join(f"{name}://" for name in sorted(_REGISTRY))
+    raise ChatstateError(f"unknown store scheme {scheme!r}: use one of {known}, register "
+                         "one with chatstate.stores.register(), or install a package that "
+                         f"names it under the {ENTRY_POINT_GROUP!r} entry point group")
 
 
 def allow_ephemeral_from_env() -> bool:
@@ -102,6 +149,11 @@ def guard(store: Store, *, allow_ephemeral: bool = False) -> Report:
     loc: Location = store.location()
     if isinstance(store, ReportsDurability):  # a server says how it acknowledges commits
         report = store.durability_report()
+    elif loc.path is None and loc.remote is None:  # neither on a disk nor off this machine
+        report = Report(path=loc.url, verdict="ephemeral", reasons=[
+            f"{loc.url} keeps its state in this process's memory (its location names no path "
+            "and no remote), so it is gone when the process exits."], fstype="memory",
+            source=f"pid {os.getpid()}")
     elif loc.path is None:
         report = Report(path=loc.remote or loc.url, verdict="durable", reasons=[
             f"The state lives off this machine, at {loc.remote}; its durability is the "

@@ -25,7 +25,10 @@ from chatstate.errors import ChatstateError, ConflictError, CorruptTranscriptErr
 
 @dataclass
 class Location:
-    """Where a store's bytes land: a local path (for the durability guard) or a remote."""
+    """Where a store's bytes land: a local path (for the durability guard) or a remote.
+
+    Neither means this process's memory (``memory://``): the guard calls it ephemeral.
+    """
 
     url: str
     path: str | None = None

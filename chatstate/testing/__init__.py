@@ -5,7 +5,9 @@
         fake.base_url          # http://127.0.0.1:PORT/v1
         fake.fail_next(429, times=2, retry_after=1)
 
-Stdlib only, so importing it costs next to nothing.
+Stdlib only, so importing it costs next to nothing. ``chatstate.testing.store_contract``
+(which needs pytest, and is imported only by name) holds the store contract as test
+classes a store subclasses: see docs/writing-a-store.md.
 """
 
 from __future__ import annotations

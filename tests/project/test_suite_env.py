@@ -126,7 +126,7 @@ def test_without_obstore_the_s3_tier_skips_with_its_reason(tmp_path: Path) -> No
     done = inner_run_without_obstore(tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    assert "3 passed, 1 skipped" in out, out  # json, sqlite and postgresql ran
+    assert "4 passed, 1 skipped" in out, out  # json, sqlite, postgresql and memory:// ran
     assert "s3 tier: obstore (pip install 'chatstate[s3]') is not installed" in out, out
 
 
