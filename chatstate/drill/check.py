@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from chatstate.core.transcript import Conversation
 from chatstate.drill._common import reopen
@@ -142,8 +142,10 @@ class Checker:
             return
         self._rendered(conv, log, tally)
         from chatstate.session.chat import Chat
+        from chatstate.stores.base import Store
 
-        chat = Chat(_Preloaded(store, conv), conversation_id=cid, adapter=self.adapter,
+        # a forwarding wrapper (__getattr__): a Store in all but what mypy can see
+        chat = Chat(cast(Store, _Preloaded(store, conv)), conversation_id=cid, adapter=self.adapter,
                     flush_interval=0.0)
         turn = chat.interrupted
         pending = log.open_turns.get(cid)

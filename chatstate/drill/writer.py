@@ -30,12 +30,13 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from chatstate.adapter import Completion, RetryingAdapter, RetryPolicy
 from chatstate.core.transcript import Message
 from chatstate.drill._common import conversation_ids, emit, reopen, scheme_of, stream_kind
 from chatstate.session.chat import Chat
+from chatstate.stores.base import Store
 
 THINK_SECONDS = 0.004
 """A writer pauses 4-8 ms before each turn, like a client between two messages: a window
@@ -104,7 +105,7 @@ def hold(url: str, adapter: RetryingAdapter, prefix: str, count: int, trial: int
     emit(["w", "open"])
     store = reopen(url)
     emit(["a", "open", "", []])
-    reporting = ReportingStore(store)
+    reporting = cast(Store, ReportingStore(store))  # forwards every call (__getattr__)
     ids = conversation_ids(prefix, count)
     chats = [Chat(reporting, conversation_id=cid, adapter=ReportingAdapter(adapter, cid),
                   title=f"chatstate drill {cid}", flush_interval=0.0) for cid in ids]
