@@ -283,23 +283,22 @@ class TurnWriter:
         self.conversation.metadata = metadata
 
 
-def _takes_fence(store: Store, method: str) -> bool:
-    """Whether ``store.method`` takes the ``fence`` keyword (every built-in store does)."""
-    return _signature_takes_fence(type(store), method, getattr(store, method))
-
-
 _FENCE_SEEN: dict[tuple[type, str], bool] = {}
 
 
-def _signature_takes_fence(cls: type, method: str, bound: Callable[..., Any]) -> bool:
-    key = (cls, method)
+def _takes_fence(store: Store, method: str) -> bool:
+    """Whether ``store.method`` has a ``fence`` parameter (every built-in store's has).
+
+    A parameter named so only: a wrapper's ``**kwargs`` says nothing of what it wraps.
+    """
+    key = (type(store), method)
     known = _FENCE_SEEN.get(key)
     if known is None:
         try:
-            params = inspect.signature(bound).parameters.values()
+            params = list(inspect.signature(getattr(store, method)).parameters.values())
         except (TypeError, ValueError):  # no signature to read: do not guess
-            params = ()  # type: ignore[assignment]
-        known = any(p.name == "fence" or p.kind is inspect.Parameter.VAR_KEYWORD
+            params = []
+        known = any(p.name == "fence" and p.kind is not inspect.Parameter.VAR_KEYWORD
                     for p in params)
         _FENCE_SEEN[key] = known
     return known
