@@ -42,12 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, now_iso
-from chatstate.errors import (
-    ChatstateError,
-    ConflictError,
-    ConversationInUse,
-    LeaseLost,
-)
+from chatstate.errors import ChatstateError, ConflictError, ConversationInUse, LeaseLost
 from chatstate.session.writer_lease import Held, hold
 from chatstate.stores.base import LEASE_TERM, Store
 
@@ -122,7 +117,7 @@ class TurnWriter:
         if isinstance(cause, ConversationInUse):
             who = f"host {cause.host}, pid {cause.pid} took over its writer lease"
         else:
-            who = f"the store refused its write: {cause}"
+            who = f"the store says: {cause}"
         return LeaseLost(
             f"conversation {self.id!r}: this writer lost the conversation to another writer "
             f"({who}), so its turn stopped: it wrote and showed nothing more. {self._kept}",
@@ -176,10 +171,6 @@ class TurnWriter:
         conv.messages = conv.messages + batch
         if conv.partial is not None and conv.partial.seq <= batch[-1].seq:
             conv.partial = None
-        last = batch[-1]
-        if last.role == "assistant":
-            self._kept = (f"Of its reply, {len(last.text or '')} characters are stored at "
-                          f"seq {last.seq} ({last.status}).")
 
     def settle_partial(self) -> bool:
         """Commit the stored partial reply into the chain, so it is kept, visibly, as partial.
@@ -230,6 +221,8 @@ class TurnWriter:
         """Append the turn's complete reply (``Message.seal`` keywords)."""
         message = self.seal(role="assistant", turn_id=turn_id, **fields)
         self.append([message])
+        self._kept = (f"Its reply is stored complete at seq {message.seq} "
+                      f"({len(message.text or '')} characters).")
         return message
 
     def commit(self, turn_id: str, done: Any, shown: str = "",

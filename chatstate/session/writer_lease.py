@@ -17,7 +17,7 @@ import secrets
 import threading
 from typing import Any, cast
 
-from chatstate.errors import ChatstateError, ConversationInUse
+from chatstate.errors import ChatstateError, ConversationInUse, LeaseLost
 from chatstate.stores.base import Leases, Store
 
 log = logging.getLogger("chatstate.session")
@@ -29,7 +29,7 @@ class Held:
     def __init__(self, store: Store, lease: Any) -> None:
         self.store = store
         self.lease = lease
-        self.lost: ConversationInUse | None = None
+        self.lost: ConversationInUse | LeaseLost | None = None
         """Set by the renewal thread when another writer took the lease over."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -43,7 +43,7 @@ class Held:
         while not self._stop.wait(self.lease.term / 3):
             try:
                 leases.renew_lease(self.lease)
-            except ConversationInUse as exc:  # taken over: the turn writer stops the turn
+            except (ConversationInUse, LeaseLost) as exc:  # taken over: the turn stops
                 self.lost = exc
                 log.warning("%s: another writer took the writer lease over: %s",
                             self.lease.conversation_id, exc)
