@@ -151,7 +151,7 @@ def test_a_reply_is_not_committed_once_the_lease_is_lost(
         real_renew(lease)
 
     stall_renewals(monkeypatch, store, renew_after_takeover)
-    with FakeModel(reply_words=3, latency=2.0) as slow:
+    with FakeModel(reply_words=3, latency=3.0) as slow:
         chat = slow_chat(store, slow, "c")
         result: list[BaseException] = []
 
@@ -163,6 +163,9 @@ def test_a_reply_is_not_committed_once_the_lease_is_lost(
 
         sender = threading.Thread(target=send)
         sender.start()
+        deadline = time.monotonic() + 10
+        while chat.writer.held is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the turn has its lease: the takeover comes after
         other, seen = take_over(url, "c")
         taken.set()
         sender.join(30)
