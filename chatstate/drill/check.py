@@ -145,6 +145,7 @@ class Checker:
         self._rendered(conv, log, tally)
         from chatstate.session.chat import Chat
 
+        # a forwarding wrapper (__getattr__): a Store in all but what mypy can see
         chat = Chat(_Preloaded(store, conv), conversation_id=cid, adapter=self.adapter,
                     flush_interval=0.0)
         turn = chat.interrupted

@@ -1,13 +1,14 @@
 """ItemLog: a conversation of a store used as a framework's item list (sync, thread-safe).
 
 The one place the integrations write: load, build the messages from what is stored,
-compare-and-append them in one append, and on a ConflictError (another writer got
-there first) load again and rebuild. A batch lands whole or not at all.
+compare-and-append them in one append (through the session's turn writer), and on a
+ConflictError (another writer got there first) load again and rebuild. A batch lands
+whole or not at all. No writer lease is held: each write is one compare-and-append,
+fenced by the seq it read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,8 @@ from chatstate.core.events import event_message
 from chatstate.core.transcript import Conversation, Message, new_turn_id, validate_id
 from chatstate.errors import ConflictError, ConversationNotFound
 from chatstate.integrations import _items
+from chatstate.session.turn_writer import TurnWriter
+from chatstate.stores.base import Store
 
 T = TypeVar("T")
 ATTEMPTS = 200  # compare-and-append retries under contention before giving up
@@ -25,15 +28,16 @@ ATTEMPTS = 200  # compare-and-append retries under contention before giving up
 class ItemLog:
     """The items of conversation ``conversation_id`` in ``store`` (a Store or a URL)."""
 
-    def __init__(self, conversation_id: str, store: Any, *, framework: str,
+    def __init__(self, conversation_id: str, store: Store | str | None, *, framework: str,
                  allow_ephemeral: bool = False) -> None:
         self.id = validate_id(conversation_id)
         self._owns_store = store is None or isinstance(store, str)
-        if self._owns_store:
+        if store is None or isinstance(store, str):
             from chatstate.stores import open_store
 
-            store = open_store(store, allow_ephemeral=allow_ephemeral)
-        self.store = store
+            self.store: Store = open_store(store, allow_ephemeral=allow_ephemeral)
+        else:
+            self.store = store
         self.framework = framework
         self._lock = threading.Lock()
 
@@ -63,20 +67,16 @@ class ItemLog:
                 messages, result = build(conv)
                 if not messages:
                     return result
+                # created only when it has no messages: if it exists, the append decides
+                writer = TurnWriter(self.store, conv, created=bool(conv.messages))
                 try:
-                    self._ensure(conv)
-                    self.store.append(self.id, messages)
+                    writer.create()
+                    writer.append(messages)
                     return result
                 except ConflictError:
                     time.sleep(min(0.05, 0.001 * (attempt + 1)))
             raise ConflictError(f"conversation {self.id!r}: {ATTEMPTS} writers in a row got "
                                 "there first; nothing of this batch was written")
-
-    def _ensure(self, conv: Conversation) -> None:
-        if conv.messages:
-            return
-        with contextlib.suppress(ConflictError):  # it exists: the append decides who wins
-            self.store.create(conv)
 
     # -- the operations ------------------------------------------------------------
     def add(self, items: Sequence[dict[str, Any]],

@@ -24,6 +24,7 @@ from typing import Any
 from chatstate.errors import ChatstateError
 from chatstate.integrations import _items
 from chatstate.integrations._itemlog import ItemLog
+from chatstate.stores.base import Store
 
 try:
     from agents.memory import SessionSettings
@@ -57,7 +58,7 @@ class ChatstateSession:
 
     session_settings: SessionSettings | None = None
 
-    def __init__(self, session_id: str, store: Any = None, *,
+    def __init__(self, session_id: str, store: Store | str | None = None, *,
                  session_settings: SessionSettings | dict[str, Any] | None = None,
                  allow_ephemeral: bool = False) -> None:
         self.session_settings = _settings(session_settings)
@@ -66,7 +67,7 @@ class ChatstateSession:
         self.session_id = self._log.id
 
     @property
-    def store(self) -> Any:
+    def store(self) -> Store:
         return self._log.store
 
     async def get_items(self, limit: int | None = None, *,

@@ -19,6 +19,7 @@ from typing import Any
 from chatstate.errors import ChatstateError
 from chatstate.integrations import _items
 from chatstate.integrations._itemlog import ItemLog
+from chatstate.stores.base import Store
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
@@ -59,14 +60,14 @@ class ChatstateChatMessageHistory(BaseChatMessageHistory):
     ``close()``.
     """
 
-    def __init__(self, session_id: str, store: Any = None, *,
+    def __init__(self, session_id: str, store: Store | str | None = None, *,
                  allow_ephemeral: bool = False) -> None:
         self._log = ItemLog(session_id, store, framework="langchain",
                             allow_ephemeral=allow_ephemeral)
         self.session_id = self._log.id
 
     @property
-    def store(self) -> Any:
+    def store(self) -> Store:
         return self._log.store
 
     @property

@@ -9,6 +9,10 @@ Like ``Chat``, a turn holds the conversation's writer lease from before its firs
 write until it ends (``Turn.held``, renewed meanwhile), so a second writer (a REPL,
 a script, another proxy behind the same load balancer) cannot cut its live stream:
 it waits or is told who holds the conversation.
+
+Every write goes through the session's turn writer (``Turn.writer``, a
+``TurnWriter``), which orders them and fences each with the lease: this module
+only decides what the request's new messages are.
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id, now_iso
-from chatstate.errors import ConflictError, ConversationInUse, ConversationNotFound
+from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id
+from chatstate.errors import ConflictError, ConversationInUse, ConversationNotFound, LeaseLost
 from chatstate.serve._history import HistoryIndex, Plan, message_fields, reconcile, visible
-from chatstate.session.writer_lease import Held, hold
-from chatstate.stores.base import LEASE_TERM
+from chatstate.session.turn_writer import TurnWriter
+from chatstate.stores.base import LEASE_TERM, Store
 
 log = logging.getLogger("chatstate.serve")
 
@@ -33,20 +37,23 @@ SEAL_FIELDS = ("role", "content", "created_at", "turn_id", "status", "model", "u
 
 @dataclass
 class Turn:
-    conversation: Conversation
+    writer: TurnWriter  # every write of the turn, fenced by its lease until ``end``
     turn_id: str
     forked_from: dict[str, Any] | None = None
-    held: Held | None = None  # the writer lease, until ``end``
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.writer.conversation
 
     @property
     def id(self) -> str:
-        return self.conversation.id
+        return self.writer.id
 
 
 class Writer:
     """Turns proxied requests into appends on one store."""
 
-    def __init__(self, store: Any, index: HistoryIndex, *, lease_wait: float = 0.0,
+    def __init__(self, store: Store, index: HistoryIndex, *, lease_wait: float = 0.0,
                  lease_term: float = LEASE_TERM) -> None:
         self.store = store
         self.index = index
@@ -82,101 +89,96 @@ class Writer:
             cid = conversation_id or self.index.find(incoming)
             conv = self._load(cid)
             plan = reconcile(conv, cid or new_id("p"), new_id("p"), incoming)
-            # a fresh owner token per turn: two turns of this process never share a lease
-            held = hold(self.store, plan.conversation_id, secrets.token_hex(8),
-                        term=self.lease_term, wait=self.lease_wait)
+            writer = self._writer_for(plan, incoming)
+            held = writer.hold()
             try:
-                turn = self._write(plan, incoming)
+                turn = self._write(writer, plan)
             except BaseException as exc:
-                held.release()
+                writer.release(held)
                 if attempt == 2 or not isinstance(exc, ConflictError) \
-                        or isinstance(exc, ConversationInUse):
+                        or isinstance(exc, ConversationInUse | LeaseLost):
                     raise  # another writer keeps moving this conversation on
                 continue  # it moved between our load and our lease: plan again
-            turn.held = held
             return turn
         raise AssertionError("unreachable")
 
-    def end(self, turn: Turn) -> None:
-        """The turn is over: give its lease up (it lapses by itself if this fails)."""
-        held, turn.held = turn.held, None
-        if held is not None:
-            held.release()
-
-    def _write(self, plan: Plan, incoming: Sequence[Mapping[str, Any]]) -> Turn:
-        forked_from = None
-        loaded = plan.stored
+    def _writer_for(self, plan: Plan, incoming: Sequence[Mapping[str, Any]]) -> TurnWriter:
+        """The turn writer of the conversation the plan writes (new ones are created by
+        ``_write``), with a fresh owner token: two turns of this process never share a
+        lease."""
         if plan.fork_of is not None:
-            conv, forked_from = self._fork(plan)
-        elif loaded is None:
+            source = plan.fork_of
+            kept = visible(source)[:plan.common]
+            at = kept[-1] if kept else None
+            forked_from = {"id": source.id, "seq": at.seq if at else -1,
+                           "hash": at.hash if at else None}
+            conv = Conversation(id=plan.conversation_id, title=source.title,
+                                metadata={"via": "serve", "forked_from": forked_from})
+        elif plan.stored is None:
             conv = Conversation(id=plan.conversation_id, title=_title(incoming),
                                 metadata={"via": "serve"})
-            self.store.create(conv)
         else:
-            conv = loaded
-            if conv.partial is not None:  # a cut-off reply is kept in the chain, as partial
-                self._append(conv, [conv.partial])
+            conv = plan.stored
+        return TurnWriter(self.store, conv, created=plan.stored is not None
+                          and plan.fork_of is None, owner=secrets.token_hex(8),
+                          lease_term=self.lease_term, lease_wait=self.lease_wait)
+
+    def end(self, turn: Turn) -> None:
+        """The turn is over: give its lease up (it lapses by itself if this fails)."""
+        turn.writer.release()
+
+    def _write(self, writer: TurnWriter, plan: Plan) -> Turn:
+        forked_from = None
+        if plan.fork_of is not None:
+            forked_from = self._fork(writer, plan)
+        elif not writer.created:
+            if not writer.create():
+                raise ConflictError(f"conversation {writer.id!r} was created meanwhile by "
+                                    "another writer")
+        elif writer.conversation.partial is not None:
+            # a cut-off reply is kept in the chain, as partial
+            writer.append([writer.conversation.partial])
+        conv = writer.conversation
         # The same request again (nothing new) answers the unanswered turn, under its id.
         turn_id = conv.messages[-1].turn_id if not plan.new and conv.messages else new_turn_id()
-        turn = Turn(conv, turn_id, forked_from)
+        turn = Turn(writer, turn_id, forked_from)
         if plan.new:
             sealed: list[Message] = []
             for raw in plan.new:
                 prev = sealed[-1] if sealed else conv.last
                 sealed.append(Message.seal(prev, turn_id=turn.turn_id, **message_fields(raw)))
-            self._append(conv, sealed)
+            writer.append(sealed)
         return turn
 
-    def _fork(self, plan: Plan) -> tuple[Conversation, dict[str, Any]]:
+    def _fork(self, writer: TurnWriter, plan: Plan) -> dict[str, Any]:
         source = plan.fork_of
         assert source is not None
         kept = visible(source)[:plan.common]
-        at = kept[-1] if kept else None
-        forked_from = {"id": source.id, "seq": at.seq if at else -1,
-                       "hash": at.hash if at else None}
-        conv = Conversation(id=plan.conversation_id, title=source.title,
-                            metadata={"via": "serve", "forked_from": forked_from})
-        self.store.create(conv)
+        forked_from: dict[str, Any] = writer.conversation.metadata["forked_from"]
+        if not writer.create():
+            raise ConflictError(f"conversation {writer.id!r} was created meanwhile by "
+                                "another writer")
         copies: list[Message] = []
         for m in kept:
             fields = {k: getattr(m, k) for k in SEAL_FIELDS}
             copies.append(Message.seal(copies[-1] if copies else None, **fields))
-        if copies:
-            self._append(conv, copies)
+        writer.append(copies)
         log.info("serve: %s diverged from %s at seq %s; continuing in fork %s",
-                 source.id, source.id, forked_from["seq"], conv.id)
-        return conv, forked_from
-
-    def _append(self, conv: Conversation, messages: list[Message]) -> None:
-        self.store.append(conv.id, messages)
-        conv.messages = conv.messages + messages
-        if conv.partial is not None and conv.partial.seq <= messages[-1].seq:
-            conv.partial = None
+                 source.id, source.id, forked_from["seq"], writer.id)
+        return forked_from
 
     def save_partial(self, turn: Turn, text: str, model: str | None) -> None:
-        partial = Message.seal(turn.conversation.last, role="assistant", content=text,
-                               turn_id=turn.turn_id, status="partial", model=model)
-        self.store.save_partial(turn.id, partial)
-        turn.conversation.partial = partial
+        turn.writer.save_partial(turn.turn_id, text, model)
 
     def commit(self, turn: Turn, reply: Mapping[str, Any]) -> Message:
         """Append the complete reply (``Message.seal`` keywords) and index the new history."""
-        message = Message.seal(turn.conversation.last, role="assistant", turn_id=turn.turn_id,
-                               **reply)
-        self._append(turn.conversation, [message])
+        message = turn.writer.reply(turn.turn_id, **reply)
         self.index.add(turn.conversation)
         return message
 
     def note_failure(self, turn: Turn, status: int, detail: str) -> None:
         """Say in the transcript why the turn has no reply (an upstream error)."""
-        meta = dict(turn.conversation.metadata)
-        meta["last_upstream_error"] = {"status": status, "detail": detail[:500],
-                                       "turn_id": turn.turn_id, "at": now_iso()}
-        try:
-            self.store.set_header(turn.id, metadata=meta)
-            turn.conversation.metadata = meta
-        except Exception as exc:  # the reply is already lost upstream; do not mask that
-            log.warning("serve: %s: could not record the upstream error: %s", turn.id, exc)
+        turn.writer.note_upstream_error(turn.turn_id, status, detail)
 
 
 def _title(incoming: Sequence[Mapping[str, Any]]) -> str:

@@ -239,7 +239,9 @@ class Proxy:
         async def cleanup() -> None:
             try:
                 await resp.aclose()
-                if not relay.committed:  # the client went away, or the upstream did
+                if turn.writer.lost is not None:  # another writer has it: write nothing
+                    log.warning("serve: %s", turn.writer.lost)
+                elif not relay.committed:  # the client went away, or the upstream did
                     await asyncio.to_thread(relay.save_now)
                     log.info("serve: %s: turn %s left as partial (%d chars)", turn.id,
                              turn.turn_id, len(relay.saved))

@@ -15,6 +15,7 @@ from typing import Any
 
 from chatstate.core.transcript import Message
 from chatstate.session.chat import Chat, Interrupted
+from chatstate.stores.base import Store
 
 _DONE = object()
 
@@ -26,7 +27,7 @@ class AsyncChat:
         self.chat = chat
 
     @classmethod
-    async def open(cls, store: Any = None, **kwargs: Any) -> AsyncChat:
+    async def open(cls, store: Store | str | None = None, **kwargs: Any) -> AsyncChat:
         return cls(await asyncio.to_thread(Chat, store, **kwargs))
 
     @property

@@ -1,10 +1,12 @@
-"""Chat: the one place that orders persist -> call -> persist -> render.
+"""Chat: a conversation's turns, in the order persist -> call -> persist -> render.
 
 A turn: seal and append the user message (durable before the request leaves),
 call the model with the whole transcript, append the reply, and only then hand
 text to the caller. While streaming, deltas go into the store's partial reply
 first and are yielded after ``save_partial`` returns, so whatever a caller has
-shown is a prefix of what is stored.
+shown is a prefix of what is stored. Every write is made by the conversation's
+turn writer (chatstate.session.turn_writer), which also holds the writer lease
+and stops the turn with ``LeaseLost`` when another writer takes it over.
 
 Opening a conversation is recovery: a trailing user message without a reply, a
 stored partial reply, or a committed partial with no complete reply after it is
@@ -38,14 +40,19 @@ import logging
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id, validate_id
-from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
+from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound, LeaseLost
 from chatstate.session import tool_loop as toolloop
 from chatstate.session.sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
 from chatstate.session.tool_loop import PendingCall
-from chatstate.stores.base import LEASE_TERM
+from chatstate.session.turn_writer import TurnWriter
+from chatstate.session.writer_lease import Held
+from chatstate.stores.base import LEASE_TERM, BlobStore, Store
+
+if TYPE_CHECKING:
+    from chatstate.adapter import ModelAdapter
 
 log = logging.getLogger("chatstate.session")
 
@@ -78,8 +85,9 @@ class Chat:
     ``conversation_id`` continues that conversation or creates it on first send.
     """
 
-    def __init__(self, store: Any = None, *, conversation_id: str | None = None,
-                 model: str | None = None, adapter: Any = None, system: str | None = None,
+    def __init__(self, store: Store | str | None = None, *,
+                 conversation_id: str | None = None, model: str | None = None,
+                 adapter: ModelAdapter | None = None, system: str | None = None,
                  title: str | None = None, base_url: str | None = None,
                  api_key: str | None = None, client: Any = None,
                  params: Mapping[str, Any] | None = None,
@@ -90,21 +98,22 @@ class Chat:
         if store is None or isinstance(store, str):
             from chatstate.stores import open_store
 
-            store = open_store(store, allow_ephemeral=allow_ephemeral)
-        self.store = store
+            self.store: Store = open_store(store, allow_ephemeral=allow_ephemeral)
+        else:
+            self.store = store
         if adapter is None:
             from chatstate.adapter import make_adapter
 
             adapter = make_adapter(model=model, base_url=base_url, api_key=api_key,
                                    client=client)
-        self.adapter = adapter
-        self.model = model or getattr(adapter, "model", None)
+        self.adapter: ModelAdapter = adapter
+        self.model: str | None = model or getattr(adapter, "model", None)
         self.params: dict[str, Any] = dict(params or {})
         self.max_tool_rounds = max_tool_rounds
         self.on_tool = on_tool
         """Called with each tool-call message and each tool result, once it is stored."""
         self.flush_interval = (flush_interval if flush_interval is not None
-                               else float(getattr(store, "partial_flush_interval", 0.0)))
+                               else float(getattr(self.store, "partial_flush_interval", 0.0)))
         self.id = validate_id(conversation_id) if conversation_id else new_id()
         self.context_window = context_window  # None: learned, else the built-in table
         self.last_fit: Any = None  # what the last request sent (context.Fit)
@@ -114,21 +123,38 @@ class Chat:
         # then gets ConversationInUse; this Chat re-takes its own lease at once
         self.lease_wait, self.lease_term = lease_wait, lease_term
         self._lease_owner = new_id()
-        self.conversation = self._load()
+        self._writer: TurnWriter | None = None
+        self.reload()
 
     # -- state -----------------------------------------------------------------------
-    def _load(self) -> Conversation:
+    def reload(self) -> Conversation:
+        """Read the conversation (``id``) from the store again."""
         try:
-            conv: Conversation = self.store.load(self.id)
+            conv, created = self.store.load(self.id), True
         except ConversationNotFound:
-            self._created = False
-            return Conversation(id=self.id, title=self._title or "")
-        self._created = True
+            conv, created = Conversation(id=self.id, title=self._title or ""), False
+        if self._writer is None or self._writer.id != self.id:  # `chat.id = ...` switched
+            self._writer = TurnWriter(self.store, conv, created=created,
+                                      owner=self._lease_owner)
+        else:  # the same writer: a turn holding the lease goes on holding it
+            self._writer.conversation, self._writer.created = conv, created
         return conv
 
-    def reload(self) -> Conversation:
-        self.conversation = self._load()
-        return self.conversation
+    @property
+    def writer(self) -> TurnWriter:
+        """The turn writer of this conversation: every write goes through it."""
+        if self._writer is None or self._writer.id != self.id:
+            self.reload()
+        assert self._writer is not None
+        return self._writer
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.writer.conversation
+
+    @conversation.setter
+    def conversation(self, value: Conversation) -> None:
+        self.writer.conversation = value
 
     @property
     def messages(self) -> list[Message]:
@@ -162,40 +188,28 @@ class Chat:
         return None
 
     def _ensure_created(self) -> None:
-        if self._created:
+        writer = self.writer
+        if writer.created:
             return
-        try:
-            self.store.create(self.conversation)
-        except ConflictError:  # someone created it meanwhile: continue theirs
+        if not writer.create():  # someone created it meanwhile: continue theirs
             self.reload()
-            self._created = True
             self._refuse_half_done_turn()
-        self._created = True
         if self._system and not self.conversation.messages:
-            self._append([self._seal(role="system", content=self._system,
-                                     turn_id=new_turn_id())])
-
-    def _seal(self, **fields: Any) -> Message:
-        return Message.seal(self.conversation.last, **fields)
-
-    def _append(self, messages: list[Message]) -> None:
-        self.store.append(self.id, messages)
-        log.debug("%s: stored %s", self.id, ", ".join(
-            f"seq {m.seq} ({m.role}, {m.status}, turn {m.turn_id})" for m in messages))
-        conv = self.conversation
-        conv.messages = conv.messages + messages
-        if conv.partial is not None and conv.partial.seq <= messages[-1].seq:
-            conv.partial = None
+            writer.append([writer.seal(role="system", content=self._system,
+                                       turn_id=new_turn_id())])
 
     def _append_user(self, text: str | list[dict[str, Any]],
                      params: dict[str, Any]) -> Message:
         """Append the user's message; on a conflict, go after the other writer's whole turn."""
+        writer = self.writer
         for attempt in (1, 2):
-            msg = self._seal(role="user", content=text, turn_id=new_turn_id(),
-                             params=storable(params) or None)
+            msg = writer.seal(role="user", content=text, turn_id=new_turn_id(),
+                              params=storable(params) or None)
             try:
-                self._append([msg])
+                writer.append([msg])
                 return msg
+            except LeaseLost:
+                raise  # another writer has the conversation now: stop
             except ConflictError:
                 self.reload()
                 if attempt == 2 or self.interrupted is not None:
@@ -212,22 +226,10 @@ class Chat:
                 "again once it is done, or retry() it.")
 
     def _settle_partial(self) -> None:
-        """Commit a stored partial reply into the chain so it is kept, visibly, as partial.
-
-        Only the partial the store still holds: one that changed since we loaded it
-        is being streamed by a live writer, and committing our older copy would drop
-        text that writer has already shown (the store would clear its newer partial).
-        """
-        partial = self.conversation.partial
-        if partial is None:
-            return
-        current: Conversation = self.store.load(self.id)
-        if (current.last_seq != self.conversation.last_seq or current.partial is None
-                or current.partial.hash != partial.hash):
-            self.conversation = current
-            self._refuse_half_done_turn()
-            return  # another writer finished that turn: there is no partial to keep
-        self._append([partial])
+        """Commit a stored partial reply into the chain so it is kept, visibly, as partial
+        (see TurnWriter.settle_partial); refuse to split another writer's unfinished turn."""
+        if not self.writer.settle_partial():
+            self._refuse_half_done_turn()  # else that writer finished it: nothing to keep
 
     # -- public API --------------------------------------------------------------------
     def send(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
@@ -262,17 +264,19 @@ class Chat:
                      **params: Any) -> Generator[str, None, None]:
         return self._retry(params, streaming=True, tools=tools)
 
+    # Outside a turn no lease is held: these writes are unfenced (compare-and-append
+    # still decides between two writers), as they were before fencing.
     def set_title(self, title: str) -> None:
         self._ensure_created()
-        self.store.set_header(self.id, title=title)
-        self.conversation.title = title
+        self.writer.set_title(title)
 
     def add_system(self, text: str, *, params: dict[str, Any] | None = None) -> Message:
         """Append a system message (a new instruction from here on; a summary if marked)."""
         self._ensure_created()
         self._settle_partial()
-        msg = self._seal(role="system", content=text, turn_id=new_turn_id(), params=params)
-        self._append([msg])
+        msg = self.writer.seal(role="system", content=text, turn_id=new_turn_id(),
+                               params=params)
+        self.writer.append([msg])
         return msg
 
     # -- the turn ----------------------------------------------------------------------
@@ -290,31 +294,32 @@ class Chat:
         held = self._hold()
         try:
             self._ensure_created()
-            toolloop.abandon(self)  # calls left pending by an interrupted turn get results
+            # calls left pending by an interrupted turn get results
+            toolloop.abandon(self.writer, self._notify)
             self._settle_partial()
             merged = {**self.params, **params}
             user = self._append_user(self._store_blobs(body), merged)
             if not self.conversation.title and self._title is None:
                 self._auto_title(user.text or _first_name(body))
         except BaseException:
-            held.release()
+            self.writer.release(held)
             raise
         return self._held(held, self._reply(user.turn_id, merged, streaming, tools))
 
-    def _hold(self) -> Any:
+    def _hold(self) -> Held:
         """Take the writer lease before the turn writes anything (ConversationInUse)."""
-        from chatstate.session.writer_lease import hold
+        writer = self.writer
+        writer.lease_term, writer.lease_wait = self.lease_term, self.lease_wait
+        return writer.hold()
 
-        return hold(self.store, self.id, self._lease_owner, term=self.lease_term,
-                    wait=self.lease_wait)
+    def _held(self, held: Held, gen: Generator[str, None, None]) -> Generator[str, None, None]:
+        writer = self.writer
 
-    @staticmethod
-    def _held(held: Any, gen: Generator[str, None, None]) -> Generator[str, None, None]:
         def run() -> Generator[str, None, None]:
             try:
                 yield from gen
             finally:
-                held.release()
+                writer.release(held)
 
         turn = run()
         # A stream dropped before its first step never runs its finally: release then too.
@@ -338,7 +343,7 @@ class Chat:
                 raise ConflictError(f"conversation {self.id!r}: another writer completed the "
                                     "interrupted turn meanwhile; there is nothing to retry")
         except BaseException:
-            held.release()
+            self.writer.release(held)
             raise
         merged = {**self.params, **(turn.user_message.params or {} if turn.user_message
                                     else {}), **params}
@@ -347,8 +352,7 @@ class Chat:
     def _auto_title(self, text: str) -> None:
         title = " ".join(text.split())[:60]
         if title:
-            self.store.set_header(self.id, title=title)
-            self.conversation.title = title
+            self.writer.set_title(title)
 
     def _history(self, turn_id: str, model: str | None = None,
                  params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -377,7 +381,8 @@ class Chat:
                 return peek(self.adapter.stream(history, model=model, params=params or None))
             return self.adapter.complete(history, model=model, params=params or None)
         return call_fitted(lambda: self._history(turn_id, model, params), call,
-                           lambda window: learn(self, model, window))
+                           lambda window: learn(self.writer, self.context_window, model,
+                                                window))
 
     def _store_blobs(self, content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
         """Large images and files go to the store's blob area, durably, before the message."""
@@ -389,16 +394,39 @@ class Chat:
         """A stored part's blob as a data URL for the request (digest checked)."""
         from chatstate.core.content import inline_part
 
+        if not isinstance(self.store, BlobStore):
+            raise ChatstateError(f"{self.store.url}: conversation {self.id!r} names a blob, "
+                                 "but this store has no blob area to read it from")
         return inline_part(part, self.store.get_blob(part["blob"]["sha256"]))
 
     def _reply(self, turn_id: str, params: dict[str, Any], streaming: bool,
                tools: Sequence[Any] | None) -> Generator[str, None, None]:
-        """Generator: the turn's model and tool rounds. The only place a turn is written."""
-        return toolloop.drive(self, turn_id, params, streaming, tools)
+        """Generator: the turn's model and tool rounds, written through the turn writer."""
+        return toolloop.drive(self.writer, _ChatModel(self), turn_id, params, streaming, tools,
+                              max_rounds=self.max_tool_rounds, on_tool=self._notify)
 
     def _notify(self, message: Message) -> None:
         if self.on_tool is not None:
             self.on_tool(message)
+
+
+class _ChatModel:
+    """Chat's model side of a round (a ModelCaller): the adapter call, context fitted."""
+
+    def __init__(self, chat: Chat) -> None:
+        self._chat = chat
+
+    @property
+    def model(self) -> str | None:
+        return self._chat.model
+
+    @property
+    def flush_interval(self) -> float:
+        return self._chat.flush_interval
+
+    def call(self, turn_id: str, model: str | None, params: dict[str, Any],
+             streaming: bool) -> Any:
+        return self._chat._call(turn_id, model, params, streaming)
 
 
 def _user_content(text: str | list[dict[str, Any]],

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from chatstate.core.transcript import Conversation, Message
+    from chatstate.session.turn_writer import TurnWriter
 
 ENV_WINDOW = "CHATSTATE_CONTEXT_WINDOW"
 
@@ -271,15 +272,14 @@ def request_for(chat: Any, model: str | None, params: Mapping[str, Any] | None =
     return [m.to_openai(blob=blob) for m in chat.last_fit.messages]
 
 
-def learn(chat: Any, model: str | None, window: int) -> bool:
-    """Store the window a provider named in its 400; True if the next request differs."""
-    conv = chat.conversation
-    before = resolve_window(chat.context_window, conv.metadata, model)
-    metadata = with_learned(conv.metadata, model, window)
-    chat.store.set_header(chat.id, metadata=metadata)
-    conv.metadata = metadata
-    log.info("%s: learned context window %d for model %s", chat.id, window, model)
-    return resolve_window(chat.context_window, metadata, model) != before
+def learn(writer: TurnWriter, explicit: int | None, model: str | None, window: int) -> bool:
+    """Store the window a provider named in its 400 (through the turn writer); True if
+    the next request differs. ``explicit``: the window the caller set, if any."""
+    before = resolve_window(explicit, writer.conversation.metadata, model)
+    learned = with_learned(writer.conversation.metadata, model, window)
+    writer.update_metadata({METADATA_KEY: learned[METADATA_KEY]})
+    log.info("%s: learned context window %d for model %s", writer.id, window, model)
+    return resolve_window(explicit, writer.conversation.metadata, model) != before
 
 
 def call_fitted(build: Callable[[], list[dict[str, Any]]],

@@ -22,23 +22,26 @@ status ``unknown`` and says so, and the model is told. A marker is never
 sent to a model (it is ``partial``), and ``well_formed`` guards every
 request: a call without its result, or a result without its call, never
 reaches a model.
+
+Every step is written through the turn writer (chatstate.session.turn_writer),
+and the model is called through a ``ModelCaller`` (chatstate.session.model_round).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chatstate.core.tools import _CALL_ID, Tool, toolset
 from chatstate.core.transcript import Conversation, Message, Status
 from chatstate.errors import ToolLoopError
-from chatstate.session.model_round import model_round
+from chatstate.session.model_round import ModelCaller, model_round
+from chatstate.session.turn_writer import TurnWriter
 
-if TYPE_CHECKING:
-    from chatstate.session.chat import Chat
+OnTool = Callable[[Message], None]
 
 log = logging.getLogger("chatstate.tools")
 
@@ -86,50 +89,55 @@ def pending_calls(conv: Conversation) -> list[PendingCall]:
             for call in asking.tool_calls if call["id"] not in answered]
 
 
-def drive(chat: Chat, turn_id: str, params: dict[str, Any], streaming: bool,
-          tools: Sequence[Any] | None) -> Generator[str, None, None]:
-    """The whole turn from here: model rounds and tool rounds until a reply without calls."""
+def drive(writer: TurnWriter, caller: ModelCaller, turn_id: str, params: dict[str, Any],
+          streaming: bool, tools: Sequence[Any] | None, *, max_rounds: int = 8,
+          on_tool: OnTool | None = None) -> Generator[str, None, None]:
+    """The whole turn from here: model rounds and tool rounds until a reply without calls.
+
+    ``on_tool`` is called with each tool-call message and each tool result, once stored.
+    """
     by_name = toolset(tools)
     if by_name:
         params = {**params, "tools": [t.spec() for t in by_name.values()]}
     rounds = 0
     while True:
-        pending = pending_calls(chat.conversation)
+        pending = pending_calls(writer.conversation)
         if pending:
-            if rounds >= chat.max_tool_rounds:
-                _answer_all(chat, pending, f"not run: stopped after max_tool_rounds="
-                            f"{chat.max_tool_rounds}")
+            if rounds >= max_rounds:
+                _answer_all(writer, pending, f"not run: stopped after max_tool_rounds="
+                            f"{max_rounds}", on_tool)
                 raise ToolLoopError(
-                    f"conversation {chat.id!r}, turn {turn_id}: the model asked for tools "
-                    f"in more than {chat.max_tool_rounds} rounds, so the loop stopped (its "
+                    f"conversation {writer.id!r}, turn {turn_id}: the model asked for tools "
+                    f"in more than {max_rounds} rounds, so the loop stopped (its "
                     "last calls are answered 'not run'). Raise max_tool_rounds, or "
                     "chat.retry(tools=...) to let it go on.", turn_id=turn_id, rounds=rounds)
             rounds += 1
             for call in pending:
-                run_call(chat, call, by_name.get(call.name), by_name)
+                run_call(writer, call, by_name.get(call.name), by_name, on_tool)
             continue
-        last = chat.conversation.last
+        last = writer.conversation.last
         if last is not None and last.role == "assistant" and last.status == "complete" \
                 and last.turn_id == turn_id and not last.tool_calls:
             return
-        yield from model_round(chat, turn_id, dict(params), streaming)
-        if chat.conversation.last is not None and chat.conversation.last.tool_calls:
-            chat._notify(chat.conversation.last)
+        yield from model_round(writer, caller, turn_id, dict(params), streaming)
+        last = writer.conversation.last
+        if last is not None and last.tool_calls and on_tool is not None:
+            on_tool(last)
 
 
-def run_call(chat: Chat, pending: PendingCall, tool: Tool | None,
-             available: dict[str, Tool]) -> Message:
+def run_call(writer: TurnWriter, pending: PendingCall, tool: Tool | None,
+             available: dict[str, Tool], on_tool: OnTool | None = None) -> Message:
     """Steps 2 and 3 for one call: marker, run, append the result. Returns the result."""
     if pending.started and (tool is None or not tool.idempotent):
-        return _append_result(chat, pending, UNKNOWN, "unknown")
+        return _append_result(writer, pending, UNKNOWN, "unknown", on_tool)
     if tool is not None and not tool.idempotent:
         # Durable before the tool runs: after a crash this marker is the only sign that
         # a side effect may have happened, and it is what stops a second run. Appended
         # (compare-and-append), so a second writer racing for the same call loses here.
-        chat._append([chat._seal(role="tool", content="started", turn_id=pending.turn_id,
-                                 status="partial", tool_call_id=pending.id)])
+        writer.append([writer.seal(role="tool", content="started", turn_id=pending.turn_id,
+                                   status="partial", tool_call_id=pending.id)])
     text, status = invoke(tool, pending.call, available)
-    return _append_result(chat, pending, text, status)
+    return _append_result(writer, pending, text, status, on_tool)
 
 
 def invoke(tool: Tool | None, call: dict[str, Any],
@@ -160,26 +168,29 @@ def invoke(tool: Tool | None, call: dict[str, Any],
     return (result if isinstance(result, str) else json.dumps(result, default=str)), "complete"
 
 
-def abandon(chat: Chat) -> None:
+def abandon(writer: TurnWriter, on_tool: OnTool | None = None) -> None:
     """Answer the pending calls of an interrupted turn that a new turn leaves behind.
 
     Without the tools at hand there is no telling whether an unmarked call was an
     idempotent tool already running, so every such call is answered ``unknown``.
     """
-    for call in pending_calls(chat.conversation):
-        _append_result(chat, call, ABANDONED, "unknown")
+    for call in pending_calls(writer.conversation):
+        _append_result(writer, call, ABANDONED, "unknown", on_tool)
 
 
-def _answer_all(chat: Chat, pending: list[PendingCall], text: str) -> None:
+def _answer_all(writer: TurnWriter, pending: list[PendingCall], text: str,
+                on_tool: OnTool | None) -> None:
     for call in pending:
-        _append_result(chat, call, text, "error")
+        _append_result(writer, call, text, "error", on_tool)
 
 
-def _append_result(chat: Chat, pending: PendingCall, text: str, status: Status) -> Message:
-    result = chat._seal(role="tool", content=text, turn_id=pending.turn_id, status=status,
-                        tool_call_id=pending.id)
-    chat._append([result])
-    chat._notify(result)
+def _append_result(writer: TurnWriter, pending: PendingCall, text: str, status: Status,
+                   on_tool: OnTool | None) -> Message:
+    result = writer.seal(role="tool", content=text, turn_id=pending.turn_id, status=status,
+                         tool_call_id=pending.id)
+    writer.append([result])
+    if on_tool is not None:
+        on_tool(result)
     return result
 
 

@@ -3,7 +3,10 @@
 ``hold`` takes the conversation's lease before anything of the turn is written
 and renews it from a daemon thread every third of its term, so a slow model
 (no chunk for a while) does not let it lapse; ``release`` gives it up when the
-turn ends. A store without leases (a third-party one) is held by no one: the
+turn ends. When a renewal finds another writer holding the lease, ``lost`` says
+so and the turn writer stops the turn (``LeaseLost``); a renewal that failed for
+another reason (the store briefly unreachable) is tried again at the next tick.
+A store without leases (a third-party one) is held by no one: the
 compare-and-append still guarantees no lost turns.
 """
 
@@ -12,10 +15,10 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from typing import Any
+from typing import Any, cast
 
-from chatstate.errors import ChatstateError, ConversationInUse
-from chatstate.stores.base import Leases
+from chatstate.errors import ChatstateError, ConversationInUse, LeaseLost
+from chatstate.stores.base import Leases, Store
 
 log = logging.getLogger("chatstate.session")
 
@@ -23,10 +26,11 @@ log = logging.getLogger("chatstate.session")
 class Held:
     """A lease being renewed until ``release()``; a no-op for stores without leases."""
 
-    def __init__(self, store: Any, lease: Any) -> None:
+    def __init__(self, store: Store, lease: Any) -> None:
         self.store = store
         self.lease = lease
-        self.lost: BaseException | None = None
+        self.lost: ConversationInUse | LeaseLost | None = None
+        """Set by the renewal thread when another writer took the lease over."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if lease is not None:
@@ -35,14 +39,18 @@ class Held:
             self._thread.start()
 
     def _renew(self) -> None:
+        leases = cast(Leases, self.store)  # a lease is only taken from a store with leases
         while not self._stop.wait(self.lease.term / 3):
             try:
-                self.store.renew_lease(self.lease)
-            except Exception as exc:  # the turn goes on: compare-and-append still holds
+                leases.renew_lease(self.lease)
+            except (ConversationInUse, LeaseLost) as exc:  # taken over: the turn stops
                 self.lost = exc
-                log.warning("%s: could not renew the writer lease: %s",
+                log.warning("%s: another writer took the writer lease over: %s",
                             self.lease.conversation_id, exc)
                 return
+            except Exception as exc:  # tried again next tick; fenced writes still check
+                log.warning("%s: could not renew the writer lease: %s",
+                            self.lease.conversation_id, exc)
 
     def release(self) -> None:
         if self._thread is None:
@@ -51,13 +59,13 @@ class Held:
         self._thread.join()
         self._thread = None
         try:
-            self.store.release_lease(self.lease)
+            cast(Leases, self.store).release_lease(self.lease)
         except Exception as exc:  # it lapses by itself at the end of its term
             log.warning("%s: could not release the writer lease (it lapses by itself): %s",
                         self.lease.conversation_id, exc)
 
 
-def hold(store: Any, conversation_id: str, owner: str, *, term: float,
+def hold(store: Store, conversation_id: str, owner: str, *, term: float,
          wait: float) -> Held:
     """Take the lease (ConversationInUse after ``wait`` seconds) and keep renewing it."""
     if not isinstance(store, Leases):
@@ -66,7 +74,7 @@ def hold(store: Any, conversation_id: str, owner: str, *, term: float,
     return Held(store, lease)
 
 
-def held_elsewhere(store: Any, conversation_id: str) -> ConversationInUse | None:
+def held_elsewhere(store: Store, conversation_id: str) -> ConversationInUse | None:
     """The live writer holding the conversation's lease right now, as the error a turn
     would get, or None (also for a store without leases).
 

@@ -6,7 +6,10 @@
   ``adapter.dialects.chat_completions``, ...), never its private modules or names;
 - the production CLI does not import ``chatstate.testing``: ``ask`` against a real
   OpenAI-compatible endpoint (the fake server, reached over HTTP like any other)
-  runs without it.
+  runs without it;
+- one turn writer: outside the stores and the ops that copy stored state as it is,
+  only ``chatstate.session.turn_writer`` writes a conversation (``append``,
+  ``save_partial``, ``clear_partial``, ``set_header`` on a store).
 """
 
 from __future__ import annotations
@@ -84,3 +87,76 @@ def test_nothing_outside_the_adapter_imports_its_private_modules() -> None:
                     p.startswith("_") for p in parts[2:]):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} {name}")
     assert offenders == []
+
+
+# The ops that copy stored state as it is (unfenced, by design) may write a store directly.
+COPIES_AS_IT_IS = {"chatstate/ops/migrate.py", "chatstate/ops/transfer.py",
+                   "chatstate/ops/fork.py"}
+TURN_WRITER = "chatstate/session/turn_writer.py"
+
+
+def _names(node: ast.expr) -> Iterator[str]:
+    """Every name and attribute in an expression such as ``self.store`` or ``dst``."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id
+        elif isinstance(sub, ast.Attribute):
+            yield sub.attr
+
+
+def _store_writes(path: Path, methods: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, method) of each call of a store's write ``methods`` in ``path``.
+
+    A store call is one on a receiver named like a store (``store``, ``self.store``,
+    ``self._store``, ``dst``/``src`` in the copying ops), so the turn writer's own
+    methods (``writer.save_partial``) are not counted; ``append`` counts with two or
+    more arguments (a list's append takes one).
+    """
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        name = node.func.attr
+        if name not in methods:
+            continue
+        if name == "append" and len(node.args) + len(node.keywords) < 2:
+            continue
+        if any("store" in n.lower() or n in ("dst", "src") for n in _names(node.func.value)):
+            yield node.lineno, name
+
+
+def _writers(methods: set[str]) -> dict[str, list[str]]:
+    """module -> its store write calls, outside ``chatstate/stores`` and the copying ops."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if path.is_relative_to(PACKAGE / "stores") or rel in COPIES_AS_IT_IS:
+            continue
+        calls = [f"{line} {name}" for line, name in _store_writes(path, methods)]
+        if calls:
+            found[rel] = calls
+    return found
+
+
+def test_exactly_one_module_saves_or_clears_a_partial_reply() -> None:
+    found = _writers({"save_partial", "clear_partial"})
+    assert list(found) == [TURN_WRITER], found
+
+
+def test_only_the_turn_writer_appends_or_sets_a_header() -> None:
+    found = _writers({"append", "set_header"})
+    assert set(found) <= {TURN_WRITER}, found
+    assert TURN_WRITER in found  # the check does see the writer's own calls
+
+
+def test_the_store_write_check_sees_a_direct_call(tmp_path: Path) -> None:
+    """The checker itself: it finds a front end calling a store, not a list's append or
+    the turn writer's methods."""
+    sample = tmp_path / "front.py"
+    sample.write_text("def f(chat, writer, out, msgs):\n"
+                      "    out.append(1)\n"
+                      "    writer.save_partial('t', 'text', None)\n"
+                      "    chat.store.append(chat.id, msgs)\n"
+                      "    chat.store.set_header(chat.id, title='x')\n"
+                      "    self._store.save_partial(cid, msgs[0])\n")
+    assert list(_store_writes(sample, {"append", "set_header", "save_partial"})) == [
+        (4, "append"), (5, "set_header"), (6, "save_partial")]
