@@ -104,7 +104,7 @@ class RelationalStore(ABC):
 
     @abstractmethod
     def _shown(self) -> str:
-        """Where the rows are, as check() reports it."""
+        """Where the rows are (the file, the server and schema), for check() and LeaseLost."""
 
     @abstractmethod
     def _held_blob_sizes(self, db: Any, digests: list[str]) -> dict[str, int]:
@@ -205,7 +205,7 @@ class RelationalStore(ABC):
         row = self._q(db, "SELECT owner, host, pid FROM leases WHERE conversation_id=?"
                       + self.dialect.for_share, (validate_id(cid),)).fetchone()
         record = dict(zip(("owner", "host", "pid"), row, strict=True)) if row else None
-        check_fence(self._where(cid), cid, fence, record)
+        check_fence(self._shown(), cid, fence, record)
 
     def create(self, conversation: Conversation) -> None:
         cid = validate_id(conversation.id)

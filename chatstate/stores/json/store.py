@@ -3,6 +3,7 @@
     DIR/<id>.json             the conversation (header line + one message per line)
     DIR/.partials/<id>.json   the in-progress reply: an append-only log, one fsync per flush
     DIR/.locks/<id>.lock      flock guarding every read-modify-write of <id>
+    DIR/.locks/<id>.lease     the writer lease, taken under that flock (_lease)
     DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
     DIR/blobs/<sha256>        images and files named by messages, stored once (_jsonblobs)
 

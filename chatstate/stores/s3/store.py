@@ -9,6 +9,7 @@ Layout under ``s3://bucket/prefix/``::
     conversations/<id>/partial.json      the in-progress reply, replaced with If-Match
     index/<id>.json                      listing summary, moved forward with If-Match
     _opens/<time>-<rand>.json            one object per open (boot id, host, DEPLOY_ID)
+    _leases/<id>.json                    the writer lease (owner token, host, pid, until)
     _probe/…                             check()'s probe object, deleted after use
     blobs/<sha256>                       images and files named by messages (_s3blobs)
 
@@ -21,8 +22,10 @@ plus a DELETE of the partial reply this store streamed for it (overlapping the
 index PUT). A streamed reply's first flush is 2 (GET index, PUT), each later
 flush 1 PUT. One user+assistant turn is 6 requests unstreamed, N + 8 with the
 reply streamed in N flushes; every SNAPSHOT_EVERY (64) messages one more PUT
-writes a snapshot. Loading is 5 requests (6 once a snapshot exists) plus one GET
-per segment after the newest snapshot, in 3 round trips; listing is 2 LISTs plus
+writes a snapshot. A fenced write (``fence=``) adds one GET of the lease object
+(``_leases/<id>.json``), overlapping the index read where there is one. Loading
+is 5 requests (6 once a snapshot exists) plus one GET per segment after the
+newest snapshot, in 3 round trips; listing is 2 LISTs plus
 one GET of a small index object per conversation, in parallel. A write onto a
 conversation this process has neither created nor loaded first reads and
 verifies its chain (a load's worth of requests, once): nothing is written onto
