@@ -139,7 +139,9 @@ class RelationalStore(ABC):
         where = self._where(cid)
         rows = self._q(db, f"SELECT seq, {self.dialect.body}, hash FROM messages WHERE "
                        "conversation_id=? ORDER BY seq", (cid,)).fetchall()
-        messages = decode_rows([(s, _raw(b), h) for s, b, h in rows], where)
+        if rows and isinstance(rows[0][1], str):  # a text column: decode_rows hashes bytes
+            rows = [(seq, body.encode(), hash_) for seq, body, hash_ in rows]
+        messages = decode_rows(rows, where)
         if len(messages) != head[5] or (messages[-1].hash if messages else None) != head[6]:
             # the chain cannot see its own tail cut off; the conversation row can
             position = min(head[5], len(messages))

@@ -78,7 +78,7 @@ class PostgresStore(PgLease, PgBase, RelationalStore):
     # -- writes (the rest are the relational core's) -------------------------------
     def delete(self, conversation_id: str) -> None:
         with self._tx("delete from") as db:
-            self._header(db, conversation_id, " FOR UPDATE")
+            self._header(db, conversation_id, self.dialect.for_update)
             db.execute("DELETE FROM conversations WHERE id=%s", (conversation_id,))
         self._seen.pop(conversation_id, None)
 
