@@ -12,6 +12,7 @@ the in-progress reply of the writer that took over.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -162,6 +163,37 @@ def test_a_stale_streamer_cannot_replace_the_partial_of_the_writer_that_took_ove
     conv = b.load(CID)
     assert len(conv.messages) == 1
     assert conv.partial is not None and conv.partial.content == "B's reply, longer"
+
+
+def test_a_takeover_racing_a_stale_streamer_stops_it_and_keeps_the_new_reply(
+        store_url: str) -> None:
+    """A streams flat out and never renews; B takes the lapsed lease over mid-stream and
+    saves its partial. Whatever instant the takeover lands at, A is stopped by LeaseLost
+    and nothing A wrote replaces B's partial."""
+    a, b = open_store(store_url), open_store(store_url)
+    user = _mid_reply(a)
+    lease_a = a.acquire_lease(CID, term=0.3)
+    stopped: list[BaseException] = []
+
+    def stream() -> None:
+        n = 0
+        while n < 100_000:
+            n += 1
+            try:
+                a.save_partial(CID, _partial(user, f"A {n}"), fence=lease_a.owner)
+            except ConflictError as exc:
+                stopped.append(exc)
+                return
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    time.sleep(0.6)
+    lease_b = b.acquire_lease(CID, term=60)
+    b.save_partial(CID, _partial(user, "B's reply"), fence=lease_b.owner)
+    thread.join(60)
+    assert len(stopped) == 1 and isinstance(stopped[0], LeaseLost), stopped
+    conv = b.load(CID)
+    assert conv.partial is not None and conv.partial.content == "B's reply"
 
 
 @pytest.mark.parametrize("store_url", ["s3"], indirect=True)
