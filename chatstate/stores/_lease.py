@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatstate.errors import ConversationInUse
+from chatstate.errors import ConversationInUse, LeaseLost
 from chatstate.stores.base import LEASE_TERM
 
 
@@ -37,13 +37,8 @@ class Lease:
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     until: float = 0.0
-    renewed_at: float = 0.0
-    """time.monotonic() of the last take or renewal (when the next renewal is due)."""
     dead: tuple[str, int] | None = None
     """(host, pid) of a holder found dead on this host: its lease is taken over at once."""
-
-    def due(self) -> bool:
-        return time.monotonic() - self.renewed_at >= self.term / 3
 
 
 @dataclass
@@ -75,7 +70,6 @@ def take(where: str, try_lease: TryLease, lease: Lease, wait: float) -> Lease:
     while True:
         holder = try_lease(lease)
         if holder is None:
-            lease.renewed_at = time.monotonic()
             return lease
         if _dead_here(holder):
             lease.dead = (holder.host, holder.pid)
@@ -104,7 +98,6 @@ def renew(where: str, try_lease: TryLease, lease: Lease) -> None:
     holder = try_lease(lease)
     if holder is not None:
         raise in_use(where, lease.conversation_id, holder)
-    lease.renewed_at = time.monotonic()
 
 
 class LeaseMethods(ABC):
@@ -152,3 +145,23 @@ def holder_of(record: Any, lease: Lease) -> Holder | None:
     if not isinstance(until, int | float) or until < time.time():
         return None
     return Holder(str(record.get("host", "?")), int(record.get("pid", 0)), float(until))
+
+
+def check_fence(where: str, cid: str, fence: str, record: Any) -> None:
+    """Refuse a fenced write unless the lease ``record`` (as stored, None when there is
+    none) names ``fence`` as its owner; the caller holds whatever makes this atomic
+    with its write. Expiry does not matter: a lapsed lease nobody took is still ours.
+
+    No record at all is refused too: this writer either never held a lease or gave it
+    up (release), and a write it cannot prove is its own is not made.
+    """
+    if isinstance(record, dict) and record.get("owner") == fence:
+        return
+    if isinstance(record, dict):
+        why = (f"another writer (host {record.get('host', '?')}, pid {record.get('pid', '?')}) "
+               "took it over after this writer's lease lapsed")
+    else:
+        why = "this writer holds no lease on it (none is recorded)"
+    raise LeaseLost(f"{where}: refused a write to conversation {cid!r}: {why}. Nothing was "
+                    "written; this writer must stop (reload to see what the other wrote).",
+                    fence=fence)

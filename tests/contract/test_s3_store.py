@@ -293,6 +293,29 @@ def test_request_cost_per_turn(proxy: FaultProxy, bucket: str) -> None:
     assert proxy.count() == 4  # GET index, PUT segment, PUT index, DELETE partial
 
 
+def test_request_cost_of_fencing(proxy: FaultProxy, bucket: str) -> None:
+    """A fenced write costs one GET of the lease object more, and no more round trips
+    where it overlaps the index read."""
+    store = fresh(s3_url(proxy.endpoint, bucket))
+    user = seal(None)[0]
+    fence = store.acquire_lease("c1", term=60).owner
+    proxy.reset()
+    store.append("c1", [user], fence=fence)
+    assert proxy.count() == 3 + 1
+    proxy.reset()
+    text = ""
+    for chunk in ("Hel", "lo", " there"):
+        text += chunk
+        store.save_partial("c1", Message.seal(user, role="assistant", content=text,
+                                              turn_id=user.turn_id, status="partial"),
+                           fence=fence)
+    assert proxy.count() == 3 + 1 + 3  # each flush reads the lease before its PUT
+    proxy.reset()
+    store.append("c1", [Message.seal(user, role="assistant", content=text,
+                                     turn_id=user.turn_id)], fence=fence)
+    assert proxy.count() == 4 + 1
+
+
 # -- faults --------------------------------------------------------------------------
 def test_transient_5xx_are_retried(url: str, proxy: FaultProxy, bucket: str) -> None:
     store = fresh(s3_url(proxy.endpoint, bucket))

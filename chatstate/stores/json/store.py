@@ -3,6 +3,7 @@
     DIR/<id>.json             the conversation (header line + one message per line)
     DIR/.partials/<id>.json   the in-progress reply: an append-only log, one fsync per flush
     DIR/.locks/<id>.lock      flock guarding every read-modify-write of <id>
+    DIR/.locks/<id>.lease     the writer lease, taken under that flock (_lease)
     DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
     DIR/blobs/<sha256>        images and files named by messages, stored once (_jsonblobs)
 
@@ -219,9 +220,11 @@ class JsonStore(JsonLease, JsonBlobs):
                 raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
             self._write(cid, conversation.header(), [], [])
 
-    def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
+    def append(self, conversation_id: str, messages: Sequence[Message], *,
+               fence: str | None = None) -> None:
         cid = conversation_id
         with locked(self._lock(cid)):
+            self._check_fence(cid, fence)
             header, lines, stored = self._read(cid)
             where = str(self._file(cid))
             already = check_append(where, stored[-1].seq if stored else -1,
@@ -241,8 +244,10 @@ class JsonStore(JsonLease, JsonBlobs):
             if partial is not None and partial.seq <= messages[-1].seq:
                 remove_durably(partial_path)
 
-    def save_partial(self, conversation_id: str, partial: Message) -> None:
+    def save_partial(self, conversation_id: str, partial: Message, *,
+                     fence: str | None = None) -> None:
         with locked(self._lock(conversation_id)):
+            self._check_fence(conversation_id, fence)
             _header, _, stored = self._read(conversation_id)
             expected = stored[-1].seq + 1 if stored else 0
             if partial.seq != expected:
@@ -254,13 +259,15 @@ class JsonStore(JsonLease, JsonBlobs):
                 atomic_write(self._partial(conversation_id), record)
                 self._sidecar.wrote(self._partial(conversation_id))
 
-    def clear_partial(self, conversation_id: str) -> None:
+    def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
         with locked(self._lock(conversation_id)):
+            self._check_fence(conversation_id, fence)
             remove_durably(self._partial(conversation_id))
 
     def set_header(self, conversation_id: str, *, title: str | None = None,
-                   metadata: dict[str, Any] | None = None) -> None:
+                   metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
         with locked(self._lock(conversation_id)):
+            self._check_fence(conversation_id, fence)
             header, lines, stored = self._read(conversation_id)
             changes: dict[str, Any] = {"updated_at": now_iso()}
             if title is not None:

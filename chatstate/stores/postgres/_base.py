@@ -1,18 +1,14 @@
-"""The postgresql store's lifecycle and bookkeeping: guard, open, opens, check(), blobs.
+"""The postgresql store's lifecycle: the guard, open (migrate), and the blob area.
 
 ``PostgresStore`` (in ``postgres``) adds the conversation methods on top.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from chatstate.durable.guard import Report
-from chatstate.errors import ChatstateError
 from chatstate.stores.base import (
-    CheckReport,
     blob_ref,
     checked_blob,
     refuse_damaged_blob,
@@ -24,7 +20,7 @@ from chatstate.stores.postgres._schema import migrate
 
 
 class PgBase(PgConnection):
-    """Open (migrate), open records, the readiness probe and the blob area."""
+    """Open (migrate) and the blob area (open records and check() are the relational core's)."""
 
     partial_flush_interval = 0.0
 
@@ -48,37 +44,6 @@ class PgBase(PgConnection):
             self.recovery.append(f"migrated the schema: {', '.join(done)}")
         if stale:
             self.recovery.append(f"removed {len(stale)} probe row(s) a killed check() left")
-
-    # -- bookkeeping -----------------------------------------------------------------
-    def record_open(self, record: dict[str, Any]) -> None:
-        with self._tx("record this open in") as db:
-            db.execute("INSERT INTO opens (record) VALUES (%s)",
-                       (json.dumps(record, sort_keys=True),))
-
-    def opens(self) -> list[dict[str, Any]]:
-        with self._tx("read the opens of", read_only=True) as db:
-            rows = db.execute("SELECT record FROM opens ORDER BY id").fetchall()
-        return [json.loads(r[0]) for r in rows]
-
-    def check(self) -> CheckReport:
-        report = CheckReport(ok=False, url=self.url)
-        key = f"probe-{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            with self._tx("write a probe to") as db:
-                db.execute("INSERT INTO probes (id, value) VALUES (%s, 'ok')", (key,))
-            report.steps.append(f"wrote and committed a probe row to {self.target.shown}")
-            with self._tx("read a probe from", read_only=True) as db:
-                row = db.execute("SELECT value FROM probes WHERE id=%s", (key,)).fetchone()
-            if row is None or row[0] != "ok":
-                raise ChatstateError(f"{self.url}: the probe row did not read back")
-            report.steps.append("read it back")
-            with self._tx("delete a probe from") as db:
-                db.execute("DELETE FROM probes WHERE id=%s", (key,))
-            report.steps.append("deleted it")
-            report.ok = True
-        except ChatstateError as exc:
-            report.error = self.target.scrub(str(exc))
-        return report
 
     # -- blobs (BlobStore) -----------------------------------------------------------
     def put_blob(self, data: bytes, *, media_type: str | None = None,

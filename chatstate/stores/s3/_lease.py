@@ -2,6 +2,11 @@
 
 Created with If-None-Match and replaced with If-Match, so two hosts cannot both take
 it. Expiry is judged by the writers' clocks.
+
+Without transactions a fenced write cannot check the lease in the same step as the
+write: it reads the lease object just before, and its write is itself conditional
+(see ``S3Store.save_partial``), so a writer that lost the lease to another cannot
+replace what the other wrote after it.
 """
 
 from __future__ import annotations
@@ -10,16 +15,39 @@ import json
 from typing import Any
 
 from chatstate.core.transcript import validate_id
-from chatstate.stores._lease import Holder, Lease, LeaseMethods, holder_of, lease_record
+from chatstate.stores._lease import (
+    Holder,
+    Lease,
+    LeaseMethods,
+    check_fence,
+    holder_of,
+    lease_record,
+)
+
+
+def lease_key(cid: str) -> str:
+    return f"_leases/{validate_id(cid)}.json"
 
 
 class S3Lease(LeaseMethods):
     io: Any
 
+    def _check_fence(self, cid: str, fence: str | None) -> None:
+        """LeaseLost unless ``fence`` owns the lease object, as read now."""
+        if fence is None:
+            return
+        key = lease_key(cid)
+        blob = self.io.get(key, "read the writer lease of")
+        try:
+            held = json.loads(blob.data) if blob is not None else None
+        except ValueError:
+            held = None  # unreadable: not provably ours
+        check_fence(self.io.target.where(key), cid, fence, held)
+
     def _try_lease(self, lease: Lease) -> Holder | None:
         from chatstate.stores.s3._transport import Exists, Stale
 
-        key = f"_leases/{validate_id(lease.conversation_id)}.json"
+        key = lease_key(lease.conversation_id)
         blob = self.io.get(key, "read the writer lease of")
         if blob is not None:
             try:
@@ -38,7 +66,7 @@ class S3Lease(LeaseMethods):
         return None
 
     def _drop_lease(self, lease: Lease) -> None:
-        key = f"_leases/{validate_id(lease.conversation_id)}.json"
+        key = lease_key(lease.conversation_id)
         blob = self.io.get(key, "read the writer lease of")
         if blob is not None and json.loads(blob.data).get("owner") == lease.owner:
             self.io.delete([key], "release the writer lease of")

@@ -9,6 +9,7 @@ Layout under ``s3://bucket/prefix/``::
     conversations/<id>/partial.json      the in-progress reply, replaced with If-Match
     index/<id>.json                      listing summary, moved forward with If-Match
     _opens/<time>-<rand>.json            one object per open (boot id, host, DEPLOY_ID)
+    _leases/<id>.json                    the writer lease (owner token, host, pid, until)
     _probe/…                             check()'s probe object, deleted after use
     blobs/<sha256>                       images and files named by messages (_s3blobs)
 
@@ -21,8 +22,10 @@ plus a DELETE of the partial reply this store streamed for it (overlapping the
 index PUT). A streamed reply's first flush is 2 (GET index, PUT), each later
 flush 1 PUT. One user+assistant turn is 6 requests unstreamed, N + 8 with the
 reply streamed in N flushes; every SNAPSHOT_EVERY (64) messages one more PUT
-writes a snapshot. Loading is 5 requests (6 once a snapshot exists) plus one GET
-per segment after the newest snapshot, in 3 round trips; listing is 2 LISTs plus
+writes a snapshot. A fenced write (``fence=``) adds one GET of the lease object
+(``_leases/<id>.json``), overlapping the index read where there is one. Loading
+is 5 requests (6 once a snapshot exists) plus one GET per segment after the
+newest snapshot, in 3 round trips; listing is 2 LISTs plus
 one GET of a small index object per conversation, in parallel. A write onto a
 conversation this process has neither created nor loaded first reads and
 verifies its chain (a load's worth of requests, once): nothing is written onto
@@ -38,7 +41,7 @@ the session (a flush is a network round trip; rendering waits for it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,15 +158,19 @@ class S3Store(S3Lease, S3Blobs):
         chain.update_index(self.io, cid, chain.IndexState(None, None, False), header,
                            touch=False)
 
-    def append(self, conversation_id: str, messages: Sequence[Message]) -> None:
+    def append(self, conversation_id: str, messages: Sequence[Message], *,
+               fence: str | None = None) -> None:
         cid = validate_id(conversation_id)
         new = list(messages)
         if not new:
+            self._check_fence(cid, fence)
             self._header(cid)
             return
         where = self._where(doc.conv_dir(cid))
+        fenced = self._fence_started(cid, fence)
         state = chain.get_index(self.io, cid)
         stored = self._verified(cid, state)  # never onto a chain that does not verify
+        fenced()
         for _ in range(4):
             hashes = [m.hash for m in stored]
             already = check_append(where, len(hashes) - 1, hashes.__getitem__, new)
@@ -178,6 +185,13 @@ class S3Store(S3Lease, S3Blobs):
             raise ConflictError(f"{where}: other writers kept taking seq {new[0].seq}; reload "
                                 "and retry", expected_seq=new[0].seq - 1)
         self._after_append(cid, state, fresh, stored)
+
+    def _fence_started(self, cid: str, fence: str | None) -> Callable[[], None]:
+        """Start reading the lease (it overlaps the caller's next request); the result
+        waits for it and raises LeaseLost."""
+        if fence is None:
+            return lambda: None
+        return self.pool.submit(self._check_fence, cid, fence).result
 
     def _claim_partial(self, cid: str, where: str, fresh: list[Message]) -> None:
         """Before keeping a partial reply in the chain, take it from whoever streams it.
@@ -246,34 +260,47 @@ class S3Store(S3Lease, S3Blobs):
         if len(cached) > end.seq and cached[end.seq].hash == end.hash:
             chain.write_snapshot(self.io, cid, cached[:end.seq + 1])
 
-    def save_partial(self, conversation_id: str, partial: Message) -> None:
+    def save_partial(self, conversation_id: str, partial: Message, *,
+                     fence: str | None = None) -> None:
+        """Create or replace the partial object, conditionally on what this writer saw.
+
+        Every PUT is conditional: If-None-Match when this writer has written no partial
+        for this seq, If-Match on the e-tag of the one it last wrote. On a mismatch, its
+        own write whose answer was lost is recognised by its bytes. Anything else is
+        another writer's: on the first save of a seq, a partial left by a writer that
+        is gone (it died, or lost the lease to this one) is replaced; later, another
+        writer has replaced ours (a second streamer, or an append keeping it in the
+        chain claimed it): ConflictError. With ``fence`` the lease object is read
+        before the PUT and again on a mismatch, so a writer that lost its lease gets
+        LeaseLost and never creates or replaces the partial of the one that took over.
+        """
         cid = validate_id(conversation_id)
         key, data = doc.partial_key(cid), doc.encode_partial(cid, partial)
         mine = self._partials.get(cid)
-        if mine is None or mine.seq != partial.seq or mine.etag is None:
+        first = mine is None or mine.seq != partial.seq or mine.etag is None
+        if mine is not None and not first:
+            self._check_fence(cid, fence)
+        else:
+            fenced = self._fence_started(cid, fence)
             self._expect_next(cid, partial.seq)
-            mine = _Partial(partial.seq, None, data)
-            self._partials[cid] = mine
-            try:
-                mine.etag = self.io.put(key, data, create=True, action="save the partial reply")
-                return
-            except Exists:  # a dead writer's partial (or an older one of ours): replace it
-                pass
+            fenced()
+            mine = self._partials[cid] = _Partial(partial.seq, None, data)
         mine.attempt, previous = data, mine.attempt
-        for _ in range(3):
-            etag = mine.etag
-            if etag is None:
-                current = self.io.get(key)
-                etag = current.etag if current else None
+        etag = mine.etag
+        for attempt in range(4):
             try:
                 mine.etag = self.io.put(key, data, etag=etag, create=etag is None,
                                         action="save the partial reply")
                 return
             except (Stale, Exists):
                 current = self.io.get(key)
-                if current is None or current.data not in (previous, data):
-                    break
-                mine.etag = current.etag  # our own write whose answer was lost
+            if current is not None and current.data in (previous, data):
+                etag = mine.etag = current.etag  # our own write whose answer was lost
+                continue
+            self._check_fence(cid, fence)  # LeaseLost when another writer took over
+            if not first or (fence is None and attempt > 0):
+                break
+            etag = current.etag if current is not None else None  # a gone writer's
         self._partials.pop(cid, None)
         raise ConflictError(f"{self._where(key)}: another writer replaced this partial reply; "
                             "two writers are streaming into one conversation. Reload.")
@@ -285,18 +312,25 @@ class S3Store(S3Lease, S3Blobs):
                                 f"{seq}, but the next seq is {count}",
                                 expected_seq=seq - 1, actual_seq=count - 1)
 
-    def clear_partial(self, conversation_id: str) -> None:
+    def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
         cid = validate_id(conversation_id)
+        # no conditional DELETE (S3 offers none through obstore): a fenced clear reads
+        # the lease just before it
+        self._check_fence(cid, fence)
         self.io.delete([doc.partial_key(cid)], "clear the partial reply at")
         self._partials.pop(cid, None)
 
     def set_header(self, conversation_id: str, *, title: str | None = None,
-                   metadata: dict[str, Any] | None = None) -> None:
+                   metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
         cid = validate_id(conversation_id)
         key = doc.header_key(cid)
+        fenced = self._fence_started(cid, fence)
         state = chain.get_index(self.io, cid)
         self._verified(cid, state)  # never onto a chain that does not verify
-        for _ in range(5):
+        fenced()
+        for attempt in range(5):
+            if attempt:  # changed under us: by a writer that took the conversation over?
+                self._check_fence(cid, fence)
             blob = self.io.get(key)
             if blob is None:
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")

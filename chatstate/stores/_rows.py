@@ -1,4 +1,4 @@
-"""Decoding the sqlite store's message rows, with the hash chain verified.
+"""Decoding the message rows of the relational stores (sqlite, postgresql), chain verified.
 
 A body is the message's canonical JSON (what its hash covers), so verifying is
 one sha256 per row; the bodies are validated in chunks by one pydantic-core
