@@ -36,7 +36,6 @@ it was loaded belongs to a live writer.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -126,13 +125,13 @@ class TurnWriter:
     def _write(self, method: str, write: Callable[[dict[str, Any]], None]) -> None:
         """One store write, ``write(fence keyword)``; refused at once once the lease is lost.
 
-        The fence is passed only when there is one and the store's ``method`` takes it: a
-        third-party store written before fencing is written unfenced, as before.
+        The fence goes with every write while the lease is held: a store with leases
+        takes it (the shipped contract suite holds it to that); a store without leases
+        holds no lease, so its writes carry none.
         """
         self.check()
         fence = self.fence
-        fenced: dict[str, Any] = {"fence": fence} if fence is not None and _takes_fence(
-            self.store, method) else {}
+        fenced: dict[str, Any] = {"fence": fence} if fence is not None else {}
         try:
             write(fenced)
         except LeaseLost as exc:
@@ -274,24 +273,3 @@ class TurnWriter:
         self._write("set_header",
                     lambda fence: self.store.set_header(self.id, metadata=metadata, **fence))
         self.conversation.metadata = metadata
-
-
-_FENCE_SEEN: dict[tuple[type, str], bool] = {}
-
-
-def _takes_fence(store: Store, method: str) -> bool:
-    """Whether ``store.method`` has a ``fence`` parameter (every built-in store's has).
-
-    A parameter named so only: a wrapper's ``**kwargs`` says nothing of what it wraps.
-    """
-    key = (type(store), method)
-    known = _FENCE_SEEN.get(key)
-    if known is None:
-        try:
-            params = list(inspect.signature(getattr(store, method)).parameters.values())
-        except (TypeError, ValueError):  # no signature to read: do not guess
-            params = []
-        known = any(p.name == "fence" and p.kind is not inspect.Parameter.VAR_KEYWORD
-                    for p in params)
-        _FENCE_SEEN[key] = known
-    return known
