@@ -86,6 +86,7 @@ def test_a_write_fenced_by_the_lease_holder_lands(store: Any, kind: str) -> None
     assert _landed(store, kind)
 
 
+@pytest.mark.invariant(5)
 @pytest.mark.parametrize("kind", WRITES)
 def test_a_write_fenced_by_a_lost_lease_is_refused_and_writes_nothing(
         store_url: str, kind: str) -> None:
@@ -137,6 +138,7 @@ def test_unfenced_writes_work_as_before_whoever_holds_the_lease(
     assert _landed(b, kind)
 
 
+@pytest.mark.invariant(5)
 def test_a_stale_streamer_cannot_replace_the_partial_of_the_writer_that_took_over(
         store_url: str) -> None:
     """Issue 21, item 1 (seen on S3): writer A streams a reply under its lease; it stalls
@@ -165,6 +167,7 @@ def test_a_stale_streamer_cannot_replace_the_partial_of_the_writer_that_took_ove
     assert conv.partial is not None and conv.partial.content == "B's reply, longer"
 
 
+@pytest.mark.invariant(5)
 def test_a_takeover_racing_a_stale_streamer_stops_it_and_keeps_the_new_reply(
         store_url: str) -> None:
     """A streams flat out and never renews; B takes the lapsed lease over mid-stream and

@@ -106,10 +106,10 @@ class LossyStore(JsonStore):
     def from_url(cls, url):
         return cls(Path(url.split("://", 1)[1]), url)
 
-    def append(self, conversation_id, messages):
+    def append(self, conversation_id, messages, *, fence=None):
         if messages and int(messages[-1].hash, 16) % 3 == 0:
             return  # "acknowledged": the caller believes it is durable
-        super().append(conversation_id, messages)
+        super().append(conversation_id, messages, fence=fence)
 '''
 
 

@@ -34,9 +34,10 @@ class SlowStore:
         self.inner = inner
         self.writes: list[str] = []
 
-    def save_partial(self, conversation_id: str, partial: Any) -> None:
+    def save_partial(self, conversation_id: str, partial: Any, *,
+                     fence: str | None = None) -> None:
         time.sleep(WRITE_DELAY)
-        self.inner.save_partial(conversation_id, partial)
+        self.inner.save_partial(conversation_id, partial, fence=fence)
         self.writes.append(partial.content)
 
     def __getattr__(self, name: str) -> Any:

@@ -65,6 +65,7 @@ def same(a: Conversation, b: Conversation) -> bool:
     return digest(a) == digest(b)
 
 
+@pytest.mark.invariant(2, 5)
 def test_a_renewal_that_finds_the_lease_taken_stops_the_stream(
         url: str, fake: FakeModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """Works whether or not the store checks fences: the renewal thread says the lease
@@ -109,6 +110,7 @@ def test_a_renewal_that_finds_the_lease_taken_stops_the_stream(
     store.close()
 
 
+@pytest.mark.invariant(2, 5)
 def test_a_fenced_write_after_a_takeover_is_refused_and_stops_the_stream(
         url: str, fake: FakeModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first writer never hears of the takeover (its renewals neither land nor fail):

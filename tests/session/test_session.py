@@ -418,9 +418,10 @@ class CountingStore:
         self.inner = inner
         self.partial_writes = 0
 
-    def save_partial(self, conversation_id: str, partial: Any) -> None:
+    def save_partial(self, conversation_id: str, partial: Any, *,
+                     fence: str | None = None) -> None:
         self.partial_writes += 1
-        self.inner.save_partial(conversation_id, partial)
+        self.inner.save_partial(conversation_id, partial, fence=fence)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
