@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from chatstate.errors import ChatstateError
+from chatstate.errors import InvalidStoreURL
 
 DEFAULT_SCHEMA = "chatstate_batch"
 
@@ -35,8 +35,8 @@ def split_schema(url: str) -> tuple[str, str]:
     schemas = [v for k, v in query if k == "schema"]
     schema = schemas[-1] if schemas else DEFAULT_SCHEMA
     if not schema.isidentifier() or schema.lower() != schema:
-        raise ChatstateError(f"invalid schema {schema!r} in the ledger URL {shown(url)}: use "
-                             "lowercase letters, digits and '_'")
+        raise InvalidStoreURL(f"invalid schema {schema!r} in the ledger URL {shown(url)}: use "
+                              "lowercase letters, digits and '_'")
     rest = urlencode([(k, v) for k, v in query if k != "schema"])
     return urlunsplit(parts._replace(query=rest)), schema
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatstate.errors import ChatstateError
+from chatstate.errors import Unsupported
 from chatstate.stores.base import CollectsBlobs, named_blobs
 
 DEFAULT_GRACE = 3600.0
@@ -43,7 +43,7 @@ def collect_blobs(store: Any, *, grace: float = DEFAULT_GRACE,
     """Remove blobs no message names and nobody stored for ``grace`` seconds."""
     sweepable = isinstance(store, CollectsBlobs)  # (kept Any: the Store methods too)
     if not sweepable:
-        raise ChatstateError(f"the store {store.url} cannot sweep its blobs")
+        raise Unsupported(f"the store {store.url} cannot sweep its blobs")
     listed = store.list_blobs()  # before the references: a blob stored later is young
     names: set[str] = set()
     for summary in store.list_conversations():

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id, validate_id
-from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
+from chatstate.errors import ConfigurationError, ConflictError, ConversationNotFound
 from chatstate.session import tool_loop as toolloop
 from chatstate.session.sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
 from chatstate.session.tool_loop import PendingCall
@@ -329,7 +329,7 @@ class Chat:
                 user = _user_of(self.conversation, cut.turn_id)
                 return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
                                                     **params}, streaming=streaming, tools=tools)
-            raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
+            raise ConfigurationError(f"conversation {self.id!r} has no interrupted turn to retry")
         held = self._hold()
         try:
             self._settle_partial()

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from chatstate.errors import ChatstateError, EphemeralStoreError, StoreUnavailable
+from chatstate.errors import EphemeralStoreError, InvalidStoreURL, MissingExtra, StoreUnavailable
 from chatstate.stores.base import (
     BlobStore,
     CheckReport,
@@ -64,9 +64,9 @@ def store_class(scheme: str) -> Any:
             return getattr(importlib.import_module(module), name)
         except ModuleNotFoundError as exc:
             if extra and exc.name and not exc.name.startswith("chatstate"):
-                raise ChatstateError(
+                raise MissingExtra(
                     f"the {scheme}:// store needs the '{exc.name}' package: "
-                    f"pip install 'chatstate[{extra}]'") from exc
+                    f"pip install 'chatstate[{extra}]'", extra=extra) from exc
             raise
     from importlib.metadata import entry_points
 
@@ -74,12 +74,12 @@ def store_class(scheme: str) -> Any:
         if ep.name == scheme:
             return ep.load()
     if not scheme:
-        raise ChatstateError("a store URL needs a scheme: sqlite:///abs/file.db, "
-                             "json:///abs/dir or s3://bucket/prefix")
+        raise InvalidStoreURL("a store URL needs a scheme: sqlite:///abs/file.db, "
+                              "json:///abs/dir or s3://bucket/prefix")
     known = ", ".join(f"{name}://" for name in sorted(BUILTIN))
-    raise ChatstateError(f"unknown store scheme {scheme!r}: use one of {known} or install "
-                         f"a package that registers it under the {ENTRY_POINT_GROUP!r} "
-                         "entry point group")
+    raise InvalidStoreURL(f"unknown store scheme {scheme!r}: use one of {known} or install "
+                          f"a package that registers it under the {ENTRY_POINT_GROUP!r} "
+                          "entry point group")
 
 
 def allow_ephemeral_from_env() -> bool:

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from chatstate.durable.guard import Report
-from chatstate.errors import ChatstateError
+from chatstate.errors import ChatstateError, StoreUnavailable
 from chatstate.stores.base import (
     CheckReport,
     blob_ref,
@@ -70,7 +70,7 @@ class PgBase(PgConnection):
             with self._tx("read a probe from", read_only=True) as db:
                 row = db.execute("SELECT value FROM probes WHERE id=%s", (key,)).fetchone()
             if row is None or row[0] != "ok":
-                raise ChatstateError(f"{self.url}: the probe row did not read back")
+                raise StoreUnavailable(f"{self.url}: the probe row did not read back")
             report.steps.append("read it back")
             with self._tx("delete a probe from") as db:
                 db.execute("DELETE FROM probes WHERE id=%s", (key,))

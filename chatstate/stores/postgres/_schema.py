@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from chatstate.errors import ChatstateError, SchemaVersionError
+from chatstate.errors import ConfigurationError, SchemaVersionError
 
 
 def m001_initial(db: Any) -> None:
@@ -87,8 +87,8 @@ def migrate(db: Any, schema: str, where: str) -> list[str]:
     tables = {r[0] for r in db.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname=%s", (schema,)).fetchall()}
     if tables and "chatstate_migrations" not in tables:
-        raise ChatstateError(f"{where}: schema {schema!r} holds tables that are not "
-                             "chatstate's; nothing was written. Use ?schema=another_name.")
+        raise ConfigurationError(f"{where}: schema {schema!r} holds tables that are not "
+                                 "chatstate's; nothing was written. Use ?schema=another_name.")
     db.execute("CREATE TABLE IF NOT EXISTS chatstate_migrations (name text PRIMARY KEY, "
                "applied_at timestamptz NOT NULL DEFAULT now())")
     applied = {r[0] for r in db.execute("SELECT name FROM chatstate_migrations").fetchall()}

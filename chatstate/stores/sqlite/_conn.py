@@ -29,7 +29,7 @@ from chatstate.durable.sqlite_setup import (
     write_transaction,
 )
 from chatstate.durable.uninterruptible import uninterruptible
-from chatstate.errors import ChatstateError, StoreUnavailable
+from chatstate.errors import ChatstateError, ConfigurationError, StoreUnavailable
 from chatstate.stores.sqlite._errors import AT_COMMIT, translate
 from chatstate.stores.sqlite._schema import APPLICATION_ID, MIGRATIONS, PAGE_SIZE
 
@@ -159,7 +159,7 @@ class SqliteConnection:
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
-            raise ChatstateError(f"store {self.url} is not open: use chatstate.open_store()")
+            raise ConfigurationError(f"store {self.url} is not open: use chatstate.open_store()")
         return self._db
 
     @contextmanager

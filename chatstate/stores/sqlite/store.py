@@ -34,6 +34,7 @@ from chatstate.errors import (
     ConflictError,
     ConversationNotFound,
     CorruptTranscriptError,
+    StoreUnavailable,
 )
 from chatstate.stores.base import (
     CheckReport,
@@ -315,7 +316,7 @@ class SqliteStore(SqliteLease, SqliteBlobs):
             with self._reading() as db:
                 row = db.execute("SELECT value FROM probes WHERE id=?", (key,)).fetchone()
             if row is None or row[0] != "ok":
-                raise ChatstateError(f"{self.path}: the probe row did not read back")
+                raise StoreUnavailable(f"{self.path}: the probe row did not read back")
             report.steps.append("read it back")
             with self._tx("delete a probe from") as db:
                 db.execute("DELETE FROM probes WHERE id=?", (key,))
