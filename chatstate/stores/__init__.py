@@ -59,14 +59,11 @@ def default_store_url() -> str:
 
 def store_class(scheme: str) -> Any:
     if scheme in BUILTIN:
-        module, name, extra = BUILTIN[scheme]
+        module, name, _ = BUILTIN[scheme]
         try:
             return getattr(importlib.import_module(module), name)
         except ModuleNotFoundError as exc:
-            if extra and exc.name and not exc.name.startswith("chatstate"):
-                raise MissingExtra(
-                    f"the {scheme}:// store needs the '{exc.name}' package: "
-                    f"pip install 'chatstate[{extra}]'", extra=extra) from exc
+            _raise_missing_extra(scheme, exc)
             raise
     from importlib.metadata import entry_points
 
@@ -80,6 +77,15 @@ def store_class(scheme: str) -> Any:
     raise InvalidStoreURL(f"unknown store scheme {scheme!r}: use one of {known} or install "
                           f"a package that registers it under the {ENTRY_POINT_GROUP!r} "
                           "entry point group")
+
+
+def _raise_missing_extra(scheme: str, exc: ModuleNotFoundError) -> None:
+    """MissingExtra if ``exc`` is a built-in store's optional package; else return."""
+    extra = BUILTIN[scheme][2] if scheme in BUILTIN else None
+    if extra and exc.name and not exc.name.startswith("chatstate"):
+        raise MissingExtra(
+            f"the {scheme}:// store needs the '{exc.name}' package: "
+            f"pip install 'chatstate[{extra}]'", extra=extra) from exc
 
 
 def allow_ephemeral_from_env() -> bool:
@@ -125,8 +131,12 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Any:
     url = url or default_store_url()
     scheme = url.split("://", 1)[0] if "://" in url else ""
     store = store_class(scheme).from_url(url)
-    report = guard(store, allow_ephemeral=allow_ephemeral)
-    store.open()
+    try:  # a store may import its driver only when it first needs it (postgres does)
+        report = guard(store, allow_ephemeral=allow_ephemeral)
+        store.open()
+    except ModuleNotFoundError as exc:
+        _raise_missing_extra(scheme, exc)
+        raise
     store.guard_report = report
     log.debug("opened %s: %s", store.url, report.one_line())
     for note in store.recovery:
