@@ -22,7 +22,10 @@ from chatstate.errors import ChatstateError
 
 
 class OutOfAttempts(ChatstateError):
-    """The ledger refused another attempt: none left, or the record is no longer ours."""
+    """The ledger refused another attempt: none left, or the record is no longer ours.
+
+    Internal: raised under ``_record.call`` and caught there; it never reaches a caller.
+    """
 
 
 class CountingAdapter:
