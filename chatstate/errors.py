@@ -1,22 +1,42 @@
 """Every error chatstate raises on purpose.
 
     ChatstateError                 base class; catch this to catch them all
-    ├── InvalidConversationId      (also a ValueError) an id that is not 1-128 of [A-Za-z0-9._-]
+    ├── ConfigurationError         (also a ValueError) called or configured wrong
+    │   ├── InvalidConversationId  an id that is not 1-128 of [A-Za-z0-9._-]
+    │   ├── InvalidStoreURL        no or unknown scheme, a relative path, a bad part
+    │   ├── MissingExtra           an optional dependency is missing; names the extra
+    │   ├── InvalidOption          an option or environment value out of range or form
+    │   ├── InvalidInput           an import file, content part, price table, ... is bad
+    │   │   ├── BatchInputError    a batch input file or record (batch.InputError)
+    │   │   └── ProbeReportError   a file given to ``probe diff`` is not a report
+    │   ├── InvalidTool            (also a TypeError) a function that cannot be a tool
+    │   ├── TemplateError          a saved system prompt is missing, bad or lacks a value
+    │   └── Unsupported            the store cannot do that (it has no blob area)
     ├── EphemeralStoreError        the store lives where bytes will not survive a restart
     ├── ConflictError              another writer appended first; nothing of ours was written
     │   ├── ConversationInUse      another live writer holds the conversation's lease
     │   └── LeaseLost              a write carried a lease token that is no longer current
     ├── CorruptTranscriptError     a stored document fails to parse or its hash chain breaks
-    ├── SchemaVersionError         a stored document is from a newer chatstate
+    │   └── SchemaVersionError     a stored document is from a newer chatstate
     ├── ConversationNotFound       (also a KeyError) no conversation with that id
-    ├── StoreUnavailable           the store cannot be reached or written (disk full, EIO, ...)
+    ├── StoreUnavailable           the store cannot be reached or written (disk full, EIO)
     ├── ModelError                 the model endpoint failed and retries ran out
-    ├── InterruptedTurn            a turn was cut off; the user message is stored
-    └── ToolLoopError              the model kept calling tools past ``max_tool_rounds``
+    ├── ToolLoopError              the model kept calling tools past ``max_tool_rounds``
+    └── SurvivalError              the survival file could not be written or read
+        └── SurvivalFileMissing    there is no survival file where one was expected
 
-Each message says what happened, where (file, key or URL) and what to do.
-Foreign errors (OSError, sqlite3, S3 client, HTTP) are translated into these
-at one boundary per layer, with the original kept as ``__cause__``.
+``ConfigurationError`` is "called wrong"; the others say "the world failed" (or
+the stored data did). Each message says what happened, where (file, key or URL)
+and what to do. Foreign errors (OSError, sqlite3, S3 client, HTTP) are translated
+into these at one boundary per layer, with the original kept as ``__cause__``.
+
+Internal control flow, never raised to a caller (so not in the tree):
+
+    adapter._policy.AttemptFailed  one failed attempt; the retry loop makes it a ModelError
+    stores.s3._transport.Exists    a create-only put found the key taken
+    stores.s3._transport.Stale     an If-Match put found the object changed
+    batch._work.OutOfAttempts      the ledger refused another attempt (a ChatstateError)
+    ops.migrate._Differs           the destination holds something else under that id
 """
 
 from __future__ import annotations
@@ -26,8 +46,62 @@ class ChatstateError(Exception):
     """Base class of every error chatstate raises on purpose."""
 
 
-class InvalidConversationId(ChatstateError, ValueError):
+class ConfigurationError(ChatstateError, ValueError):
+    """Called wrong or configured wrong: the fix is in the call, option, URL or file.
+
+    Nothing failed in the world; retrying the same call fails the same way.
+    """
+
+
+class InvalidConversationId(ConfigurationError):
     """A conversation id that could escape the store or is not portable."""
+
+
+class InvalidStoreURL(ConfigurationError):
+    """A store (or batch ledger) URL that cannot be used: no scheme or an unknown one, a
+    relative path, a bad bucket, host or query."""
+
+
+class MissingExtra(ConfigurationError):
+    """An optional dependency is not installed; the message names the pip install.
+
+    ``extra`` is the chatstate extra that brings it ("s3", "postgres", ...), or ""
+    when the dependency is not one of chatstate's extras.
+    """
+
+    def __init__(self, message: str, *, extra: str = "") -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
+class InvalidOption(ConfigurationError):
+    """An option, argument or environment value out of its range or form."""
+
+
+class InvalidInput(ConfigurationError):
+    """Data handed to chatstate is not what it must be: a file to import, a content part,
+    a price table, an item to store. Nothing was stored."""
+
+
+class BatchInputError(InvalidInput):
+    """The batch input could not be read or is malformed (``chatstate.batch.InputError``)."""
+
+
+class ProbeReportError(InvalidInput):
+    """A file given to ``probe diff`` is unreadable or not a probe report."""
+
+
+class InvalidTool(ConfigurationError, TypeError):
+    """A function that cannot be a tool (not a function, ``*args``, a bad name), or two
+    tools of one name. Also a TypeError, as the not-a-function case always was."""
+
+
+class TemplateError(ConfigurationError):
+    """A template that does not exist, does not parse, or lacks a placeholder value."""
+
+
+class Unsupported(ConfigurationError):
+    """The store cannot do what was asked (it has no blob area to hold or sweep blobs)."""
 
 
 class EphemeralStoreError(ChatstateError):
@@ -113,17 +187,6 @@ class ModelError(ChatstateError):
         self.retryable = retryable
 
 
-class InterruptedTurn(ChatstateError):
-    """A turn did not complete. The user message (and any partial reply) is stored.
-
-    ``chat.retry()`` completes it under the same turn id.
-    """
-
-    def __init__(self, message: str, *, turn_id: str, partial_text: str = "") -> None:
-        super().__init__(message)
-        self.turn_id = turn_id
-        self.partial_text = partial_text
-
 
 class ToolLoopError(ChatstateError):
     """The model asked for tools in more rounds than ``max_tool_rounds`` allows.
@@ -136,3 +199,11 @@ class ToolLoopError(ChatstateError):
         super().__init__(message)
         self.turn_id = turn_id
         self.rounds = rounds
+
+
+class SurvivalError(ChatstateError):
+    """The survival file could not be written or read."""
+
+
+class SurvivalFileMissing(SurvivalError):
+    """There is no survival file in that directory (never written, or lost)."""

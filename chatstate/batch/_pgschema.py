@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from chatstate.durable.migrations import History, history
-from chatstate.errors import ChatstateError
+from chatstate.errors import InvalidStoreURL
 
 DEFAULT_SCHEMA = "chatstate_batch"
 
@@ -37,8 +37,8 @@ def split_schema(url: str) -> tuple[str, str]:
     schemas = [v for k, v in query if k == "schema"]
     schema = schemas[-1] if schemas else DEFAULT_SCHEMA
     if not schema.isidentifier() or schema.lower() != schema:
-        raise ChatstateError(f"invalid schema {schema!r} in the ledger URL {shown(url)}: use "
-                             "lowercase letters, digits and '_'")
+        raise InvalidStoreURL(f"invalid schema {schema!r} in the ledger URL {shown(url)}: use "
+                              "lowercase letters, digits and '_'")
     rest = urlencode([(k, v) for k, v in query if k != "schema"])
     return urlunsplit(parts._replace(query=rest)), schema
 

@@ -27,7 +27,10 @@ T = TypeVar("T")
 
 
 class OutOfAttempts(ChatstateError):
-    """The ledger refused another attempt: none left, or the record is no longer ours."""
+    """The ledger refused another attempt: none left, or the record is no longer ours.
+
+    Internal: raised under ``_record.call`` and caught there; it never reaches a caller.
+    """
 
 
 class CountingAdapter:

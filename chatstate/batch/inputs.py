@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chatstate.errors import ChatstateError
+from chatstate.errors import BatchInputError
 
 MAX_ID = 1024
-
-
-class InputError(ChatstateError):
-    """The batch input could not be read or is malformed."""
+InputError = BatchInputError  # its 0.2 name, still importable from here and chatstate.batch
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from chatstate.core.transcript import now_iso
 from chatstate.durable.files import ensure_dir
 from chatstate.durable.migrations import run
 from chatstate.durable.sqlite_setup import SqliteBackend, translate
-from chatstate.errors import ChatstateError
+from chatstate.errors import ConfigurationError
 
 STATUSES = ("pending", "running", "done", "failed")
 
@@ -85,8 +85,8 @@ class Ledger:
         """Open (and with ``create``, create and migrate) the ledger at ``path``."""
         if not path.exists():
             if not create:
-                raise ChatstateError(f"no batch ledger at {path}: start one with "
-                                     "`chatstate batch run INPUT --prompt ... --out DIR`")
+                raise ConfigurationError(f"no batch ledger at {path}: start one with "
+                                         "`chatstate batch run INPUT --prompt ... --out DIR`")
             ensure_dir(path.parent)
             with translate(path, "create"):
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))

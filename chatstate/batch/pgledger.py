@@ -35,7 +35,12 @@ from chatstate.batch.workers import Worker
 from chatstate.core.transcript import now_iso
 from chatstate.durable.migrations import PgBackend, run
 from chatstate.durable.uninterruptible import uninterruptible
-from chatstate.errors import ChatstateError, EphemeralStoreError, StoreUnavailable
+from chatstate.errors import (
+    ChatstateError,
+    EphemeralStoreError,
+    MissingExtra,
+    StoreUnavailable,
+)
 
 __all__ = ["DEFAULT_LEASE", "PgLedger", "is_url", "shown"]
 
@@ -53,8 +58,8 @@ class PgLedger:
         try:
             import psycopg
         except ImportError as exc:
-            raise ChatstateError("a postgresql:// ledger needs psycopg: pip install "
-                                 "'chatstate[postgres]'") from exc
+            raise MissingExtra("a postgresql:// ledger needs psycopg: pip install "
+                               "'chatstate[postgres]'", extra="postgres") from exc
         self._psycopg = psycopg
         self.where = shown(url)
         self.lease_seconds: float | None = lease
@@ -83,8 +88,8 @@ class PgLedger:
                 f"could not {action} the batch ledger {self.where}: {_first_line(exc)}. Check "
                 "that the server runs and the URL, PGPASSWORD or ~/.pgpass are right.") from exc
         except self._psycopg.Error as exc:
-            raise ChatstateError(f"could not {action} the batch ledger {self.where}: "
-                                 f"{_first_line(exc)}") from exc
+            raise StoreUnavailable(f"could not {action} the batch ledger {self.where}: "
+                                   f"{_first_line(exc)}") from exc
 
     def _check_server(self, allow_unsafe: bool) -> None:
         """A server that acknowledges before it flushes is refused, as an ephemeral disk is."""
@@ -94,9 +99,9 @@ class PgLedger:
             settings = {name: str(self._one(f"SHOW {name}")) for name in names}
             standby = bool(self._one("SELECT pg_is_in_recovery()"))
         if standby or settings["default_transaction_read_only"] == "on":
-            raise ChatstateError(f"the batch ledger {self.where} is on a read-only server (a "
-                                 "standby, or default_transaction_read_only=on): point --ledger "
-                                 "at the primary")
+            raise StoreUnavailable(f"the batch ledger {self.where} is on a read-only server (a "
+                                   "standby, or default_transaction_read_only=on): point --ledger "
+                                   "at the primary")
         unsafe = [f"{k}={settings[k]}" for k in ("fsync", "synchronous_commit")
                   if settings[k] == "off"]
         if unsafe and not allow_unsafe:

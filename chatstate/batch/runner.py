@@ -28,7 +28,7 @@ from chatstate.batch.ledger import Ledger
 from chatstate.batch.recovery import Recovery, recover, verify
 from chatstate.batch.report import Progress, Summary
 from chatstate.batch.workers import Worker
-from chatstate.errors import ChatstateError
+from chatstate.errors import ConfigurationError, InvalidOption
 
 if TYPE_CHECKING:
     from chatstate.batch._api import LedgerAPI, Outputs
@@ -83,18 +83,18 @@ class Batch:
                  echo: Callable[[str], None] | None = None, host_id: str | None = None,
                  lease: float = pgledger.DEFAULT_LEASE) -> None:
         if "{text}" not in prompt and "{id}" not in prompt:
-            raise ValueError("the prompt template must contain {text} (or {id})")
+            raise InvalidOption("the prompt template must contain {text} (or {id})")
         if concurrency < 1 or (max_attempts is not None and max_attempts < 1):
-            raise ValueError("concurrency and max_attempts must be at least 1")
+            raise InvalidOption("concurrency and max_attempts must be at least 1")
         if lease <= 0:
-            raise ValueError("lease must be a positive number of seconds")
+            raise InvalidOption("lease must be a positive number of seconds")
         out_s, raw = os.fspath(out), os.fspath(ledger) if ledger is not None else None
         self.ledger_url = raw if raw and pgledger.is_url(raw) else None
         self.outputs: Outputs
         if s3outputs.is_url(out_s):
             if self.ledger_url is None:
-                raise ChatstateError(f"outputs on shared storage ({out_s.split('?')[0]}) need a "
-                                     "shared ledger: pass --ledger postgresql://…")
+                raise InvalidOption(f"outputs on shared storage ({out_s.split('?')[0]}) need a "
+                                    "shared ledger: pass --ledger postgresql://…")
             self.outputs = s3outputs.S3Outputs(out_s)
             self.out = Path(out_s.split("?", 1)[0])  # a name for messages only
         else:
@@ -217,8 +217,9 @@ class Batch:
         inside = not self.ledger_url and self.out in self.ledger_path.parents
         if stored != here and not inside:
             ledger.close()
-            raise ChatstateError(f"ledger {ledger.where} belongs to output directory "
-                                 f"{stored}, not {here}: pass --out {stored}, or another --ledger")
+            raise ConfigurationError(f"ledger {ledger.where} belongs to output directory "
+                                     f"{stored}, not {here}: pass --out {stored}, or another "
+                                     "--ledger")
         if ledger.meta("batch_id") is None:
             ledger.set_meta("batch_id", os.urandom(4).hex(), only_if_absent=True)
 

@@ -11,7 +11,7 @@ whole or not at all. Errors are translated once, in ``_s3io``.
 from __future__ import annotations
 
 from chatstate.batch.outputs import QUARANTINE, Scan, Written, sha256_hex
-from chatstate.errors import ChatstateError
+from chatstate.errors import MissingExtra, StoreUnavailable
 
 
 def is_url(value: str) -> bool:
@@ -25,8 +25,8 @@ class S3Outputs:
         try:
             from chatstate.stores.s3.client import S3IO, parse_url
         except ImportError as exc:
-            raise ChatstateError("s3:// outputs need obstore: pip install "
-                                 "'chatstate[s3]'") from exc
+            raise MissingExtra("s3:// outputs need obstore: pip install "
+                               "'chatstate[s3]'", extra="s3") from exc
         self._io = S3IO(parse_url(url))
         self.where = self._io.target.where("")
 
@@ -50,7 +50,7 @@ class S3Outputs:
 
         blob = self._io.get(rel, action="quarantine")
         if blob is None:
-            raise ChatstateError(f"cannot quarantine {self._io.target.where(rel)}: it is gone")
+            raise StoreUnavailable(f"cannot quarantine {self._io.target.where(rel)}: it is gone")
         for n in range(10_000):
             dest = f"{QUARANTINE}/{rel}" + (f".{n}" if n else "")
             try:
@@ -59,7 +59,7 @@ class S3Outputs:
                 continue
             self._io.delete([rel], action="quarantine")
             return dest
-        raise ChatstateError(f"too many quarantined copies of {self._io.target.where(rel)}")
+        raise StoreUnavailable(f"too many quarantined copies of {self._io.target.where(rel)}")
 
     def remove_temp(self, rel: str) -> bool:
         return False  # no temp objects on S3

@@ -7,7 +7,6 @@ pydantic, openai or httpx2 at startup).
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 import click
 
@@ -60,25 +59,13 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[cmd_name]
-        try:
-            command: click.Command = getattr(importlib.import_module(module), attr)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            return click.Command(cmd_name, help=f"({cmd_name} is not built yet)",
-                                 callback=_absent(cmd_name))
+        command: click.Command = getattr(importlib.import_module(module), attr)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in sorted(COMMANDS)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
-
-
-def _absent(name: str) -> Any:
-    def fail() -> None:
-        raise click.ClickException(f"'chatstate {name}' is not part of this build yet.")
-    return fail
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from chatstate.errors import ChatstateError
+from chatstate.errors import InvalidInput, Unsupported
 
 BLOB_THRESHOLD = 64 * 1024
 """Parts whose data is larger than this (in bytes) are stored as blobs."""
@@ -61,8 +61,8 @@ def file(source: str | Path | bytes | None = None, *, base64: str | None = None,
          media_type: str | None = None, name: str | None = None) -> Part:
     """A file (document) part from a path, a data URL, bytes, or ``base64=``."""
     if isinstance(source, str) and source.startswith(("http://", "https://")):
-        raise ChatstateError(f"file part {source!r}: chat-completions takes a file's bytes, not "
-                             "a URL; download it and attach the path")
+        raise InvalidInput(f"file part {source!r}: chat-completions takes a file's bytes, not "
+                           "a URL; download it and attach the path")
     data, media_type, name = _load(source, base64, media_type, name,
                                    "application/octet-stream")
     inner = {"filename": name or "file", "file_data": data_url(data, media_type)}
@@ -95,8 +95,8 @@ def content(message: str | Sequence[Part] | None,
     parts = [dict(p) for p in message] + extra
     for i, part in enumerate(parts):
         if not isinstance(part.get("type"), str):
-            raise ChatstateError(f"content part {i} has no string 'type' (e.g. \"text\", "
-                                 "\"image_url\", \"file\")")
+            raise InvalidInput(f"content part {i} has no string 'type' (e.g. \"text\", "
+                               "\"image_url\", \"file\")")
     return parts
 
 
@@ -112,11 +112,11 @@ def parse_data_url(url: str, where: str = "data URL") -> tuple[bytes, str]:
     """(bytes, media type) of a base64 ``data:`` URL."""
     head, sep, payload = url.partition(",")
     if not head.startswith("data:") or not sep or not head.endswith(";base64"):
-        raise ChatstateError(f"{where}: not a base64 data URL (data:<type>;base64,<data>)")
+        raise InvalidInput(f"{where}: not a base64 data URL (data:<type>;base64,<data>)")
     try:
         return b64.b64decode(payload, validate=True), head[5:-7] or "application/octet-stream"
     except (binascii.Error, ValueError) as exc:
-        raise ChatstateError(f"{where}: the base64 data is invalid ({exc})") from exc
+        raise InvalidInput(f"{where}: the base64 data is invalid ({exc})") from exc
 
 
 def _load(source: str | Path | bytes | None, base64: str | None, media_type: str | None,
@@ -130,13 +130,13 @@ def _load(source: str | Path | bytes | None, base64: str | None, media_type: str
         data, found = parse_data_url(source)
         return data, media_type or found, name
     if source is None:
-        raise ChatstateError("give a path, URL, bytes or base64= for the part")
+        raise InvalidInput("give a path, URL, bytes or base64= for the part")
     path = Path(source).expanduser()
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ChatstateError(f"cannot attach {path}: {exc.strerror or exc}; check the path "
-                             "and its permissions") from exc
+        raise InvalidInput(f"cannot attach {path}: {exc.strerror or exc}; check the path "
+                           "and its permissions") from exc
     return data, media_type or guess_type(path) or default, name or path.name
 
 
@@ -172,7 +172,7 @@ class BlobStore(Protocol):
 def blob_area(store: object, what: str) -> BlobStore:
     """``store`` as a ``BlobStore``; a clear error if it has no blob area for ``what``."""
     if not isinstance(store, BlobStore):
-        raise ChatstateError(f"{getattr(store, 'url', store)}: this store has no blob area "
+        raise Unsupported(f"{getattr(store, 'url', store)}: this store has no blob area "
                              f"for {what}; use a store that keeps blobs (every built-in store "
                              "does: json, sqlite, s3, postgresql)")
     return store
@@ -220,8 +220,8 @@ def inline_part(part: Part, data: bytes) -> Part:
     slot = _slot(part)
     ref = part.get("blob") or {}
     if slot is None:
-        raise ChatstateError(f"a {part.get('type')!r} part names blob {ref.get('sha256')}, "
-                             "but chatstate only knows how to send image_url and file data")
+        raise Unsupported(f"a {part.get('type')!r} part names blob {ref.get('sha256')}, "
+                          "but chatstate only knows how to send image_url and file data")
     inner = dict(part.get(slot[0]) or {})
     inner[slot[1]] = data_url(data, str(ref.get("media_type") or "application/octet-stream"))
     return {k: v for k, v in part.items() if k != "blob"} | {slot[0]: inner}

@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, overload
 
+from chatstate.errors import InvalidTool
+
 __all__ = ["Tool", "current_call_id", "tool", "toolset"]
 
 _CALL_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("chatstate_call_id",
@@ -42,12 +44,12 @@ class Tool:
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None,
                  description: str | None = None, idempotent: bool = True) -> None:
         if not callable(fn):
-            raise TypeError(f"a tool must be a function, not {type(fn).__name__}")
+            raise InvalidTool(f"a tool must be a function, not {type(fn).__name__}")
         self.fn = fn
         self.name = name or fn.__name__
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.name):
-            raise ValueError(f"tool name {self.name!r} is not valid for the API: use 1-64 "
-                             "letters, digits, '_' or '-'")
+            raise InvalidTool(f"tool name {self.name!r} is not valid for the API: use 1-64 "
+                              "letters, digits, '_' or '-'")
         doc = inspect.getdoc(fn) or ""
         self.description = description if description is not None else _summary(doc)
         self.idempotent = idempotent
@@ -111,7 +113,7 @@ def toolset(tools: Iterable[Tool | Callable[..., Any]] | None) -> dict[str, Tool
     for item in tools or ():
         t = item if isinstance(item, Tool) else Tool(item)
         if t.name in out:
-            raise ValueError(f"two tools are named {t.name!r}: tool names must be unique")
+            raise InvalidTool(f"two tools are named {t.name!r}: tool names must be unique")
         out[t.name] = t
     return out
 
@@ -139,8 +141,8 @@ def _args_model(fn: Callable[..., Any], docs: dict[str, str]) -> Any:
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a "
-                            "model; name each parameter")
+            raise InvalidTool(f"tool {fn.__name__}: *args/**kwargs cannot be described to a "
+                              "model; name each parameter")
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (hints.get(param.name, Any),
                               Field(default, description=docs.get(param.name)))

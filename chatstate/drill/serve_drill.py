@@ -39,7 +39,6 @@ class ServeDrillResult:
     trials: int = 0
     kills: int = 0
     requests: int = 0
-    received_chars: int = 0
     acked_turns: int = 0
     partials: int = 0
     lost: int = 0
@@ -205,7 +204,6 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
                     if c.refused is not None:
                         result.problems.append(f"{c.cid}: trial {trial}: the proxy answered "
                                                f"{c.refused}")
-                    result.received_chars += len(c.received)
                     if c.done:
                         result.acked_turns += 1
                         c.history += [{"role": "user", "content": texts[c.cid]},

@@ -43,6 +43,7 @@ class WriterServer:
         threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
         first = self.next(time.monotonic() + start_timeout)
         if first != ["ready"]:
+            # the drill's own writer process broke, not a store or the model: the base class
             raise ChatstateError(f"the drill's writer process did not start: {first!r}; "
                                  f"{self.stderr_tail()}")
 
@@ -64,6 +65,7 @@ class WriterServer:
                 return None
             chunk = os.read(self._fd, 65536)
             if not chunk:
+                # the drill's own writer process broke, not a store or the model: the base class
                 raise ChatstateError(f"the drill's writer process exited: {self.stderr_tail()}")
             self._buffer += chunk
             *whole, self._buffer = self._buffer.split(b"\n")
@@ -78,6 +80,7 @@ class WriterServer:
         self.proc.stdin.flush()
         event = self.next(deadline)
         if event is None or event[0] != "pid":
+            # the drill's own writer process broke, not a store or the model: the base class
             raise ChatstateError(f"the drill's writer did not start: {event!r}; "
                                  f"{self.stderr_tail()}")
         self.current = int(event[1])

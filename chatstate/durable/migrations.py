@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Generic, Protocol, TypeVar
 
-from chatstate.errors import ChatstateError, SchemaVersionError
+from chatstate.errors import ConfigurationError, SchemaVersionError
 
 __all__ = ["Backend", "History", "Migration", "PgBackend", "Recorded", "history", "pending",
            "run"]
@@ -58,7 +58,7 @@ def history(*steps: Callable[[DB], None]) -> History[DB]:
     names = [m.name for m in out]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ChatstateError(f"migration history names {', '.join(twice)} more than once: "
+        raise ConfigurationError(f"migration history names {', '.join(twice)} more than once: "
                              "give each migration a name of its own")
     return out
 
@@ -176,7 +176,7 @@ class PgBackend:
             tables = {r[0] for r in db.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname=%s", (self.schema,)).fetchall()}
             if tables and self.table not in tables:
-                raise ChatstateError(f"{self.where}: schema {self.schema!r} holds tables that "
+                raise ConfigurationError(f"{self.where}: schema {self.schema!r} holds tables that "
                                      "are not chatstate's; nothing was written. Use "
                                      "?schema=another_name.")
             db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ({self.columns})")

@@ -19,7 +19,7 @@ from typing import Any
 
 from chatstate.core.events import shown
 from chatstate.core.transcript import Message, Role
-from chatstate.errors import ChatstateError
+from chatstate.errors import InvalidInput
 from chatstate.session.tool_loop import UNKNOWN
 
 KEY = "item"
@@ -37,13 +37,13 @@ _ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "
 def plain(item: Any, where: str) -> dict[str, Any]:
     """The item as plain JSON data (what every store keeps), or a clear error."""
     if not isinstance(item, dict):
-        raise ChatstateError(f"{where}: an item must be a dict (a JSON object), not "
-                             f"{type(item).__name__}; nothing was stored")
+        raise InvalidInput(f"{where}: an item must be a dict (a JSON object), not "
+                           f"{type(item).__name__}; nothing was stored")
     try:
         data: dict[str, Any] = json.loads(json.dumps(item, allow_nan=False))
     except (TypeError, ValueError) as exc:
-        raise ChatstateError(f"{where}: item is not JSON data ({exc}); nothing was "
-                             "stored") from exc
+        raise InvalidInput(f"{where}: item is not JSON data ({exc}); nothing was "
+                           "stored") from exc
     return data
 
 

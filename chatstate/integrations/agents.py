@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from chatstate.errors import ChatstateError
+from chatstate.errors import MissingExtra
 from chatstate.integrations import _items
 from chatstate.integrations._itemlog import ItemLog
 from chatstate.stores.base import Store
@@ -29,8 +29,8 @@ from chatstate.stores.base import Store
 try:
     from agents.memory import SessionSettings
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ChatstateError("chatstate.integrations.agents needs the OpenAI Agents SDK: "
-                         "pip install 'chatstate[agents]'") from exc
+    raise MissingExtra("chatstate.integrations.agents needs the OpenAI Agents SDK: "
+                       "pip install 'chatstate[agents]'", extra="agents") from exc
 
 __all__ = ["ChatstateSession"]
 

@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from chatstate.errors import ChatstateError
+from chatstate.errors import MissingExtra
 from chatstate.integrations import _items
 from chatstate.integrations._itemlog import ItemLog
 from chatstate.stores.base import Store
@@ -25,8 +25,8 @@ try:
     from langchain_core.chat_history import BaseChatMessageHistory
     from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ChatstateError("chatstate.integrations.langchain needs langchain-core: "
-                         "pip install 'chatstate[langchain]'") from exc
+    raise MissingExtra("chatstate.integrations.langchain needs langchain-core: "
+                       "pip install 'chatstate[langchain]'", extra="langchain") from exc
 
 __all__ = ["ChatstateChatMessageHistory"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chatstate.errors import ChatstateError
+from chatstate.errors import Unsupported
 from chatstate.stores.base import CollectsBlobs, Store, named_blobs
 
 DEFAULT_GRACE = 3600.0
@@ -41,7 +41,7 @@ def collect_blobs(store: Store, *, grace: float = DEFAULT_GRACE,
                   dry_run: bool = False) -> BlobSweep:
     """Remove blobs no message names and nobody stored for ``grace`` seconds."""
     if not isinstance(store, CollectsBlobs):
-        raise ChatstateError(f"the store {store.url} cannot sweep its blobs")
+        raise Unsupported(f"the store {store.url} cannot sweep its blobs")
     listed = store.list_blobs()  # before the references: a blob stored later is young
     names: set[str] = set()
     for summary in store.list_conversations():

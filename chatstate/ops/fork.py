@@ -11,7 +11,7 @@ nothing, which is how `/edit` of a first message starts).
 from __future__ import annotations
 
 from chatstate.core.transcript import Conversation, new_id, validate_id
-from chatstate.errors import ChatstateError
+from chatstate.errors import ConfigurationError, InvalidOption
 from chatstate.stores.base import Store
 
 
@@ -25,9 +25,9 @@ def fork(store: Store, conversation_id: str, *, at: int | None = None,
     source = store.load(conversation_id)
     at = source.last_seq if at is None else at
     if not -1 <= at <= source.last_seq:
-        raise ChatstateError(f"conversation {conversation_id!r} has seqs 0..{source.last_seq}; "
-                             f"cannot fork at {at}. `chatstate replay {conversation_id}` "
-                             "shows them")
+        raise InvalidOption(f"conversation {conversation_id!r} has seqs 0..{source.last_seq}; "
+                            f"cannot fork at {at}. `chatstate replay {conversation_id}` "
+                            "shows them")
     copied = source.messages[: at + 1]
     metadata = {k: v for k, v in source.metadata.items() if k != "forked_from"}
     metadata["forked_from"] = {"id": source.id, "seq": at,
@@ -46,4 +46,4 @@ def last_user_seq(conversation: Conversation) -> int:
     for message in reversed(conversation.messages):
         if message.role == "user":
             return message.seq
-    raise ChatstateError(f"conversation {conversation.id!r} has no user message to edit")
+    raise ConfigurationError(f"conversation {conversation.id!r} has no user message to edit")

@@ -28,7 +28,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chatstate.core.transcript import Conversation, Message
-from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound, StoreUnavailable
+from chatstate.errors import (
+    ChatstateError,
+    ConflictError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+    StoreUnavailable,
+    Unsupported,
+)
 from chatstate.stores.base import BlobStore, Store, named_blobs, verify_blobs
 
 Progress = Callable[[str], None]
@@ -98,8 +105,8 @@ def _one(src: Store, dst: Store, cid: str, report: MigrateReport, verify: bool,
          say: Progress, batch_size: int) -> None:
     conv = src.load(cid)
     if verify and conv.verify() is not None:
-        raise ChatstateError(f"{src.url} conversation {cid!r}: hash chain broken at seq "
-                             f"{conv.verify()}")
+        raise CorruptTranscriptError(f"{src.url} conversation {cid!r}: hash chain broken at seq "
+                                     f"{conv.verify()}")
     created = False
     try:
         have = dst.load(cid)
@@ -139,8 +146,8 @@ def _copy_blobs(src: Store, dst: Store, messages: list[Message]) -> int:
     copied = 0
     for sha, _ in named_blobs(messages).items():
         if not isinstance(dst, BlobStore) or not isinstance(src, BlobStore):
-            raise ChatstateError(f"conversation names blob {sha}, but {src.url} or {dst.url} "
-                                 "has no blob area")
+            raise Unsupported(f"conversation names blob {sha}, but {src.url} or {dst.url} "
+                              "has no blob area")
         if not dst.has_blob(sha):
             ref = next(r for m in messages for r in m.blob_refs() if r.get("sha256") == sha)
             dst.put_blob(src.get_blob(sha), media_type=ref.get("media_type"))
@@ -178,10 +185,10 @@ def _same_partial(a: Message | None, b: Message | None) -> bool:
 
 def _check_same(conv: Conversation, copy: Conversation) -> None:
     if [m.hash for m in copy.messages] != [m.hash for m in conv.messages]:
-        raise ChatstateError(f"conversation {conv.id!r}: the copy does not verify against the "
-                             "source (different hashes after copying)")
+        raise CorruptTranscriptError(f"conversation {conv.id!r}: the copy does not verify "
+                                     "against the source (different hashes after copying)")
     if not _same_partial(conv.partial, copy.partial):
-        raise ChatstateError(f"conversation {conv.id!r}: the copied partial reply differs")
+        raise CorruptTranscriptError(f"conversation {conv.id!r}: the copied partial reply differs")
 
 
 def _copy_opens(src: Store, dst: Store, report: MigrateReport, say: Progress) -> None:

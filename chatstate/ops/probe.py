@@ -31,7 +31,7 @@ from typing import Any
 
 from chatstate.durable.files import fsync_dir
 from chatstate.durable.guard import host_identity, inspect
-from chatstate.errors import ChatstateError
+from chatstate.errors import ProbeReportError  # (defined there; old path kept)
 from chatstate.ops.doctor import redact_url, scrub
 
 __all__ = ["PROBE_DB", "ProbeReportError", "diff", "load_report", "run", "store_dir"]
@@ -42,10 +42,6 @@ NAMED = ("store", "--path")
 """Labels of the directories the probe may write in: the ones the user named."""
 NOT_WRITTEN = ("not written: the probe writes only in the store's directory and --path "
                "directories (add --path to count rows here)")
-
-
-class ProbeReportError(ChatstateError):
-    """A file given to ``probe diff`` is unreadable or not a probe report."""
 
 
 def store_dir(url: str) -> str | None:

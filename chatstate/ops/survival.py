@@ -27,20 +27,12 @@ from typing import Any
 
 from chatstate.durable.files import fsync_dir, write_all
 from chatstate.durable.guard import host_identity
-from chatstate.errors import ChatstateError
+from chatstate.errors import SurvivalError, SurvivalFileMissing  # (defined there; old path kept)
 
 __all__ = ["FILE_NAME", "SurvivalError", "SurvivalFileMissing", "Verification", "verify",
            "write"]
 
 FILE_NAME = "survival.jsonl"
-
-
-class SurvivalError(ChatstateError):
-    """The survival file could not be written or read."""
-
-
-class SurvivalFileMissing(SurvivalError):
-    """There is no survival file in that directory (never written, or lost)."""
 
 
 def digest(record: dict[str, Any]) -> str:

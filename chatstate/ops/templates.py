@@ -26,15 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chatstate.errors import ChatstateError
+from chatstate.errors import TemplateError  # (defined there; old path kept)
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ENV_DIR = "CHATSTATE_TEMPLATES_DIR"
-
-
-class TemplateError(ChatstateError):
-    """A template that does not exist, does not parse, or lacks a placeholder value."""
 
 
 @dataclass

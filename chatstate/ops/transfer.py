@@ -36,7 +36,7 @@ from chatstate.core.transcript import (
     validate_id,
     verify_chain,
 )
-from chatstate.errors import ChatstateError, CorruptTranscriptError
+from chatstate.errors import ChatstateError, CorruptTranscriptError, InvalidInput
 from chatstate.ops.replay_text import message_lines
 from chatstate.stores.base import Store, blob_ref, checked_blob, named_blobs
 
@@ -142,7 +142,7 @@ def read_import(path: Path) -> Imported:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ChatstateError(f"{where}: cannot import: not readable ({exc})") from exc
+        raise InvalidInput(f"{where}: cannot import: not readable ({exc})") from exc
     try:
         data = json.loads(raw)
     except ValueError:
@@ -153,9 +153,9 @@ def read_import(path: Path) -> Imported:
         data = [data]  # jsonl of one message
     items = data.get("messages") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items or not all(_is_message(m) for m in items):
-        raise ChatstateError(f"{where}: cannot import: not a chatstate export and not an "
-                             "OpenAI messages list ([{\"role\": \"user\", \"content\": "
-                             "\"...\"}, ...]) or jsonl (one such message per line).")
+        raise InvalidInput(f"{where}: cannot import: not a chatstate export and not an "
+                           "OpenAI messages list ([{\"role\": \"user\", \"content\": "
+                           "\"...\"}, ...]) or jsonl (one such message per line).")
     title = data.get("title", "") if isinstance(data, dict) else ""
     return _from_openai(items, str(title), where)
 
@@ -164,8 +164,8 @@ def _jsonl(raw: bytes, where: str) -> list[Any]:
     try:
         return [json.loads(line) for line in raw.splitlines() if line.strip()]
     except ValueError as exc:
-        raise ChatstateError(f"{where}: cannot import: not readable JSON or jsonl ({exc}). "
-                             "Expected a chatstate export or an OpenAI messages list.") from exc
+        raise InvalidInput(f"{where}: cannot import: not readable JSON or jsonl ({exc}). "
+                           "Expected a chatstate export or an OpenAI messages list.") from exc
 
 
 def _is_message(item: Any) -> bool:
@@ -211,8 +211,8 @@ def _from_openai(items: list[dict[str, Any]], title: str, where: str) -> Importe
                                          content=content, turn_id=turn, extra=extra or None,
                                          **known))
         except (ValidationError, ChatstateError) as exc:
-            raise ChatstateError(f"{where}: cannot import message {index}: {brief(exc)}; "
-                                 "nothing was imported") from exc
+            raise InvalidInput(f"{where}: cannot import message {index}: {brief(exc)}; "
+                               "nothing was imported") from exc
     conv = Conversation(id=new_id("import"), title=title)
     return Imported(conv, messages, collect.blobs)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from chatstate.core.transcript import Usage
-from chatstate.errors import ChatstateError, CorruptTranscriptError
+from chatstate.errors import CorruptTranscriptError, InvalidInput, InvalidOption
 from chatstate.stores.base import Store
 
 BY = ("model", "conversation", "day")
@@ -64,8 +64,8 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime:
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ChatstateError(f"--since {text!r}: use a span like 7d, 12h, 30m or 2w, or a "
-                             "date like 2026-11-01") from None
+        raise InvalidOption(f"--since {text!r}: use a span like 7d, 12h, 30m or 2w, or a "
+                            "date like 2026-11-01") from None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
@@ -78,17 +78,17 @@ def load_prices(path: Path) -> dict[str, tuple[float, float]]:
     try:
         data = tomllib.loads(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ChatstateError(f"price table {path}: {exc}") from exc
+        raise InvalidInput(f"price table {path}: {exc}") from exc
     models = data.get("models")
     if not isinstance(models, dict):
-        raise ChatstateError(f'price table {path}: expected [models."NAME"] tables with '
-                             "input and output (dollars per million tokens)")
+        raise InvalidInput(f'price table {path}: expected [models."NAME"] tables with '
+                           "input and output (dollars per million tokens)")
     prices = {}
     for name, entry in models.items():
         cost = [entry.get(k) if isinstance(entry, dict) else None for k in ("input", "output")]
         if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in cost):
-            raise ChatstateError(f'price table {path}: models."{name}" needs numbers input '
-                                 "and output (dollars per million tokens)")
+            raise InvalidInput(f'price table {path}: models."{name}" needs numbers input '
+                               "and output (dollars per million tokens)")
         prices[name] = (float(cost[0]), float(cost[1]))  # type: ignore[arg-type]
     return prices
 
@@ -104,7 +104,7 @@ def collect(store: Store, *, by: str = "model", since: datetime | None = None,
             prices: dict[str, tuple[float, float]] | None = None) -> Report:
     """Total the usage of every stored reply (created at or after ``since``) by ``by``."""
     if by not in BY:
-        raise ChatstateError(f"usage by {by!r}: choose one of {', '.join(BY)}")
+        raise InvalidOption(f"usage by {by!r}: choose one of {', '.join(BY)}")
     report = Report(by=by, since=since.isoformat() if since else None)
     rows: dict[str, Row] = {}
     unpriced: set[str] = set()

@@ -43,7 +43,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id, validate_id
-from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound, LeaseLost
+from chatstate.errors import (
+    ConfigurationError,
+    ConflictError,
+    ConversationNotFound,
+    LeaseLost,
+    Unsupported,
+)
 from chatstate.session import tool_loop as toolloop
 from chatstate.session.sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
 from chatstate.session.tool_loop import PendingCall
@@ -334,7 +340,7 @@ class Chat:
                 user = _user_of(self.conversation, cut.turn_id)
                 return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
                                                     **params}, streaming=streaming, tools=tools)
-            raise ChatstateError(f"conversation {self.id!r} has no interrupted turn to retry")
+            raise ConfigurationError(f"conversation {self.id!r} has no interrupted turn to retry")
         held = self._hold()
         try:
             self._settle_partial()
@@ -395,7 +401,7 @@ class Chat:
         from chatstate.core.content import inline_part
 
         if not isinstance(self.store, BlobStore):
-            raise ChatstateError(f"{self.store.url}: conversation {self.id!r} names a blob, "
+            raise Unsupported(f"{self.store.url}: conversation {self.id!r} names a blob, "
                                  "but this store has no blob area to read it from")
         return inline_part(part, self.store.get_blob(part["blob"]["sha256"]))
 

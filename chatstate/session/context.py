@@ -137,10 +137,10 @@ def env_window() -> int | None:
     if not raw:
         return None
     if not raw.isdigit() or int(raw) < 1:
-        from chatstate.errors import ChatstateError
+        from chatstate.errors import InvalidOption
 
-        raise ChatstateError(f"{ENV_WINDOW}={raw!r} is not a positive whole number of "
-                             "tokens; unset it or use e.g. 8192")
+        raise InvalidOption(f"{ENV_WINDOW}={raw!r} is not a positive whole number of "
+                            "tokens; unset it or use e.g. 8192")
     return int(raw)
 
 

@@ -18,7 +18,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chatstate.errors import ChatstateError, EphemeralStoreError, StoreUnavailable
+from chatstate.errors import (
+    ConfigurationError,
+    EphemeralStoreError,
+    InvalidStoreURL,
+    MissingExtra,
+    StoreUnavailable,
+)
 from chatstate.stores.base import (
     BlobStore,
     CheckReport,
@@ -60,16 +66,18 @@ def register(scheme: str, store: type[Store] | str, *, requires: str | None = No
     (the built-in s3 store says ``chatstate[s3]``). Registering a scheme again replaces it.
     """
     if not isinstance(scheme, str) or not _SCHEME.fullmatch(scheme):
-        raise ChatstateError(f"cannot register store scheme {scheme!r}: use lower-case letters, "
-                             "digits, '+', '-' or '.', starting with a letter, as in 'mystore'")
+        raise ConfigurationError(f"cannot register store scheme {scheme!r}: use lower-case "
+                                 "letters, digits, '+', '-' or '.', starting with a letter, as "
+                                 "in 'mystore'")
     if isinstance(store, str):
         module, _, attr = store.partition(":")
         if not module or not attr:
-            raise ChatstateError(f"cannot register {store!r} for {scheme}://: name the class "
-                                 "as 'package.module:ClassName'")
+            raise ConfigurationError(f"cannot register {store!r} for {scheme}://: name the "
+                                     "class as 'package.module:ClassName'")
     elif not callable(getattr(store, "from_url", None)):
-        raise ChatstateError(f"cannot register {store!r} for {scheme}://: a store class needs "
-                             "a from_url(url) classmethod (see chatstate.stores.base.Store)")
+        raise ConfigurationError(f"cannot register {store!r} for {scheme}://: a store class "
+                                 "needs a from_url(url) classmethod (see "
+                                 "chatstate.stores.base.Store)")
     _REGISTRY[scheme] = (store, requires)
 
 
@@ -107,13 +115,13 @@ def store_class(scheme: str) -> Any:
     except ModuleNotFoundError as exc:
         root = module.split(".")[0]
         if requires and exc.name and exc.name.split(".")[0] != root:
-            raise ChatstateError(
+            raise MissingExtra(
                 f"the {scheme}:// store needs the '{exc.name}' package: "
                 f"pip install '{requires}'") from exc
         raise
     except AttributeError as exc:
-        raise ChatstateError(f"the {scheme}:// store is registered as {store!r}, but module "
-                             f"{module!r} has no {attr!r}") from exc
+        raise ConfigurationError(f"the {scheme}:// store is registered as {store!r}, but "
+                                 f"module {module!r} has no {attr!r}") from exc
     _REGISTRY[scheme] = (cls, requires)
     return cls
 
@@ -127,12 +135,12 @@ def _from_entry_points(scheme: str) -> None:
             register(scheme, f"{ep.module}:{ep.attr}")
             return
     if not scheme:
-        raise ChatstateError("a store URL needs a scheme: sqlite:///abs/file.db, "
+        raise InvalidStoreURL("a store URL needs a scheme: sqlite:///abs/file.db, "
                              "json:///abs/dir or s3://bucket/prefix")
     known = ", ".join(f"{name}://" for name in sorted(_REGISTRY))
-    raise ChatstateError(f"unknown store scheme {scheme!r}: use one of {known}, register "
-                         "one with chatstate.stores.register(), or install a package that "
-                         f"names it under the {ENTRY_POINT_GROUP!r} entry point group")
+    raise InvalidStoreURL(f"unknown store scheme {scheme!r}: use one of {known}, register "
+                          "one with chatstate.stores.register(), or install a package that "
+                          f"names it under the {ENTRY_POINT_GROUP!r} entry point group")
 
 
 def allow_ephemeral_from_env() -> bool:

@@ -40,6 +40,7 @@ from chatstate.errors import (
     ConflictError,
     ConversationNotFound,
     CorruptTranscriptError,
+    StoreUnavailable,
 )
 from chatstate.stores._lease import check_fence
 from chatstate.stores._rows import decode_rows, row_message, row_text
@@ -301,7 +302,7 @@ class RelationalStore(ABC):
             with self._snapshot("read a probe from") as db:
                 row = self._q(db, "SELECT value FROM probes WHERE id=?", (key,)).fetchone()
             if row is None or row[0] != "ok":
-                raise ChatstateError(f"{self._shown()}: the probe row did not read back")
+                raise StoreUnavailable(f"{self._shown()}: the probe row did not read back")
             report.steps.append("read it back")
             with self._write("delete a probe from") as db:
                 self._q(db, "DELETE FROM probes WHERE id=?", (key,))

@@ -20,7 +20,12 @@ from urllib.parse import urlparse
 from chatstate.core.content import BlobStore as BlobStore  # below the stores: content uses it
 from chatstate.core.transcript import Conversation, ConversationSummary, Message, verify_chain
 from chatstate.durable.guard import Report
-from chatstate.errors import ChatstateError, ConflictError, CorruptTranscriptError
+from chatstate.errors import (
+    ConflictError,
+    CorruptTranscriptError,
+    InvalidInput,
+    InvalidStoreURL,
+)
 
 
 @dataclass
@@ -309,7 +314,7 @@ def local_path(url: str, example: str) -> Path:
     parsed = urlparse(url)
     path = (parsed.netloc + parsed.path) if parsed.netloc else parsed.path
     if not path.startswith("/"):
-        raise ChatstateError(f"store URL {url!r} needs an absolute path: {example}")
+        raise InvalidStoreURL(f"store URL {url!r} needs an absolute path: {example}")
     return Path(path)
 
 
@@ -385,8 +390,8 @@ def blob_ref(data: bytes, media_type: str | None = None, name: str | None = None
 def valid_digest(sha256: object) -> str:
     """``sha256`` if it is 64 lowercase hex digits (safe as a file name and key), else raise."""
     if not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
-        raise ChatstateError(f"invalid blob digest {str(sha256)[:80]!r}: expected 64 lowercase "
-                             "hex digits (a sha256)")
+        raise InvalidInput(f"invalid blob digest {str(sha256)[:80]!r}: expected 64 lowercase "
+                           "hex digits (a sha256)")
     return sha256
 
 
@@ -437,7 +442,7 @@ def refuse_unheld_blobs(where: str, messages: Sequence[Message],
         if held is None or held != size:
             problem = "which this store does not hold" if held is None else \
                 f"of {size} bytes, but the stored blob has {held}"
-            raise ChatstateError(
+            raise InvalidInput(
                 f"{where}: refusing to append: message seq {seq} names blob {sha} {problem}. "
                 "Store the bytes first with put_blob() (chatstate.core.content does this when "
                 "sending); nothing was written.")

@@ -361,7 +361,7 @@ class JsonStore(JsonLease, JsonBlobs):
             atomic_write(probe, b"chatstate probe")
             report.steps.append(f"wrote and fsynced {probe}")
             if read_bytes(probe) != b"chatstate probe":
-                raise ChatstateError(f"{probe}: read back different bytes")
+                raise StoreUnavailable(f"{probe}: read back different bytes")
             report.steps.append("read it back")
             remove_durably(probe)
             report.steps.append("deleted it")

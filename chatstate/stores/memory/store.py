@@ -35,6 +35,7 @@ from chatstate.errors import (
     ConflictError,
     ConversationNotFound,
     CorruptTranscriptError,
+    InvalidStoreURL,
     LeaseLost,
 )
 from chatstate.stores._lease import Holder, Lease, LeaseMethods, holder_of, lease_record
@@ -93,7 +94,7 @@ class MemoryStore(LeaseMethods):
     def from_url(cls, url: str) -> MemoryStore:
         name = url.split("://", 1)[-1]
         if not _NAME.fullmatch(name):
-            raise ChatstateError(f"store URL {url!r}: name the memory store with 1-128 letters, "
+            raise InvalidStoreURL(f"store URL {url!r}: name the memory store with 1-128 letters, "
                                  "digits, '-', '_' or '.', as in memory://scratch")
         return cls(name, url)
 

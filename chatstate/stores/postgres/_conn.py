@@ -18,7 +18,13 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from chatstate.core.redact import redact_url, scrub
 from chatstate.durable.uninterruptible import uninterruptible
-from chatstate.errors import ChatstateError, ConflictError, StoreUnavailable
+from chatstate.errors import (
+    ChatstateError,
+    ConfigurationError,
+    ConflictError,
+    InvalidStoreURL,
+    StoreUnavailable,
+)
 from chatstate.stores.base import Location
 
 SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -27,8 +33,8 @@ EXAMPLE = "postgresql://user@host:5432/db?schema=chatstate"
 
 
 def _bad_url(url: str, why: str) -> NoReturn:
-    raise ChatstateError(f"store URL {redact_url(url)!r}: {why}. Example: {EXAMPLE} (the "
-                         "password may come from PGPASSWORD or ~/.pgpass instead of the URL)")
+    raise InvalidStoreURL(f"store URL {redact_url(url)!r}: {why}. Example: {EXAMPLE} (the "
+                          "password may come from PGPASSWORD or ~/.pgpass instead of the URL)")
 
 
 class PgTarget:
@@ -104,7 +110,7 @@ class PgConnection:
         Reads run REPEATABLE READ so header, messages and partial are one snapshot.
         """
         if self._pool is None:
-            raise ChatstateError(f"store {self.url} is not open: use chatstate.open_store()")
+            raise ConfigurationError(f"store {self.url} is not open: use chatstate.open_store()")
         # Ctrl-C is held back from BEGIN to COMMIT: a KeyboardInterrupt raised inside
         # psycopg mid-query leaves the connection busy, and the pool hands it out again
         with self._errors(action), self._pool.connection() as conn, uninterruptible(), \

@@ -13,7 +13,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from chatstate.core.transcript import Message, now_iso
-from chatstate.errors import ChatstateError, ConversationNotFound, CorruptTranscriptError
+from chatstate.errors import (
+    ConfigurationError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+    StoreUnavailable,
+)
 from chatstate.stores.base import CheckReport, Location
 from chatstate.stores.s3 import _chain as chain
 from chatstate.stores.s3 import _doc as doc
@@ -45,13 +50,13 @@ class S3StoreBase:
     @property
     def io(self) -> S3IO:
         if self._io is None:
-            raise ChatstateError(f"store {self.url} is not open: use chatstate.open_store()")
+            raise ConfigurationError(f"store {self.url} is not open: use chatstate.open_store()")
         return self._io
 
     @property
     def pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            raise ChatstateError(f"store {self.url} is not open: use chatstate.open_store()")
+            raise ConfigurationError(f"store {self.url} is not open: use chatstate.open_store()")
         return self._pool
 
     def _where(self, key: str) -> str:
@@ -153,12 +158,12 @@ class S3StoreBase:
                                 f"{self.target.endpoint_shown})")
             blob = self.io.get(key, "read the probe back from")
             if blob is None or blob.data != body:
-                raise ChatstateError(f"{self._where(key)}: the probe read back different bytes")
+                raise StoreUnavailable(f"{self._where(key)}: the probe read back different bytes")
             report.steps.append("read it back")
             self.io.delete([key], "delete the probe")
             if self.io.get(key, "confirm the probe is gone from") is not None:
-                raise ChatstateError(f"{self._where(key)}: the probe is still there after "
-                                     "delete")
+                raise StoreUnavailable(f"{self._where(key)}: the probe is still there after "
+                                       "delete")
             report.steps.append("deleted it")
             report.ok = True
         except Exception as exc:  # check() reports, it never raises

@@ -36,14 +36,18 @@ from obstore.exceptions import (
 )
 
 from chatstate.core.redact import scrub as scrub
-from chatstate.errors import ChatstateError, StoreUnavailable
+from chatstate.errors import (
+    ChatstateError,
+    ConfigurationError,
+    InvalidStoreURL,
+    MissingExtra,
+    StoreUnavailable,
+)
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
 
 QUERY_KEYS = ("endpoint_url", "region", "allow_http")
-SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-              "AWS_ACCESS_KEY_ID")
 TRUTHY = {"1", "true", "yes", "on"}
 RETRY: RetryConfig = {
     "max_retries": 5,
@@ -85,9 +89,9 @@ def _bad_url(url: str, why: str) -> NoReturn:
     shown = url.split("?", 1)[0]
     if "@" in shown:  # never echo userinfo back
         shown = "s3://…@" + shown.rsplit("@", 1)[1]
-    raise ChatstateError(f"invalid s3 store URL {shown!r}: {why}. The form is s3://bucket/"
-                         "prefix?endpoint_url=https://host:port&region=eu-west-1 (add "
-                         "allow_http=true for a plain-http local endpoint).")
+    raise InvalidStoreURL(f"invalid s3 store URL {shown!r}: {why}. The form is s3://bucket/"
+                          "prefix?endpoint_url=https://host:port&region=eu-west-1 (add "
+                          "allow_http=true for a plain-http local endpoint).")
 
 
 def parse_url(url: str) -> S3Target:
@@ -148,7 +152,7 @@ def _credential_provider() -> Any:
         from obstore.auth.boto3 import Boto3CredentialProvider
     except ImportError as exc:
         if profile:
-            raise ChatstateError(
+            raise MissingExtra(
                 f"AWS_PROFILE={profile} needs boto3 to read ~/.aws ({exc}): pip install "
                 "boto3, or export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead") from exc
         return None
@@ -179,7 +183,7 @@ class S3IO:
         except ChatstateError:
             raise
         except Exception as exc:  # a bad profile, region or endpoint: nothing was sent
-            raise ChatstateError(
+            raise ConfigurationError(
                 f"could not set up the S3 client for {target.where('')}: {scrub(str(exc))}. "
                 "Check AWS_PROFILE and ~/.aws/config (or AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY) and the store URL.") from exc

@@ -24,7 +24,7 @@ from chatstate.durable.files import ensure_dir
 from chatstate.durable.migrations import pending, run
 from chatstate.durable.sqlite_setup import SqliteBackend, check_owner, configure
 from chatstate.durable.uninterruptible import uninterruptible
-from chatstate.errors import ChatstateError, StoreUnavailable
+from chatstate.errors import ChatstateError, ConfigurationError, StoreUnavailable
 from chatstate.stores.sqlite._errors import AT_COMMIT, translate
 from chatstate.stores.sqlite._schema import APPLICATION_ID, MIGRATIONS, PAGE_SIZE
 
@@ -151,7 +151,7 @@ class SqliteConnection:
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
-            raise ChatstateError(f"store {self.url} is not open: use chatstate.open_store()")
+            raise ConfigurationError(f"store {self.url} is not open: use chatstate.open_store()")
         return self._db
 
     @contextmanager
