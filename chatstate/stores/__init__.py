@@ -113,17 +113,26 @@ def store_class(scheme: str) -> Any:
     try:
         cls = getattr(importlib.import_module(module), attr)
     except ModuleNotFoundError as exc:
-        root = module.split(".")[0]
-        if requires and exc.name and exc.name.split(".")[0] != root:
-            raise MissingExtra(
-                f"the {scheme}:// store needs the '{exc.name}' package: "
-                f"pip install '{requires}'") from exc
+        _raise_missing_extra(scheme, exc)
         raise
     except AttributeError as exc:
         raise ConfigurationError(f"the {scheme}:// store is registered as {store!r}, but "
                                  f"module {module!r} has no {attr!r}") from exc
     _REGISTRY[scheme] = (cls, requires)
     return cls
+
+
+def _raise_missing_extra(scheme: str, exc: ModuleNotFoundError) -> None:
+    """MissingExtra if ``exc`` is a package the store registered as required; else return.
+
+    Also for a store that imports its driver late (postgres, in ``open``/the guard)."""
+    entry = _REGISTRY.get(scheme)
+    requires = entry[1] if entry else None
+    if not requires or not exc.name or exc.name.split(".")[0] == "chatstate":
+        return
+    extra = requires[len("chatstate["):-1] if requires.startswith("chatstate[") else ""
+    raise MissingExtra(f"the {scheme}:// store needs the '{exc.name}' package: "
+                       f"pip install '{requires}'", extra=extra) from exc
 
 
 def _from_entry_points(scheme: str) -> None:
@@ -191,8 +200,12 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Open
     url = url or default_store_url()
     scheme = url.split("://", 1)[0] if "://" in url else ""
     store: OpenedStore = store_class(scheme).from_url(url)  # guard_report is set below
-    report = guard(store, allow_ephemeral=allow_ephemeral)
-    store.open()
+    try:
+        report = guard(store, allow_ephemeral=allow_ephemeral)
+        store.open()
+    except ModuleNotFoundError as exc:  # a store that imports its driver only now
+        _raise_missing_extra(scheme, exc)
+        raise
     store.guard_report = report
     log.debug("opened %s: %s", store.url, report.one_line())
     for note in store.recovery:
