@@ -109,7 +109,8 @@ def test_complete_returns_the_deterministic_reply(make: MakeAdapter, fake: FakeM
     assert reply.text.startswith("Echo: what is durable storage?")
     assert reply.model == "test-model"
     assert reply.finish_reason == "stop"
-    assert reply.usage is not None and reply.usage["total_tokens"] > 0
+    assert reply.usage is not None
+    assert reply.usage["total_tokens"] > 0
 
 
 def test_stream_deltas_add_up_to_the_same_reply(make: MakeAdapter, fake: FakeModel) -> None:
@@ -120,7 +121,8 @@ def test_stream_deltas_add_up_to_the_same_reply(make: MakeAdapter, fake: FakeMod
     assert final.usage == adapter.complete(MESSAGES).usage
     assert final.finish_reason == "stop"
     body = chat_log(fake)[0]["body"]
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
 
 
 @pytest.mark.invariant(10)
@@ -132,7 +134,8 @@ def test_each_call_sends_the_whole_list_and_params(make: MakeAdapter, fake: Fake
     first, second = chat_log(fake)
     assert first["messages"] == MESSAGES[:2]
     assert second["messages"] == MESSAGES
-    assert second["body"]["temperature"] == 0.25 and second["model"] == "other-model"
+    assert second["body"]["temperature"] == 0.25
+    assert second["model"] == "other-model"
     assert reply.finish_reason == "length"
     assert reply.text == fake.reply_for(MESSAGES, max_tokens=3)
 
@@ -169,10 +172,13 @@ def test_5xx_until_retries_run_out(make: MakeAdapter, fake: FakeModel) -> None:
     with pytest.raises(ModelError) as caught:
         make(max_retries=2).complete(MESSAGES)
     error = caught.value
-    assert error.status == 503 and error.retryable
-    assert "HTTP 503" in str(error) and "after 3 attempts" in str(error)
+    assert error.status == 503
+    assert error.retryable
+    assert "HTTP 503" in str(error)
+    assert "after 3 attempts" in str(error)
     assert "try again later" in str(error)
-    assert error.provider_message and "(fake)" in error.provider_message
+    assert error.provider_message
+    assert "(fake)" in error.provider_message
     assert len(chat_log(fake)) == 3  # the SDK's own retries are off: no multiplication
 
 
@@ -180,7 +186,8 @@ def test_401_is_not_retried(make: MakeAdapter, fake: FakeModel) -> None:
     fake.fail_next(401, times=3)
     with pytest.raises(ModelError) as caught:
         make().complete(MESSAGES)
-    assert caught.value.status == 401 and not caught.value.retryable
+    assert caught.value.status == 401
+    assert not caught.value.retryable
     assert "OPENAI_API_KEY" in str(caught.value)
     assert len(chat_log(fake)) == 1
 
@@ -190,7 +197,8 @@ def test_rule_fails_only_matching_requests(make: MakeAdapter, fake: FakeModel) -
     adapter = make()
     with pytest.raises(ModelError) as caught:
         adapter.complete([{"role": "user", "content": "please FAIL-ME now"}])
-    assert caught.value.status == 400 and "rejected" in str(caught.value)
+    assert caught.value.status == 400
+    assert "rejected" in str(caught.value)
     assert adapter.complete(MESSAGES).text == fake.reply_for(MESSAGES)
 
 
@@ -201,7 +209,8 @@ def test_timeout_on_a_hanging_endpoint(make: MakeAdapter, fake: FakeModel) -> No
     with pytest.raises(ModelError) as caught:
         make(timeout=0.2, max_retries=1).complete(MESSAGES)
     assert time.monotonic() - started < 15  # without the timeout: 60 s; margin for a loaded box
-    assert "did not answer within 0.2s" in str(caught.value) and caught.value.retryable
+    assert "did not answer within 0.2s" in str(caught.value)
+    assert caught.value.retryable
     assert len(chat_log(fake)) == 2
 
 
@@ -211,7 +220,8 @@ def test_connection_refused_is_retried_then_reported(fake: FakeModel) -> None:
     fake.close()
     with pytest.raises(ModelError) as caught:
         make_adapter(base_url=url, max_retries=1, backoff_base=0.01).complete(MESSAGES)
-    assert "could not connect" in str(caught.value) and "after 2 attempts" in str(caught.value)
+    assert "could not connect" in str(caught.value)
+    assert "after 2 attempts" in str(caught.value)
 
 
 # -- streams that drop ------------------------------------------------------------------------
@@ -238,7 +248,8 @@ def test_cut_stream_out_of_retries_says_how_far_it_got(make: MakeAdapter,
             assert isinstance(item, str)
             shown.append(item)
     text = "".join(shown)
-    assert text and fake.reply_for(MESSAGES).startswith(text)
+    assert text
+    assert fake.reply_for(MESSAGES).startswith(text)
     assert f"cut after {len(text)} characters" in str(caught.value)
     assert caught.value.retryable
     assert len(chat_log(fake)) == 3
@@ -254,8 +265,10 @@ def test_malformed_reply_is_a_clear_error(make: MakeAdapter, fake: FakeModel,
             list(adapter.stream(MESSAGES))
         else:
             adapter.complete(MESSAGES)
-    assert "not OpenAI-compatible" in str(caught.value) and "malformed" in str(caught.value)
-    assert caught.value.status is None and not caught.value.retryable
+    assert "not OpenAI-compatible" in str(caught.value)
+    assert "malformed" in str(caught.value)
+    assert caught.value.status is None
+    assert not caught.value.retryable
     assert len(chat_log(fake)) == 1
 
 
@@ -290,21 +303,26 @@ def test_tool_calls_streamed_in_1_byte_pieces_match_the_whole_reply(
     assert "".join(deltas) == final.text == whole.text == text
     assert final.finish_reason == whole.finish_reason == "tool_calls"
     assert final.tool_calls == whole.tool_calls
-    assert final.tool_calls is not None and len(final.tool_calls) == 2
+    assert final.tool_calls is not None
+    assert len(final.tool_calls) == 2
     first, second = final.tool_calls
-    assert first["type"] == "function" and first["id"] != second["id"]
+    assert first["type"] == "function"
+    assert first["id"] != second["id"]
     assert first["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert second["function"]["arguments"] == WEATHER[1]["arguments"]  # byte for byte
     streamed = chat_log(fake)[-1]
-    assert streamed["body"]["tools"] == TOOLS and streamed["body"]["tool_choice"] == "auto"
+    assert streamed["body"]["tools"] == TOOLS
+    assert streamed["body"]["tool_choice"] == "auto"
     assert streamed["messages"] == RICH  # parts, calls and results reach the model as given
     # arguments really arrived one character per chunk
-    assert streamed["stream"] and fake.script.options.arg_chunk == 1
+    assert streamed["stream"]
+    assert fake.script.options.arg_chunk == 1
 
 
 def test_a_reply_that_reads_tool_results(make: MakeAdapter, fake: FakeModel) -> None:
     reply = make().complete(RICH[:3])
-    assert reply.text == "Tool results: call_1=sunny" and reply.tool_calls is None
+    assert reply.text == "Tool results: call_1=sunny"
+    assert reply.tool_calls is None
 
 
 def test_a_stream_cut_inside_tool_call_deltas_is_retried_whole(make: MakeAdapter,
@@ -349,7 +367,8 @@ def test_a_refusal_is_kept_as_an_extra_field() -> None:
     reply = parse_completion({"choices": [{"message": {
         "role": "assistant", "content": None, "refusal": "I can't help with that."},
         "finish_reason": "stop"}]})
-    assert reply.text == "" and reply.extra == {"refusal": "I can't help with that."}
+    assert reply.text == ""
+    assert reply.extra == {"refusal": "I can't help with that."}
 
 
 @pytest.mark.parametrize("calls", [
@@ -403,14 +422,16 @@ def test_a_retried_stream_never_contradicts_what_was_shown(retry: list[str]) -> 
         for item in adapter.stream(MESSAGES):
             shown.append(item)  # type: ignore[arg-type]
     assert "".join(shown) == "Hello world"
-    assert "cut after 11 characters" in str(caught.value) and caught.value.retryable
+    assert "cut after 11 characters" in str(caught.value)
+    assert caught.value.retryable
 
 
 def test_a_retried_stream_swallows_the_prefix_across_chunk_boundaries() -> None:
     backend = ScriptedBackend((["Hel", "lo wo"], False), (["H", "ello w", "orld!"], True))
     adapter = RetryingAdapter(backend, model="m", sleep=lambda s: None)
     deltas, final = collect(adapter.stream(MESSAGES))
-    assert deltas == ["Hel", "lo wo", "rld!"] and final.text == "Hello world!"
+    assert deltas == ["Hel", "lo wo", "rld!"]
+    assert final.text == "Hello world!"
 
 
 def test_an_error_event_mid_stream_is_retried_when_the_provider_says_so() -> None:
@@ -472,7 +493,8 @@ def test_backoff_grows_with_jitter_and_respects_limits() -> None:
     policy = RetryPolicy(max_retries=3, backoff_base=1.0, backoff_max=3.0, retry_after_max=5.0)
     transient = AttemptFailed("http", "HTTP 503", status=503, retryable=True)
     delays = [policy.delay(transient, n) for n in (1, 2, 3)]
-    assert 0.5 <= delays[0] <= 1.0 and 1.0 <= delays[1] <= 2.0  # type: ignore[operator]
+    assert 0.5 <= delays[0] <= 1.0  # type: ignore[operator]
+    assert 1.0 <= delays[1] <= 2.0  # type: ignore[operator]
     assert 1.5 <= delays[2] <= 3.0  # type: ignore[operator]
     assert policy.delay(transient, 4) is None
     assert policy.delay(AttemptFailed("http", "", status=400), 1) is None
@@ -485,7 +507,8 @@ def test_settings_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
                             "CHATSTATE_BASE_URL=http://dotenv.invalid/v1\n"
                             "CHATSTATE_MAX_RETRIES=7\n")
     settings = ModelSettings()
-    assert settings.api_key is not None and settings.api_key.get_secret_value() == "from-dotenv"
+    assert settings.api_key is not None
+    assert settings.api_key.get_secret_value() == "from-dotenv"
     assert (settings.model, settings.max_retries) == ("dotenv-model", 7)
     assert "from-dotenv" not in repr(settings)
 
@@ -507,7 +530,8 @@ def test_settings_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
     adapter = make_adapter(model="arg-model", base_url="http://arg.invalid/v1", api_key="arg")
     assert adapter.model == "arg-model"
     assert adapter.backend.endpoint == "http://arg.invalid/v1/chat/completions"
-    assert adapter.backend.secret == "arg" and adapter.policy.max_retries == 7
+    assert adapter.backend.secret == "arg"
+    assert adapter.policy.max_retries == 7
     adapter.close()
 
 
@@ -562,7 +586,8 @@ def test_dotenv_syntax_and_empty_values(monkeypatch: pytest.MonkeyPatch) -> None
     settings = ModelSettings()
     assert settings.model == "quoted model"
     assert settings.base_url == "http://dotenv.invalid/v1"
-    assert settings.max_retries == 5 and settings.api_key is None
+    assert settings.max_retries == 5
+    assert settings.api_key is None
     monkeypatch.setenv("CHATSTATE_MODEL", "")  # empty in the environment: the .env value
     assert ModelSettings().model == "quoted model"
     monkeypatch.setenv("chatstate_model", "lower-env")
@@ -600,6 +625,8 @@ def test_plain_settings_match_the_model_when_nothing_needs_validating(
                                         model.backoff_max, model.retry_after_max)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-canary")
     keyed = resolve({})
-    assert keyed.api_key.get_secret_value() == "sk-canary" and "sk-canary" not in repr(keyed)
+    assert keyed.api_key.get_secret_value() == "sk-canary"
+    assert "sk-canary" not in repr(keyed)
     monkeypatch.setenv("CHATSTATE_TIMEOUT", "5")  # a number: validated by the model
-    assert isinstance(resolve({}), ModelSettings) and resolve({}).timeout == 5.0
+    assert isinstance(resolve({}), ModelSettings)
+    assert resolve({}).timeout == 5.0

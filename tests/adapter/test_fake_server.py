@@ -43,9 +43,11 @@ def sse_events(response: httpx2.Response) -> list[str]:
 def test_plain_completion_is_openai_shaped_and_deterministic(http: httpx2.Client,
                                                              fake: FakeModel) -> None:
     first = chat(http, fake).json()
-    assert first["object"] == "chat.completion" and first["model"] == "m"
+    assert first["object"] == "chat.completion"
+    assert first["model"] == "m"
     choice = first["choices"][0]
-    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] == "stop"
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] == "stop"
     assert choice["message"]["content"] == reply_text(MESSAGES, 6) == fake.reply_for(MESSAGES)
     assert choice["message"]["content"].startswith("Echo: hello fake ")
     assert len(choice["message"]["content"].split()) == 3 + 6
@@ -71,7 +73,8 @@ def test_stream_is_exact_openai_chunk_format(http: httpx2.Client, fake: FakeMode
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     if include_usage:
         *chunks, last = chunks
-        assert last["choices"] == [] and last["usage"]["completion_tokens"] == 9
+        assert last["choices"] == []
+        assert last["usage"]["completion_tokens"] == 9
         assert all(c["usage"] is None for c in chunks)
     else:
         assert all("usage" not in c for c in chunks)
@@ -101,7 +104,8 @@ def test_fail_next_counts_down_and_sets_retry_after(http: httpx2.Client,
     assert (first.status_code, second.status_code) == (429, 429)
     assert first.headers["retry-after"] == "1.5"
     assert first.json()["error"]["message"].startswith("Rate limit")
-    assert third.status_code == 503 and third.headers["retry-after"].endswith("GMT")
+    assert third.status_code == 503
+    assert third.headers["retry-after"].endswith("GMT")
     assert fourth.status_code == 200
     assert [e["behaviour"] for e in fake.request_log] == ["fail", "fail", "fail", "ok"]
 
@@ -125,10 +129,14 @@ def test_request_log_records_presence_of_auth_never_its_value(http: httpx2.Clien
     chat(http, fake, stream=True, temperature=0.5)
     http.post(f"{fake.base_url}/chat/completions", json={"model": "m", "messages": MESSAGES})
     with_auth, without = fake.request_log
-    assert with_auth["authorization"] is True and without["authorization"] is False
-    assert with_auth["stream"] is True and with_auth["body"]["temperature"] == 0.5
-    assert with_auth["messages"] == MESSAGES and with_auth["status"] == 200
-    assert isinstance(with_auth["time"], float) and with_auth["time"] <= without["time"]
+    assert with_auth["authorization"] is True
+    assert without["authorization"] is False
+    assert with_auth["stream"] is True
+    assert with_auth["body"]["temperature"] == 0.5
+    assert with_auth["messages"] == MESSAGES
+    assert with_auth["status"] == 200
+    assert isinstance(with_auth["time"], float)
+    assert with_auth["time"] <= without["time"]
     assert "sk-canary" not in json.dumps(fake.request_log)
 
 
@@ -150,7 +158,8 @@ def test_cut_stream_drops_the_connection_mid_body(http: httpx2.Client,
 def test_clean_cut_ends_without_finish_or_done(http: httpx2.Client, fake: FakeModel) -> None:
     fake.cut_stream_next(after_chunks=3, clean=True)
     events = sse_events(chat(http, fake, stream=True))
-    assert len(events) == 4 and "[DONE]" not in events
+    assert len(events) == 4
+    assert "[DONE]" not in events
     assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events)
 
 
@@ -202,7 +211,8 @@ def test_binds_loopback_only() -> None:
 
 def test_bad_requests_get_openai_style_errors(http: httpx2.Client, fake: FakeModel) -> None:
     bad = http.post(f"{fake.base_url}/chat/completions", content=b"not json")
-    assert bad.status_code == 400 and "error" in bad.json()
+    assert bad.status_code == 400
+    assert "error" in bad.json()
     assert http.get(f"{fake.url}/nowhere").status_code == 404
     refused = http.post(f"{fake.url}/_fake/control", json={"command": "explode", "args": {}})
     assert refused.status_code == 400
@@ -215,7 +225,8 @@ def test_remote_control_in_another_process() -> None:
     try:
         assert server.stdout is not None
         base_url = server.stdout.readline().strip()
-        assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
+        assert base_url.startswith("http://127.0.0.1:")
+        assert base_url.endswith("/v1")
         control = FakeControl(base_url)
         control.fail_next(503, retry_after=2)
         control.add_rule(contains="FAIL-ME")
@@ -263,7 +274,8 @@ def test_scripted_tool_calls_in_the_openai_wire_shape(http: httpx2.Client,
     reply = chat(http, fake, messages=answered).json()["choices"][0]
     ids = [c["id"] for c in message["tool_calls"]]
     assert reply["message"]["content"] == f"Tool results: {ids[0]}=1; {ids[1]}=2"
-    assert reply["finish_reason"] == "stop" and "tool_calls" not in reply["message"]
+    assert reply["finish_reason"] == "stop"
+    assert "tool_calls" not in reply["message"]
     assert fake.state()["tool_rules"][0]["contains"] == "hello"
 
 

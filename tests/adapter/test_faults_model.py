@@ -69,7 +69,8 @@ def assert_one_user_message(url: str, text: str) -> Message:
 def assert_interrupted_and_kept(chat: Chat, url: str, text: str) -> Message:
     user = assert_one_user_message(url, text)
     turn = Chat(url, conversation_id=CID, adapter=chat.adapter).interrupted
-    assert turn is not None and turn.turn_id == user.turn_id, turn
+    assert turn is not None, turn
+    assert turn.turn_id == user.turn_id, turn
     return user
 
 
@@ -78,7 +79,8 @@ def assert_completed(url: str, user: Message, fake: FakeModel) -> None:
     messages = stored(url)
     assert [m for m in messages if m.role == "user"] == [user]
     reply = messages[-1]
-    assert reply.role == "assistant" and reply.status == "complete"
+    assert reply.role == "assistant"
+    assert reply.status == "complete"
     assert reply.turn_id == user.turn_id
     assert reply.content == fake.reply_for([user.to_openai()])
 
@@ -115,9 +117,13 @@ def test_errors_outlasting_retries_keep_the_turn(local_store_url: str, fake: Fak
     with pytest.raises(ModelError) as info:
         run_turn(chat, "doomed", stream)
     text = str(info.value)
-    assert f"HTTP {status}" in text and "after 3 attempts" in text and words in text, text
-    assert fake.base_url in text and KEY not in text
-    assert info.value.status == status and info.value.retryable
+    assert f"HTTP {status}" in text, text
+    assert "after 3 attempts" in text, text
+    assert words in text, text
+    assert fake.base_url in text
+    assert KEY not in text
+    assert info.value.status == status
+    assert info.value.retryable
     assert len(chat_requests(fake)) == 3
     user = assert_interrupted_and_kept(chat, local_store_url, "doomed")
     fake.reset()
@@ -137,7 +143,8 @@ def test_retry_after_a_restart_completes_the_turn_once(local_store_url: str,
     fake.reset()
     fresh = new_chat(local_store_url, fake)  # a new process would see exactly this
     user = assert_one_user_message(local_store_url, "before the restart")
-    assert fresh.interrupted is not None and fresh.interrupted.turn_id == user.turn_id
+    assert fresh.interrupted is not None
+    assert fresh.interrupted.turn_id == user.turn_id
     fresh.retry()
     assert_completed(local_store_url, user, fake)
     assert new_chat(local_store_url, fake).interrupted is None
@@ -172,7 +179,8 @@ def test_stream_cut_once_resumes_without_a_seam(local_store_url: str, fake: Fake
     fake.cut_stream_next(after_chunks=3)
     chat = new_chat(local_store_url, fake)
     reply, shown = run_turn(chat, "cut once", stream=True)
-    assert shown == reply.content and len(chat_requests(fake)) == 2
+    assert shown == reply.content
+    assert len(chat_requests(fake)) == 2
     assert_completed(local_store_url, assert_one_user_message(local_store_url, "cut once"), fake)
     assert all(m.status == "complete" for m in stored(local_store_url))
 
@@ -187,17 +195,20 @@ def test_stream_cut_for_good_keeps_the_partial(local_store_url: str, fake: FakeM
     with pytest.raises(ModelError) as info:
         for delta in chat.stream("cut for good"):
             shown += delta
-    assert shown and "cut after" in str(info.value), str(info.value)
+    assert shown, str(info.value)
+    assert "cut after" in str(info.value), str(info.value)
     user = assert_interrupted_and_kept(chat, local_store_url, "cut for good")
     store = open_store(local_store_url)
     partial = store.load(CID).partial
     store.close()
-    assert partial is not None and partial.content.startswith(shown)  # shown => stored
+    assert partial is not None
+    assert partial.content.startswith(shown)  # shown => stored
     fake.reset()
     chat.retry()
     messages = stored(local_store_url)
     assert [m.status for m in messages[-2:]] == ["partial", "complete"]
-    assert messages[-2].content == partial.content and messages[-2].turn_id == user.turn_id
+    assert messages[-2].content == partial.content
+    assert messages[-2].turn_id == user.turn_id
     assert_completed(local_store_url, user, fake)
 
 
@@ -228,8 +239,11 @@ def test_cli_ask_storm_then_retry(local_store_url: str, fake: FakeModel) -> None
                     store=local_store_url, env=env)
     assert failed.code == 1, failed
     errors = [line for line in failed.err.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "HTTP 429" in errors[0] and "--retry" in errors[0], failed.err
-    assert "Traceback" not in failed.err and KEY not in failed.err + failed.out
+    assert len(errors) == 1, failed.err
+    assert "HTTP 429" in errors[0], failed.err
+    assert "--retry" in errors[0], failed.err
+    assert "Traceback" not in failed.err
+    assert KEY not in failed.err + failed.out
     fake.reset()
     done = invoke(["ask", "--base-url", fake.base_url, "--id", CID, "--retry"],
                   store=local_store_url, env=env)

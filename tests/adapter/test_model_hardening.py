@@ -62,7 +62,8 @@ def chat_on(store_url: str, fake: FakeModel, cid: str = "c1", **kw: Any) -> Chat
 def test_one_redaction_function_serves_doctor_s3_and_the_adapter() -> None:
     from chatstate.core.redact import redact_url, scrub
 
-    assert doctor.scrub is scrub and doctor.redact_url is redact_url
+    assert doctor.scrub is scrub
+    assert doctor.redact_url is redact_url
     assert _s3io.scrub is scrub
     assert redact_url(f"https://user:{PASSWORD}@proxy/v1") == "https://[redacted]@proxy/v1"
     text = f"failed: https://user:{PASSWORD}@proxy/v1/chat and http://a@b/ ok"
@@ -79,17 +80,22 @@ def test_credentials_in_the_base_url_never_show(tmp_path: Path, store_url: str,
     with caplog.at_level(logging.WARNING, logger="chatstate"), \
             pytest.raises(ModelError) as info:
         adapter.complete([{"role": "user", "content": "hi"}])
-    assert PASSWORD not in str(info.value) and "[redacted]@127.0.0.1" in str(info.value)
-    assert caplog.records and all(PASSWORD not in r.getMessage() for r in caplog.records)
+    assert PASSWORD not in str(info.value)
+    assert "[redacted]@127.0.0.1" in str(info.value)
+    assert caplog.records
+    assert all(PASSWORD not in r.getMessage() for r in caplog.records)
     # the CLI: ask's error, doctor's text and --json
     env = {"CHATSTATE_BASE_URL": base, "CHATSTATE_API_KEY": "k-test-key",
            "CHATSTATE_MAX_RETRIES": "0"}
     asked = invoke(["ask", "--id", "s", "hi"], store=store_url, env=env)
-    assert asked.code == 1 and "[redacted]@" in asked.err and PASSWORD not in asked.err
+    assert asked.code == 1
+    assert "[redacted]@" in asked.err
+    assert PASSWORD not in asked.err
     for args in (["doctor"], ["doctor", "--json"]):
         result = run_cli(args, cli_env(tmp_path, **env), store=store_url)
         assert result.code == 1, result.out
-        assert "[redacted]@127.0.0.1" in result.out and PASSWORD not in result.out + result.err
+        assert "[redacted]@127.0.0.1" in result.out
+        assert PASSWORD not in result.out + result.err
     stored = (tmp_path / "store").rglob("*")
     assert not any(PASSWORD.encode() in p.read_bytes() for p in stored if p.is_file())
 
@@ -147,12 +153,14 @@ def test_a_length_cut_reply_is_stored_shown_and_continued(store_url: str,
                                                           fake: FakeModel) -> None:
     chat = chat_on(store_url, fake, params={"max_tokens": 3})
     reply = chat.send("tell me everything")
-    assert reply.finish_reason == "length" and chat.cut_short == reply
+    assert reply.finish_reason == "length"
+    assert chat.cut_short == reply
     from chatstate.session.sendable import CONTINUE_PROMPT as prompt
     assert prompt == CONTINUE_PROMPT
     assert chat.interrupted is None
     again = chat.retry()
-    assert chat.messages[-2].content == CONTINUE_PROMPT and again.role == "assistant"
+    assert chat.messages[-2].content == CONTINUE_PROMPT
+    assert again.role == "assistant"
     sent = fake.request_log[-1]["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
     assert sent[1]["content"] == reply.content
@@ -170,7 +178,8 @@ def test_ask_says_the_reply_was_cut_and_retry_continues(store_url: str,
     assert result.code == 0, result.err
     assert "continue" in result.err
     doc = replay_json(store_url, "cut")["messages"]
-    assert doc[1]["finish_reason"] == "length" and doc[2]["content"] == CONTINUE_PROMPT
+    assert doc[1]["finish_reason"] == "length"
+    assert doc[2]["content"] == CONTINUE_PROMPT
     # a cut reply made by ask itself is announced on stderr
     cut = invoke(["ask", "--id", "cut3", "hi"], store=store_url,
                  env={**env, "CHATSTATE_MODEL": "fake-model"})
@@ -178,7 +187,8 @@ def test_ask_says_the_reply_was_cut_and_retry_continues(store_url: str,
     Chat(store_url, conversation_id="cut4", base_url=fake.base_url, api_key="k",
          params={"max_tokens": 2}).send("x")
     shown = invoke(["ask", "--id", "cut4", "--retry"], store=store_url, env=env)
-    assert shown.code == 0 and "cut short" in shown.err
+    assert shown.code == 0
+    assert "cut short" in shown.err
 
 
 def test_old_messages_keep_their_hash() -> None:
@@ -194,7 +204,8 @@ def test_old_messages_keep_their_hash() -> None:
     cut = Message.seal(None, role="assistant", content="x", turn_id="t-1", model="m",
                        usage={"prompt_tokens": 1}, finish_reason="length",
                        created_at="2025-01-01T00:00:00.000000Z")
-    assert '"finish_reason":"length"' in cut.body() and cut.hash != old.hash
+    assert '"finish_reason":"length"' in cut.body()
+    assert cut.hash != old.hash
 
 
 def test_nested_usage_and_requested_model_are_kept(store_url: str, fake: FakeModel) -> None:
@@ -209,7 +220,8 @@ def test_nested_usage_and_requested_model_are_kept(store_url: str, fake: FakeMod
     chat = Chat(store_url, conversation_id="rm", base_url=fake.base_url, api_key="k",
                 model="asked-name")
     sent = chat.send("hi")
-    assert sent.model == "asked-name" and sent.requested_model is None  # the fake echoes it
+    assert sent.model == "asked-name"
+    assert sent.requested_model is None  # the fake echoes it
     fake.reset()
 
 
@@ -236,7 +248,8 @@ def test_strict_fake_rejects_two_user_messages_like_llama_cpp(fake: FakeModel) -
     adapter = make_adapter(base_url=fake.base_url, api_key="k", max_retries=0)
     with pytest.raises(ModelError) as info:
         adapter.complete([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
-    assert info.value.status == 400 and "roles must alternate" in str(info.value)
+    assert info.value.status == 400
+    assert "roles must alternate" in str(info.value)
     assert not info.value.retryable
 
 
@@ -251,7 +264,8 @@ def test_a_context_length_400_names_the_window_and_says_what_to_change(
     fake.fail_next(400, message=LLAMA_OVERFLOW, times=2)  # learning the window cannot help "hi"
     result = invoke(["ask", "--id", "ctx", "hi"], store=store_url, env=env)
     assert result.code == 1
-    assert "831 tokens" in result.err and "context window of 512 tokens" in result.err
+    assert "831 tokens" in result.err
+    assert "context window of 512 tokens" in result.err
     assert "--new" in result.err
     assert "complete the turn with" not in result.err
     assert "would fail the same way" in result.err
@@ -289,7 +303,9 @@ def test_error_sentences_join_and_the_provider_message_is_one_whole_line(
     assert "parameters Your" not in err
     line = next(ln for ln in err.splitlines() if ln.startswith("error:"))
     assert "first line second line: see word" in line
-    assert url not in line and "https://example" not in line and " …)" in line
+    assert url not in line
+    assert "https://example" not in line
+    assert " …)" in line
     fake.fail_next(400, message="short\nmessage with " + url)
     line = next(ln for ln in invoke(["ask", "--id", "e2", "hi"], store=store_url,
                                     env=env).err.splitlines() if ln.startswith("error:"))
@@ -304,7 +320,8 @@ def test_the_first_timeout_says_which_setting_to_lower(fake: FakeModel,
     with caplog.at_level(logging.WARNING, logger="chatstate"), pytest.raises(ModelError) as info:
         adapter.complete([{"role": "user", "content": "hi"}])
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 1 and "lower CHATSTATE_TIMEOUT" in warned[0], warned
+    assert len(warned) == 1, warned
+    assert "lower CHATSTATE_TIMEOUT" in warned[0], warned
     assert "2 attempts in all" in warned[0]
     assert "lower CHATSTATE_TIMEOUT" in str(info.value)
 
@@ -315,13 +332,16 @@ def test_doctor_is_not_ready_when_the_model_server_is_down(tmp_path: Path, store
     down = cli_env(tmp_path, CHATSTATE_BASE_URL=f"http://127.0.0.1:{closed_port()}/v1",
                    CHATSTATE_API_KEY="k-test-key")
     result = run_cli(["doctor"], down, store=store_url)
-    assert result.code == 1 and "NOT READY" in result.out and "unreachable" in result.out
+    assert result.code == 1
+    assert "NOT READY" in result.out
+    assert "unreachable" in result.out
     assert run_cli(["doctor", "--store-only"], down, store=store_url).code == 0
     up = cli_env(tmp_path, CHATSTATE_BASE_URL=fake.base_url, CHATSTATE_API_KEY="k-test-key",
                  CHATSTATE_MODEL="fake-model")
     ready = run_cli(["doctor", "--json"], up, store=store_url)
     assert ready.code == 0, ready.out
-    assert ready.json()["model"]["ok"] and "fake-model" in ready.json()["model"]["detail"]
+    assert ready.json()["model"]["ok"]
+    assert "fake-model" in ready.json()["model"]["detail"]
     assert any(e["path"] == "/v1/models" for e in fake.request_log)
 
 
@@ -348,7 +368,8 @@ def test_repl_greeting_and_history_clip_long_messages(tmp_path: Path, store_url:
     result = run_cli(["chat", "--id", "long"], env, store=store_url, input="/history\n")
     assert result.code == 0, result.err
     assert result.out.count("more characters: `chatstate replay long` shows all") == 4
-    assert len(result.out) < 4000 and "start filler" in result.out
+    assert len(result.out) < 4000
+    assert "start filler" in result.out
 
 
 def test_repl_waits_visibly_continues_cut_replies_and_survives_a_400(
@@ -389,4 +410,6 @@ def test_doctor_library_call_checks_the_endpoint_on_request(
     monkeypatch.setenv("CHATSTATE_BASE_URL", f"http://127.0.0.1:{closed_port()}/v1")
     assert doctor.run(store_url, store_only=True).ready
     report = doctor.run(store_url, store_only=False)
-    assert not report.ready and report.model is not None and not report.model["ok"]
+    assert not report.ready
+    assert report.model is not None
+    assert not report.model["ok"]

@@ -144,7 +144,8 @@ def test_streamed_and_plain_ask(tmp_path: Path, strict_server: LlamaServer) -> N
                     store=store, timeout=300)
     assert plain.code == 0, plain.err
     doc = plain.json()
-    assert doc["reply"] and doc["requested_model"] == "smollm2"
+    assert doc["reply"]
+    assert doc["requested_model"] == "smollm2"
     assert doc["model"].endswith(".gguf")  # what llama.cpp reports: the model file
     assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
     messages = replay_json(store, "a")["messages"]
@@ -180,7 +181,8 @@ def test_a_context_length_400_says_what_to_change(tmp_path: Path,
     line = next(ln for ln in failed.err.splitlines() if ln.startswith("error:"))
     assert f"context window of {N_CTX} tokens" in line, line
     assert "exceeds the available context size" in line  # llama.cpp's own words, whole
-    assert "parameters Your" not in line and "complete the turn with" not in line
+    assert "parameters Your" not in line
+    assert "complete the turn with" not in line
 
 
 def test_a_new_message_after_a_failed_turn_on_a_strict_template(
@@ -194,7 +196,8 @@ def test_a_new_message_after_a_failed_turn_on_a_strict_template(
         chat.send("word " * (N_CTX * 2))  # does not fit: the turn stays unanswered
     assert chat.interrupted is not None
     reply = chat.send("And now?")
-    assert reply.status == "complete" and reply.content
+    assert reply.status == "complete"
+    assert reply.content
     assert [m.role for m in chat.messages] == ["user", "assistant", "user", "user",
                                                "assistant"]
     assert chat.send("Once more.").status == "complete"
@@ -208,7 +211,8 @@ def test_strict_template_rejects_two_user_messages(strict_server: LlamaServer) -
     with pytest.raises(ModelError) as info:
         adapter.complete([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
                          params={"max_tokens": 2})
-    assert info.value.status == 400 and not info.value.retryable
+    assert info.value.status == 400
+    assert not info.value.retryable
     assert "roles must alternate" in str(info.value)
     assert "\n" not in str(info.value)  # llama.cpp's multi-line message, on one line
 
@@ -235,7 +239,8 @@ def test_kill_9_of_the_server_mid_stream_then_retry(tmp_path: Path, venv_python:
             conv = opened.load("k")
         finally:
             opened.close()
-        assert conv.partial is not None and conv.partial.content  # what was shown is kept
+        assert conv.partial is not None
+        assert conv.partial.content  # what was shown is kept
         again = LlamaServer(venv_python, log, n_predict=N_PREDICT,
                             port=int(server.url.rsplit(":", 1)[1].split("/")[0])).start()
         try:
@@ -244,7 +249,8 @@ def test_kill_9_of_the_server_mid_stream_then_retry(tmp_path: Path, venv_python:
             again.kill()
         assert done.code == 0, done.err
         messages = replay_json(store, "k")["messages"]
-        assert messages[-1]["role"] == "assistant" and messages[-1]["status"] == "complete"
+        assert messages[-1]["role"] == "assistant"
+        assert messages[-1]["status"] == "complete"
         assert [m["role"] for m in messages if m["role"] == "user"] == ["user"]
     finally:
         server.kill()

@@ -47,7 +47,8 @@ def test_run_writes_one_verified_file_per_record_and_a_rerun_calls_nothing(
     # the probe is printed before anything else happens
     lines = first.err.splitlines()
     assert lines[0].startswith(f"ledger {out}/.chatstate-batch.db on ")
-    assert ": durable (device " in lines[0] and lines[1].startswith(f"outputs {out} on ")
+    assert ": durable (device " in lines[0]
+    assert lines[1].startswith(f"outputs {out} on ")
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == \
         sorted(f"{i}.txt" for i in ids)
     text = (out / "rec-003.txt").read_text()
@@ -58,10 +59,12 @@ def test_run_writes_one_verified_file_per_record_and_a_rerun_calls_nothing(
     assert all(r["attempts"] == 1 and len(r["output_sha256"]) == 64 for r in rows.values())
 
     again = invoke(run_args(tmp_path / "in.jsonl", out, fake.base_url))
-    assert again.code == 0 and "this run: 0 done" in again.out
+    assert again.code == 0
+    assert "this run: 0 done" in again.out
     assert all(len(times) == 1 for times in calls_by_record(fake.request_log).values())
     verified = invoke(["batch", "verify", "--out", str(out)])
-    assert verified.code == 0 and verified.out.startswith("verify ok: 12 done"), verified.out
+    assert verified.code == 0, verified.out
+    assert verified.out.startswith("verify ok: 12 done"), verified.out
     status = invoke(["batch", "status", "--out", str(out), "--json"])
     assert status.json()["counts"] == {"pending": 0, "running": 0, "done": 12, "failed": 0}
 
@@ -74,7 +77,8 @@ def test_always_failing_record_fails_after_exactly_max_attempts_calls(
     for _ in range(2):  # the rerun must not call it again
         result = _run(tmp_path / "in.jsonl", out, fake, "--max-attempts", "3", env=FAST_RETRIES)
         assert result.code == 1, result.err
-        assert "4/5 done, 1 failed" in result.out and "failed 'bad': " in result.out
+        assert "4/5 done, 1 failed" in result.out
+        assert "failed 'bad': " in result.out
         calls = calls_by_record(fake.request_log)
         assert len(calls["bad"]) == 3
         assert all(len(calls[f"rec-{i:03d}"]) == 1 for i in range(4))
@@ -92,10 +96,12 @@ def test_retry_failed_gives_failed_records_fresh_attempts_once_the_cause_is_fixe
     write_jsonl(tmp_path / "in.jsonl", 2, extra={"bad": "FAIL-ME please"})
     out = tmp_path / "out"
     first = _run(tmp_path / "in.jsonl", out, fake, "--max-attempts", "2", env=FAST_RETRIES)
-    assert first.code == 1 and "1 failed" in first.out
+    assert first.code == 1
+    assert "1 failed" in first.out
     fake.reset()  # the outage is over
     plain = _run(tmp_path / "in.jsonl", out, fake, "--max-attempts", "2")
-    assert plain.code == 1 and calls_by_record(fake.request_log) == {}  # failed stays failed
+    assert plain.code == 1
+    assert calls_by_record(fake.request_log) == {}  # failed stays failed
     again = _run(tmp_path / "in.jsonl", out, fake, "--max-attempts", "2", "--retry-failed")
     assert again.code == 0, again.err
     assert "retrying 1 failed record(s)" in again.err
@@ -113,7 +119,8 @@ def test_retry_after_is_honoured_and_each_request_is_an_attempt(
     result = _run(tmp_path / "in.jsonl", out, fake, "--max-attempts", "2")
     assert result.code == 0, result.err
     times = calls_by_record(fake.request_log)["rec-000"]
-    assert len(times) == 2 and times[1] - times[0] >= 0.4
+    assert len(times) == 2
+    assert times[1] - times[0] >= 0.4
     assert ledger_rows(out / ".chatstate-batch.db")["rec-000"]["attempts"] == 2
 
 
@@ -158,8 +165,8 @@ def test_an_extra_file_fails_verify_until_recover_quarantines_it(tmp_path: Path,
         in result.out
     assert "violation: sub/also.txt is in the output directory" in result.out
     report = invoke(["batch", "recover", "--out", str(out)])
-    assert report.code == 0 and "2 file(s) in the output directory belong to no done record" \
-        in report.err
+    assert report.code == 0
+    assert "2 file(s) in the output directory belong to no done record" in report.err
     assert (out / "stray.txt").exists()  # reporting moves nothing
     moved = invoke(["batch", "recover", "--out", str(out), "--quarantine"])
     assert "quarantined stray.txt -> .quarantine/stray.txt" in moved.err
@@ -180,11 +187,13 @@ def test_a_changed_record_is_reported_and_not_overwritten(tmp_path: Path,
     result = _run(source, out, fake)
     assert result.code == 0
     assert "1 record(s) changed since they were registered and were left as registered" \
-        in result.err and "'rec-000'" in result.err
+        in result.err
+    assert "'rec-000'" in result.err
     rows = ledger_rows(out / ".chatstate-batch.db")
     assert rows["rec-000"]["text"] == "text of record 0"
     derived = [k for k in rows if k.startswith("r-")]
-    assert len(derived) == 1 and rows[derived[0]]["status"] == "done"
+    assert len(derived) == 1
+    assert rows[derived[0]]["status"] == "done"
     assert len(calls_by_record(fake.request_log)["rec-000"]) == 1
 
 
@@ -205,7 +214,9 @@ def test_directory_input_and_hostile_ids_stay_inside_the_output_directory(
     names = [output_name(h) for h in hostile]
     assert len(set(names)) == len(names)
     for name in names:
-        assert "/" not in name and not name.startswith(".") and len(name) <= 210
+        assert "/" not in name
+        assert not name.startswith(".")
+        assert len(name) <= 210
         assert (out / name).resolve().parent == out.resolve()
 
 
@@ -220,7 +231,8 @@ def test_ephemeral_locations_are_refused_unless_allowed(tmp_path: Path, fake: Fa
         assert refused.code == 1, refused.err
         assert "error: refusing batch ledger at /dev/shm/" in refused.err
         assert "; batch outputs at /dev/shm/" in refused.err
-        assert "--allow-ephemeral" in refused.err and not shm.exists()
+        assert "--allow-ephemeral" in refused.err
+        assert not shm.exists()
         # ledger on a RAM disk, outputs on disk: allowed explicitly, with a warning
         split = _run(tmp_path / "in.jsonl", tmp_path / "out", fake, "--ledger",
                      str(shm / "ledger.db"), pre=["--allow-ephemeral"])
@@ -259,7 +271,8 @@ def test_limit_and_the_library_call(tmp_path: Path, fake: FakeModel) -> None:
         assert batch.verify() == []  # pending records are not a violation
         second = batch.run()
         assert second.counts == {"pending": 0, "running": 0, "done": 3, "failed": 0}
-        assert batch.status()["done"] == 3 and batch.verify() == []
+        assert batch.status()["done"] == 3
+        assert batch.verify() == []
     assert any(n.startswith("ledger ") for n in notes)
     with pytest.raises(ValueError, match="must contain"):
         Batch(tmp_path / "x", prompt="no placeholder")
@@ -297,7 +310,8 @@ def test_an_external_ledger_belongs_to_one_output_directory(tmp_path: Path,
                                                            fake: FakeModel) -> None:
     ledger = tmp_path / "state" / "ledger.db"
     missing = invoke(["batch", "status", "--out", str(tmp_path / "a"), "--ledger", str(ledger)])
-    assert missing.code == 1 and f"no batch ledger at {ledger}" in missing.err
+    assert missing.code == 1
+    assert f"no batch ledger at {ledger}" in missing.err
     write_jsonl(tmp_path / "in.jsonl", 1)
     assert _run(tmp_path / "in.jsonl", tmp_path / "a", fake, "--ledger", str(ledger)).code == 0
     other = _run(tmp_path / "in.jsonl", tmp_path / "b", fake, "--ledger", f"sqlite://{ledger}")
@@ -314,8 +328,10 @@ def test_a_changed_prompt_on_the_same_output_directory_is_refused(
     assert first.code == 0, first.err
     other = invoke(["batch", "run", str(tmp_path / "in.jsonl"), "--prompt", "Other: {text}",
                     "--out", str(out), "--base-url", fake.base_url, "--model", "m"])
-    assert other.code == 1 and "was started with another prompt" in other.err
+    assert other.code == 1
+    assert "was started with another prompt" in other.err
     assert "Traceback" not in other.err
     odd = invoke(["batch", "run", str(tmp_path / "in.jsonl"), "--prompt", "{title}: {text}",
                   "--out", str(tmp_path / "out2"), "--base-url", fake.base_url, "--model", "m"])
-    assert odd.code == 0 and "{title} in the prompt is not a placeholder" in odd.err
+    assert odd.code == 0
+    assert "{title} in the prompt is not a placeholder" in odd.err

@@ -102,13 +102,15 @@ def test_kill_drill_every_record_done_once_and_never_called_after_done(tmp_path:
         final_out, final_err = final.communicate(timeout=60)
         log = fake.request_log
     assert final.returncode == 0, final_err
-    assert kills >= 3 and mid_write_temps, f"no kill landed mid-write (seed {seed})"
+    assert kills >= 3, f"no kill landed mid-write (seed {seed})"
+    assert mid_write_temps, f"no kill landed mid-write (seed {seed})"
     # the run after the mid-write kill removed the temp file it left
     assert any("temp file(s) of killed writes" in e for e in [*stderr[2:], final_err])
     verified = invoke(["batch", "verify", "--out", str(out)])
     assert verified.code == 0, verified.out
     rows = ledger_rows(out / ".chatstate-batch.db")
-    assert sorted(rows) == sorted(ids) and {r["status"] for r in rows.values()} == {"done"}
+    assert sorted(rows) == sorted(ids)
+    assert {r["status"] for r in rows.values()} == {"done"}
     on_disk = {p.name for p in out.iterdir() if not p.name.startswith(".")}
     assert on_disk == {output_name(i) for i in ids}
     calls = calls_by_record(log)
@@ -131,20 +133,22 @@ def test_two_runners_on_one_ledger_never_call_a_record_twice(tmp_path: Path) -> 
         wait_until(lambda: len(fake.request_log) > 0, 60, "the first runner's requests")
         # recovery while a runner is alive must leave its rows alone
         report = invoke(["batch", "recover", "--out", str(out)])
-        assert report.code == 0 and re.search(r"left \d+ record\(s\) alone: held by worker",
-                                              report.err), report.err
+        assert report.code == 0, report.err
+        assert re.search(r"left \d+ record\(s\) alone: held by worker", report.err), report.err
         second = spawn(args, env)
         wait_until(lambda: len(holders(out)) == 2, 60, "both runners to hold records")
         fake.configure(latency=0.05)
         results = [p.communicate(timeout=60) for p in (first, second)]
         log = fake.request_log
-    assert first.returncode == 0 and second.returncode == 0, results
+    assert first.returncode == 0, results
+    assert second.returncode == 0, results
     calls = calls_by_record(log)
     assert sorted(calls) == sorted(ids)
     assert [rid for rid, times in calls.items() if len(times) != 1] == []
     done_now = [int(re.search(r"this run: (\d+) done", out_).group(1))  # type: ignore[union-attr]
                 for out_, _ in results]
-    assert sum(done_now) == len(ids) and min(done_now) > 0, done_now
+    assert sum(done_now) == len(ids), done_now
+    assert min(done_now) > 0, done_now
     assert invoke(["batch", "verify", "--out", str(out)]).code == 0
 
 
@@ -169,7 +173,8 @@ def test_attempts_count_when_sent_across_kills(tmp_path: Path) -> None:
             killed.append(proc)
             if calls == 1:  # what a kill leaves is a violation until the next run recovers it
                 stuck = invoke(["batch", "verify", "--out", str(out)])
-                assert stuck.code == 1 and "record 'bad' is 'running' but its worker " in stuck.out
+                assert stuck.code == 1
+                assert "record 'bad' is 'running' but its worker " in stuck.out
         final = spawn(args, env)
         _, final_err = final.communicate(timeout=60)
         log = fake.request_log

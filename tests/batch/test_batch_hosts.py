@@ -121,7 +121,8 @@ def test_three_hosts_survive_a_kill_and_a_freeze(tmp_path: Path,
     assert workers[0].returncode == -signal.SIGKILL
     assert workers[1].returncode == 0, late_err
     assert workers[2].returncode == 0, last_err
-    assert at_kill and at_stop, "the kill and the stop must each catch requests in flight"
+    assert at_kill, "the kill and the stop must each catch requests in flight"
+    assert at_stop, "the kill and the stop must each catch requests in flight"
     # the late worker's results for records taken over were refused, logged and dropped
     assert "dropped the reply" in late_err or "refused to write" in late_err, late_err
     verified = invoke(["batch", "verify", "--out", out, "--ledger", ledger])
@@ -133,7 +134,8 @@ def test_three_hosts_survive_a_kill_and_a_freeze(tmp_path: Path,
     extra = sum(len(c) for c in calls.values()) - len(ids)
     assert extra <= len(at_kill) + len(at_stop), (extra, at_kill, at_stop)
     status = invoke(["batch", "status", "--out", out, "--ledger", ledger, "--json"])
-    assert status.code == 0 and f'"done": {len(ids)}' in status.out
+    assert status.code == 0
+    assert f'"done": {len(ids)}' in status.out
 
 
 def test_a_late_write_never_replaces_the_taken_over_output(shared: tuple[str, str]) -> None:
@@ -156,16 +158,19 @@ def test_a_claim_whose_lease_lapsed_is_taken_over_and_its_attempt_counted(
     try:
         db.register([("a", "text", "sha", "a.txt")])
         first = db.claim("host-a:1", 3, count=True)
-        assert first is not None and db.claim("host-b:2", 3, count=True) is None
+        assert first is not None
+        assert db.claim("host-b:2", 3, count=True) is None
         assert db.renew("host-a:1") == 1
         time.sleep(0.8)
         taken = db.claim("host-b:2", 3, count=True)
-        assert taken is not None and taken.attempts == 1  # host-a's attempt is counted
+        assert taken is not None
+        assert taken.attempts == 1  # host-a's attempt is counted
         # host-a wakes up: every step it tries is refused
         assert not db.set_writing("a", "host-a:1", "x")
         assert not db.finish("a", "host-a:1", "x")
         assert db.renew("host-a:1") == 0
-        assert db.set_writing("a", "host-b:2", "y") and db.finish("a", "host-b:2", "y")
+        assert db.set_writing("a", "host-b:2", "y")
+        assert db.finish("a", "host-b:2", "y")
         assert db.counts()["done"] == 1
     finally:
         db.close()

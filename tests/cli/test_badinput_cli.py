@@ -45,7 +45,8 @@ COMMANDS = {
 def error_paragraph(result: Result, code: int = 1) -> str:
     """Exit ``code``, no traceback, exactly one ``error:`` line; the text from it to the end."""
     assert result.code == code, (result.code, result.err)
-    assert "Traceback" not in result.err and "unexpected" not in result.err, result.err
+    assert "Traceback" not in result.err, result.err
+    assert "unexpected" not in result.err, result.err
     lines = result.err.splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith("error: ")]
     assert len(starts) == 1, result.err
@@ -67,7 +68,8 @@ def assert_one_error(result: Result, *names: str, code: int = 1) -> str:
 def assert_usage_or_error(result: Result, *names: str) -> None:
     """Exit 2 (usage, click's own message) or 1 (one error paragraph), no traceback."""
     assert result.code in (1, 2), (result.code, result.err)
-    assert "Traceback" not in result.err and "unexpected" not in result.err, result.err
+    assert "Traceback" not in result.err, result.err
+    assert "unexpected" not in result.err, result.err
     text = " ".join(result.err.split())
     for name in names:
         assert name in text, f"{name!r} not in: {result.err}"
@@ -116,7 +118,8 @@ def test_damaged_json_transcript(damaged_json: tuple[str, Path, str], command: s
     result = invoke(COMMANDS[command], store=url)
     assert path.read_bytes() == before, "the damaged file was written over"
     listed = invoke(["list", "--json"], store=url)
-    assert listed.code == 0 and CID in [row["id"] for row in listed.json()], listed.err
+    assert listed.code == 0, listed.err
+    assert CID in [row["id"] for row in listed.json()], listed.err
     assert path.read_bytes() == before
     assert_one_error(result, str(path), word)
 
@@ -272,13 +275,15 @@ def test_ten_megabyte_message_round_trips_through_the_cli(local_store_url: str,
     shown = invoke(["replay", "big", "--format", "json"], store=local_store_url)
     assert shown.code == 0, shown.err
     messages = shown.json()["messages"]
-    assert messages[0]["content"] == big and big in messages[1]["content"]
+    assert messages[0]["content"] == big
+    assert big in messages[1]["content"]
     out = tmp_path / "big.json"
     assert invoke(["export", "big", "-o", str(out)], store=local_store_url).code == 0
     imported = invoke(["import", str(out), "--id", "big2"], store=local_store_url)
     assert imported.code == 0, imported.err
     again = invoke(["replay", "big2", "--format", "json", "--verify"], store=local_store_url)
-    assert again.code == 0 and again.json()["messages"] == messages
+    assert again.code == 0
+    assert again.json()["messages"] == messages
 
 
 # -- import files that are not transcripts -----------------------------------------------
@@ -330,7 +335,8 @@ def test_import_of_what_is_not_a_transcript(local_store_url: str, tmp_path: Path
     result = invoke(["import", str(path)], store=local_store_url)
     assert path.read_bytes() == before
     listed = invoke(["list", "--json"], store=local_store_url)
-    assert listed.code == 0 and listed.json() == [], "something was imported"
+    assert listed.code == 0, "something was imported"
+    assert listed.json() == [], "something was imported"
     assert not (tmp_path.parent / "outside.json").exists()
     assert_one_error(result, str(path))
 
@@ -378,4 +384,5 @@ def test_message_with_every_kind_of_bad_text_is_refused_or_kept_exactly(
     finally:
         store.close()
     shown = invoke(["replay", "text", "--format", "json"], store=local_store_url)
-    assert shown.code == 0 and shown.json()["messages"][0]["content"] == odd.content
+    assert shown.code == 0
+    assert shown.json()["messages"][0]["content"] == odd.content

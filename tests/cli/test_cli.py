@@ -61,7 +61,8 @@ def test_ask_streams_only_the_reply_on_stdout(local_store_url: str, tmp_path: Pa
     lines = result.err.splitlines()
     assert lines[0] == f"store {local_store_url} on {report.fstype} {report.source}: " \
                        f"{report.verdict}"
-    assert report.fstype and report.verdict == "durable"
+    assert report.fstype
+    assert report.verdict == "durable"
     cid = lines[1].removeprefix("conversation ")
     doc = replay_json(local_store_url, cid)
     assert [(m["seq"], m["role"], m["status"]) for m in doc["messages"]] == [
@@ -98,7 +99,8 @@ def test_ask_no_stream_and_json(local_store_url: str) -> None:
     assert data["usage"]["total_tokens"] == (data["usage"]["prompt_tokens"]
                                              + data["usage"]["completion_tokens"]) > 0
     stored = replay_json(local_store_url, "j")["messages"]
-    assert stored[3]["content"] == data["reply"] and stored[3]["turn_id"] == data["turn_id"]
+    assert stored[3]["content"] == data["reply"]
+    assert stored[3]["turn_id"] == data["turn_id"]
 
 
 def test_ask_id_creates_then_continues_and_c_continues_latest(local_store_url: str) -> None:
@@ -106,12 +108,14 @@ def test_ask_id_creates_then_continues_and_c_continues_latest(local_store_url: s
     assert invoke(["ask", "--model", "fake", "--id", "older", "one"], store=s).code == 0
     assert invoke(["ask", "--model", "fake", "--id", "newer", "two"], store=s).code == 0
     again = invoke(["ask", "--model", "fake", "--id", "older", "three"], store=s)
-    assert again.code == 0 and "conversation older" in again.err
+    assert again.code == 0
+    assert "conversation older" in again.err
     assert [m["content"] for m in replay_json(s, "older")["messages"][::2]] == ["one", "three"]
     # "older" was updated last, so -c continues it
     cont = invoke(["ask", "--model", "fake", "-c", "--json", "four"], store=s)
     assert cont.code == 0, cont.err
-    assert cont.json()["conversation_id"] == "older" and cont.json()["user_seq"] == 4
+    assert cont.json()["conversation_id"] == "older"
+    assert cont.json()["user_seq"] == 4
     assert sorted(ids(s)) == ["newer", "older"]
 
 
@@ -137,7 +141,8 @@ def test_usage_errors_exit_2_before_the_store_opens(tmp_path: Path, args: list[s
     store = f"json://{tmp_path}/never"
     result = invoke(args, store=store)
     assert result.code == 2, result
-    assert "store " not in result.err and not (tmp_path / "never").exists()
+    assert "store " not in result.err
+    assert not (tmp_path / "never").exists()
 
 
 def test_empty_and_undecodable_prompts_are_refused(tmp_path: Path) -> None:
@@ -147,7 +152,8 @@ def test_empty_and_undecodable_prompts_are_refused(tmp_path: Path) -> None:
     assert invoke(["ask", "--model", "fake"], store=store, input="  \n").code == 2
     bad = run_cli(["ask", "--model", "fake", "--id", "b", "-"], env, store=store,
                   input=b"caf\xe9\n")
-    assert bad.code == 2 and "not valid UTF-8 (byte 0xe9" in bad.err, bad.err
+    assert bad.code == 2, bad.err
+    assert "not valid UTF-8 (byte 0xe9" in bad.err, bad.err
     assert "Traceback" not in bad.err
     assert invoke(["list", "--json"], store=store).json() == []
 
@@ -155,7 +161,8 @@ def test_empty_and_undecodable_prompts_are_refused(tmp_path: Path) -> None:
 def test_continue_with_nothing_to_continue_exits_1(tmp_path: Path) -> None:
     result = invoke(["ask", "--model", "fake", "-c", "hi"], store=f"sqlite://{tmp_path}/s.db")
     assert result.code == 1
-    assert "no conversation to continue" in result.err and "--new" in result.err
+    assert "no conversation to continue" in result.err
+    assert "--new" in result.err
 
 
 @pytest.fixture(scope="module")
@@ -185,11 +192,15 @@ def test_model_error_is_one_paragraph_then_retry_completes_the_turn(
     model = ["--base-url", fake_server.base_url, "--model", "fake-model"]
     fake_server.fail_next(500)
     failed = run_cli(["ask", "--id", "e", *model, "will fail"], env, store=local_store_url)
-    assert failed.code == 1 and failed.out == ""
+    assert failed.code == 1
+    assert failed.out == ""
     errors = [line for line in failed.err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and failed.err.rstrip().endswith(errors[0])
-    assert "HTTP 500" in errors[0] and "chatstate ask --id e --retry" in errors[0]
-    assert "Traceback" not in failed.err and API_KEY not in failed.err
+    assert len(errors) == 1
+    assert failed.err.rstrip().endswith(errors[0])
+    assert "HTTP 500" in errors[0]
+    assert "chatstate ask --id e --retry" in errors[0]
+    assert "Traceback" not in failed.err
+    assert API_KEY not in failed.err
     messages = replay_json(local_store_url, "e")["messages"]
     assert [(m["role"], m["content"]) for m in messages] == [("user", "will fail")]
 
@@ -205,7 +216,8 @@ def test_model_error_is_one_paragraph_then_retry_completes_the_turn(
     debug = run_cli(["--debug", "ask", "--id", "e", *model, "again"], env,
                     store=local_store_url)
     assert debug.code == 1
-    assert "Traceback (most recent call last)" in debug.err and "ModelError" in debug.err
+    assert "Traceback (most recent call last)" in debug.err
+    assert "ModelError" in debug.err
     assert API_KEY not in debug.err
 
 
@@ -230,12 +242,14 @@ def test_sigkill_mid_stream_leaves_a_partial_that_retry_completes(
     child.stdout.close()
 
     replay = invoke(["replay", "k", "--format", "json"], store=local_store_url)
-    assert "the last turn was interrupted" in replay.err and "--retry" in replay.err
+    assert "the last turn was interrupted" in replay.err
+    assert "--retry" in replay.err
     messages = replay.json()["messages"]
     assert [(m["role"], m["status"]) for m in messages] == [("user", "complete"),
                                                             ("assistant", "partial")]
     partial = messages[1]["content"]
-    assert partial.startswith(shown.decode()) and len(partial) < 2000
+    assert partial.startswith(shown.decode())
+    assert len(partial) < 2000
 
     done = invoke(["ask", "--id", "k", "--retry", "--model", "fake", "--no-stream"],
                   store=local_store_url, env={"CHATSTATE_FAKE_REPLY_WORDS": "300"})
@@ -244,11 +258,13 @@ def test_sigkill_mid_stream_leaves_a_partial_that_retry_completes(
     assert [(m["role"], m["status"]) for m in messages] == [
         ("user", "complete"), ("assistant", "partial"), ("assistant", "complete")]
     assert messages[1]["content"] == partial
-    assert messages[2]["content"].startswith(partial) and messages[2]["content"] == done.out[:-1]
+    assert messages[2]["content"].startswith(partial)
+    assert messages[2]["content"] == done.out[:-1]
     assert len({m["turn_id"] for m in messages}) == 1
     assert verify_chain([Message.model_validate(m) for m in messages]) is None
     nothing = invoke(["ask", "--id", "k", "--retry", "--model", "fake"], store=local_store_url)
-    assert nothing.code == 1 and "has no interrupted turn to retry" in nothing.err
+    assert nothing.code == 1
+    assert "has no interrupted turn to retry" in nothing.err
 
 
 @pytest.mark.invariant(2)
@@ -260,15 +276,18 @@ def test_reader_going_away_keeps_the_partial_and_says_how_to_retry(tmp_path: Pat
     child = subprocess.Popen([CHATSTATE, "--store", store, "ask", "--model", "fake", "--id",
                               "pipe", "hi"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=env)
-    assert child.stdout is not None and child.stderr is not None
+    assert child.stdout is not None
+    assert child.stderr is not None
     head = child.stdout.read(20)
     child.stdout.close()
     err = child.stderr.read().decode()
     assert child.wait(timeout=30) == 1
     assert "complete the turn with `chatstate ask --id pipe --retry`" in err
-    assert "Traceback" not in err and "Exception ignored" not in err
+    assert "Traceback" not in err
+    assert "Exception ignored" not in err
     last = replay_json(store, "pipe")["messages"][-1]
-    assert last["status"] == "partial" and last["content"].startswith(head.decode())
+    assert last["status"] == "partial"
+    assert last["content"].startswith(head.decode())
 
 
 # -- the durability guard through the CLI ------------------------------------------------
@@ -289,7 +308,8 @@ def test_ephemeral_store_is_refused_unless_allowed(shm_dir: Path, tmp_path: Path
     store = f"json://{shm_dir}/store"
     env = cli_env(tmp_path)
     refused = run_cli(["ask", "--model", "fake", "hi"], env, store=store)
-    assert refused.code == 1 and refused.out == ""
+    assert refused.code == 1
+    assert refused.out == ""
     assert refused.err.startswith("error: refusing store json:///dev/shm/")
     assert "CHATSTATE_STORE (or --store)" in refused.err      # fix 1: durable storage
     assert "--allow-ephemeral" in refused.err                 # fix 2: accept the loss
@@ -303,7 +323,8 @@ def test_ephemeral_store_is_refused_unless_allowed(shm_dir: Path, tmp_path: Path
     assert ": ephemeral" in allowed.first_err_line
     assert "everything the writer rendered is a prefix of it: yes" in allowed.err
     by_env = run_cli(["list"], dict(env, CHATSTATE_ALLOW_EPHEMERAL="1"), store=store)
-    assert by_env.code == 0 and by_env.out.count("msgs") == 1
+    assert by_env.code == 0
+    assert by_env.out.count("msgs") == 1
 
 
 # -- the demo ------------------------------------------------------------------------------
@@ -314,12 +335,15 @@ def test_demo_runs_green_and_says_what_it_proved(tmp_path: Path) -> None:
     assert result.code == 0, result.err
     assert result.first_err_line.startswith(f"store {store} on ")
     assert "everything the writer rendered is a prefix of it: yes" in result.err
-    assert "hash chain verified" in result.err and "<SIGKILL>" in result.out
+    assert "hash chain verified" in result.err
+    assert "<SIGKILL>" in result.out
     cid = result.err.split("chatstate replay ")[1].split()[0]
     verified = invoke(["replay", cid, "--verify"], store=store)
-    assert verified.code == 0 and "chain intact" in verified.err
+    assert verified.code == 0
+    assert "chain intact" in verified.err
     roles = [(m["role"], m["status"]) for m in replay_json(store, cid)["messages"]]
-    assert ("assistant", "partial") in roles and roles[-1] == ("assistant", "complete")
+    assert ("assistant", "partial") in roles
+    assert roles[-1] == ("assistant", "complete")
 
 
 # -- hostile model output --------------------------------------------------------------------
@@ -344,9 +368,11 @@ def test_hostile_reply_is_stored_exactly_and_neutralised_in_text(local_store_url
         assert HOSTILE_SHOWN in shown
     for args in (["list"], ["search", "pwned"]):
         listed = invoke(args, store=s).out
-        assert "pwned" in listed and not any(c in listed for c in CONTROL), (args, listed)
+        assert "pwned" in listed, (args, listed)
+        assert not any(c in listed for c in CONTROL), (args, listed)
     jsonl = invoke(["replay", "h", "--format", "jsonl"], store=s).out
-    assert not any(c in jsonl for c in CONTROL) and "\\u009b" in jsonl
+    assert not any(c in jsonl for c in CONTROL)
+    assert "\\u009b" in jsonl
 
 
 def test_hostile_reply_is_neutralised_by_ask_on_a_tty(tmp_path: Path) -> None:

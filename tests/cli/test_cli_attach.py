@@ -51,17 +51,20 @@ def test_ask_attaches_a_url_and_a_small_file(tmp_path: Path) -> None:
     parts = replay_json(s, "u")["messages"][0]["content"]
     assert parts[1] == {"type": "image_url", "image_url": {"url": "https://example.invalid/"
                                                                   "cat.jpg"}}
-    assert parts[2]["file"]["filename"] == "notes.txt" and "blob" not in parts[2]
+    assert parts[2]["file"]["filename"] == "notes.txt"
+    assert "blob" not in parts[2]
 
 
 def test_a_bad_attachment_stores_nothing(tmp_path: Path) -> None:
     s = f"json://{tmp_path}/s"
     missing = tmp_path / "nope.png"
     result = invoke(["ask", "hi", "-a", str(missing), "--model", "fake", "--id", "x"], store=s)
-    assert result.code == 2 and str(missing) in result.err
+    assert result.code == 2
+    assert str(missing) in result.err
     assert invoke(["list", "--json"], store=s).json() == []
     retry = invoke(["ask", "--retry", "--id", "x", "-a", str(missing)], store=s)
-    assert retry.code == 2 and "takes no --attach" in retry.err
+    assert retry.code == 2
+    assert "takes no --attach" in retry.err
 
 
 def test_repl_attach_goes_with_the_next_message_only(tmp_path: Path) -> None:
@@ -73,10 +76,12 @@ def test_repl_attach_goes_with_the_next_message_only(tmp_path: Path) -> None:
     assert "attached [image: chart.png, 100 KiB, inline]" in result.err
     assert f"assistant> Echo: look [image/png {len(PNG)} bytes]" in result.out
     assert "assistant> Echo: plain now " in result.out
-    assert "error: cannot attach" in result.err and "gone.png" in result.err
+    assert "error: cannot attach" in result.err
+    assert "gone.png" in result.err
     messages = replay_json(s, "r")["messages"]
     assert messages[0]["content"][0] == {"type": "text", "text": "look"}
     assert messages[2]["content"] == "plain now"
     first = invoke(["chat", "--model", "fake", "--id", "r2", "-a", str(png)], store=s,
                    input="hi\n")
-    assert first.code == 0 and f"Echo: hi [image/png {len(PNG)} bytes]" in first.out
+    assert first.code == 0
+    assert f"Echo: hi [image/png {len(PNG)} bytes]" in first.out

@@ -68,7 +68,9 @@ def import_messages(store: str, tmp_path: Path, messages: list[dict[str, str]],
 def test_list_newest_first_json_and_limit(local_store_url: str) -> None:
     s = local_store_url
     empty = invoke(["list"], store=s)
-    assert empty.code == 0 and empty.out == "" and "(no conversations)" in empty.err
+    assert empty.code == 0
+    assert empty.out == ""
+    assert "(no conversations)" in empty.err
     for cid in ("first", "second", "third"):
         ask(s, cid, f"hello {cid}")
     text = invoke(["list"], store=s)
@@ -89,7 +91,9 @@ def test_replay_formats(local_store_url: str) -> None:
     ask(s, "r", "question two")
     doc = replay_json(s, "r")
     messages = doc["messages"]
-    assert doc["id"] == "r" and doc["title"] == "question one" and doc["schema"] == 1
+    assert doc["id"] == "r"
+    assert doc["title"] == "question one"
+    assert doc["schema"] == 1
     assert [m["seq"] for m in messages] == [0, 1, 2, 3]
     assert all(set(m) >= MESSAGE_KEYS and m["status"] == "complete" for m in messages)
     assert messages[0]["turn_id"] == messages[1]["turn_id"] != messages[2]["turn_id"]
@@ -105,7 +109,8 @@ def test_replay_formats(local_store_url: str) -> None:
     assert "**user** · seq 2\n\nquestion two\n" in markdown
     assert invoke(["replay", "r", "--format", "yaml"], store=s).code == 2
     missing = invoke(["replay", "nope"], store=s)
-    assert missing.code == 1 and "no conversation 'nope'" in missing.err
+    assert missing.code == 1
+    assert "no conversation 'nope'" in missing.err
 
 
 @pytest.mark.invariant(7)
@@ -121,8 +126,8 @@ def test_replay_shows_a_stored_partial_and_an_interrupted_turn(
     assert [(m["seq"], m["role"], m["status"]) for m in messages] == [
         (0, "user", "complete"), (1, "assistant", "complete"), (2, "user", "complete"),
         (3, "assistant", "partial")]
-    assert messages[3]["content"].startswith(first) and messages[3]["turn_id"] == \
-        messages[2]["turn_id"]
+    assert messages[3]["content"].startswith(first)
+    assert messages[3]["turn_id"] == messages[2]["turn_id"]
     assert "the last turn was interrupted; `chatstate ask --id p --retry`" in result.err
     assert "[3] assistant (partial: cut off): " in invoke(["replay", "p"], store=s).out
 
@@ -163,11 +168,14 @@ def test_replay_verify_names_the_first_bad_seq(local_store_url: str) -> None:
     ask(s, "v", "one")
     ask(s, "v", "two")
     good = invoke(["replay", "v", "--verify"], store=s)
-    assert good.code == 0 and "verified: 4 messages, chain intact" in good.err
+    assert good.code == 0
+    assert "verified: 4 messages, chain intact" in good.err
     tamper(s, "v", 2)
     bad = invoke(["replay", "v", "--verify"], store=s)
-    assert bad.code == 1 and bad.out == ""
-    assert "verification failed at seq 2" in bad.err and "Traceback" not in bad.err
+    assert bad.code == 1
+    assert bad.out == ""
+    assert "verification failed at seq 2" in bad.err
+    assert "Traceback" not in bad.err
     if s.startswith("json://"):
         assert "v.json" in bad.err  # names the file
     assert invoke(["replay", "v"], store=s).code == 1  # nor shown unverified
@@ -184,12 +192,14 @@ def test_export_import_round_trip_keeps_hashes_and_the_partial(
     before = replay_json(s, "x")
     out = tmp_path / "x.export.json"
     exported = invoke(["export", "x", "-o", str(out)], store=s)
-    assert exported.code == 0 and "exported x (3 messages)" in exported.err
+    assert exported.code == 0
+    assert "exported x (3 messages)" in exported.err
     assert json.loads(out.read_text())["partial"]["status"] == "partial"
 
     other = f"json://{tmp_path}/other" if target == "json" else f"sqlite://{tmp_path}/o.db"
     imported = invoke(["import", str(out)], store=other)
-    assert imported.code == 0 and imported.out == "x\n", imported.err
+    assert imported.code == 0, imported.err
+    assert imported.out == "x\n", imported.err
     after = replay_json(other, "x")
     # the same messages (contents, timestamps, turn ids, hashes), the partial too; only
     # updated_at is the import's own
@@ -197,9 +207,12 @@ def test_export_import_round_trip_keeps_hashes_and_the_partial(
     assert chain_ok(after["messages"][:-1])
 
     again = invoke(["import", str(out)], store=other)
-    assert again.code == 1 and "already exists" in again.err and "--id" in again.err
+    assert again.code == 1
+    assert "already exists" in again.err
+    assert "--id" in again.err
     renamed = invoke(["import", str(out), "--id", "x2"], store=other)
-    assert renamed.code == 0 and renamed.out == "x2\n"
+    assert renamed.code == 0
+    assert renamed.out == "x2\n"
     assert [m["hash"] for m in replay_json(other, "x2")["messages"]] == [
         m["hash"] for m in before["messages"]]
     to_stdout = invoke(["export", "x", "-o", "-"], store=s)
@@ -218,11 +231,13 @@ def test_import_plain_openai_messages(local_store_url: str, tmp_path: Path,
     result = invoke(["import", str(path)], store=s)
     assert result.code == 0, result.err
     cid = result.out.strip()
-    assert cid.startswith("import-") and "imported 5 messages" in result.err
+    assert cid.startswith("import-")
+    assert "imported 5 messages" in result.err
     doc = replay_json(s, cid)
     messages = doc["messages"]
     assert [{"role": m["role"], "content": m["content"]} for m in messages] == plain
-    assert chain_ok(messages) and all(m["status"] == "complete" for m in messages)
+    assert chain_ok(messages)
+    assert all(m["status"] == "complete" for m in messages)
     assert messages[1]["turn_id"] == messages[2]["turn_id"] != messages[3]["turn_id"]
     assert doc["title"] == ("sums" if wrapped else "")
 
@@ -236,10 +251,13 @@ def test_import_refuses_what_is_not_a_transcript(tmp_path: Path, content: str) -
     path = tmp_path / "in.json"
     path.write_text(content)
     result = invoke(["import", str(path)], store=store)
-    assert result.code == 1 and result.out == ""
+    assert result.code == 1
+    assert result.out == ""
     errors = result.err.strip().splitlines()
-    assert errors[-1].startswith("error: ") and str(path) in errors[-1]
-    assert "Traceback" not in result.err and "unexpected" not in result.err
+    assert errors[-1].startswith("error: ")
+    assert str(path) in errors[-1]
+    assert "Traceback" not in result.err
+    assert "unexpected" not in result.err
     assert invoke(["list", "--json"], store=store).json() == []
 
 
@@ -252,7 +270,8 @@ def test_import_refuses_a_tampered_export(tmp_path: Path) -> None:
     doc["messages"][1]["content"] = "forged"
     out.write_text(json.dumps(doc))
     result = invoke(["import", str(out), "--id", "t2"], store=store)
-    assert result.code == 1 and "hash chain broken at seq 1" in result.err
+    assert result.code == 1
+    assert "hash chain broken at seq 1" in result.err
     assert [r["id"] for r in invoke(["list", "--json"], store=store).json()] == ["t"]
 
 
@@ -263,11 +282,13 @@ def test_rm(local_store_url: str) -> None:
     ask(s, "keep", "a")
     ask(s, "drop", "b")
     result = invoke(["rm", "drop"], store=s)  # stdin is not a terminal: no question asked
-    assert result.code == 0 and "deleted drop" in result.err
+    assert result.code == 0
+    assert "deleted drop" in result.err
     assert [r["id"] for r in invoke(["list", "--json"], store=s).json()] == ["keep"]
     assert invoke(["replay", "drop"], store=s).code == 1
     gone = invoke(["rm", "drop", "--yes"], store=s)
-    assert gone.code == 1 and "no conversation 'drop'" in gone.err
+    assert gone.code == 1
+    assert "no conversation 'drop'" in gone.err
 
 
 def test_prune_is_a_dry_run_unless_yes(local_store_url: str) -> None:
@@ -280,11 +301,13 @@ def test_prune_is_a_dry_run_unless_yes(local_store_url: str) -> None:
     store.close()
     ask(s, "new", "b")
     dry = invoke(["prune", "--older-than", "1d"], store=s)
-    assert dry.code == 0 and dry.out == f"would delete old (updated {long_ago})\n", dry.out
+    assert dry.code == 0, dry.out
+    assert dry.out == f"would delete old (updated {long_ago})\n", dry.out
     assert "dry run: 1 conversation(s)" in dry.err
     assert len(invoke(["list", "--json"], store=s).json()) == 2
     real = invoke(["prune", "--older-than", "1d", "--yes"], store=s)
-    assert real.code == 0 and real.out.startswith("deleted old ")
+    assert real.code == 0
+    assert real.out.startswith("deleted old ")
     assert [r["id"] for r in invoke(["list", "--json"], store=s).json()] == ["new"]
     assert invoke(["prune", "--older-than", "30 days"], store=s).code == 2
 
@@ -296,7 +319,8 @@ def test_prune_counts_seconds(local_store_url: str) -> None:
     ask(s, "recent", "a")
     time.sleep(1.2)
     dry = invoke(["prune", "--older-than", "1s"], store=s)
-    assert dry.code == 0 and dry.out.startswith("would delete recent (updated "), dry.out
+    assert dry.code == 0, dry.out
+    assert dry.out.startswith("would delete recent (updated "), dry.out
     assert invoke(["prune", "--older-than", "1h"], store=s).out == ""
 
 
@@ -310,9 +334,12 @@ def test_search(local_store_url: str) -> None:
     assert "s1#0: the quick brown fox" in hits.out.splitlines()
     assert invoke(["search", "Brown FOX"], store=s).out == hits.out  # case is ignored
     limited = invoke(["search", "dog", "--limit", "1"], store=s)
-    assert len(limited.out.splitlines()) == 1 and limited.out.startswith("s2#")
+    assert len(limited.out.splitlines()) == 1
+    assert limited.out.startswith("s2#")
     none = invoke(["search", "zebra"], store=s)
-    assert none.code == 0 and none.out == "" and "no matches" in none.err
+    assert none.code == 0
+    assert none.out == ""
+    assert "no matches" in none.err
 
 
 def test_search_scan_finds_the_text_of_a_message_with_parts(tmp_path: Path) -> None:

@@ -90,7 +90,8 @@ def test_the_tools_offered_are_the_files_public_functions(local_store_url: str,
 
     tools = {t.name: t for t in load_functions([functions])}
     assert sorted(tools) == ["get_weather", "send_email", "wait_for_gate"]
-    assert tools["send_email"].idempotent is False and tools["get_weather"].idempotent
+    assert tools["send_email"].idempotent is False
+    assert tools["get_weather"].idempotent
 
 
 @pytest.mark.parametrize(("content", "error"), [
@@ -107,7 +108,8 @@ def test_a_bad_functions_file_is_a_usage_error(local_store_url: str, tmp_path: P
     result = invoke(["ask", "--model", "fake", "--functions", str(path), "hi"],
                     store=local_store_url)
     assert result.code == 2
-    assert f"--functions {path}" in result.err and error in result.err
+    assert f"--functions {path}" in result.err
+    assert error in result.err
     s = open_store(local_store_url)
     try:
         assert s.list_conversations() == []  # nothing was stored

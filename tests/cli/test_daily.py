@@ -39,20 +39,23 @@ def test_templates_save_list_show_rm(home: dict[str, str], tmp_path: Path) -> No
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert invoke(["templates", "list"], env=home).out == "review\n"
     shown = invoke(["templates", "show", "review"], env=home).out
-    assert 'system = "Review {lang} code; say \\"ok\\"."' in shown and "temperature = 0.2" in shown
+    assert 'system = "Review {lang} code; say \\"ok\\"."' in shown
+    assert "temperature = 0.2" in shown
     tpl = templates.load("review")
     assert (tpl.model, tpl.params) == ("gpt-4o-mini", {"temperature": 0.2, "stop": ["END"]})
     assert tpl.render({"lang": "Rust"}) == 'Review Rust code; say "ok".'
     assert invoke(["templates", "rm", "review"], env=home).code == 0
     gone = invoke(["templates", "show", "review"], env=home)
-    assert gone.code == 1 and "no template 'review'" in gone.err
+    assert gone.code == 1
+    assert "no template 'review'" in gone.err
 
 
 def test_template_text_round_trips(home: dict[str, str]) -> None:
     text = 'quotes " back\\slash \ttab\nnewline \x7f del, unicode é 😀, {x} and {"json": 1}'
     templates.save(templates.Template("odd", text, None, {"n": 3, "flag": True}))
     tpl = templates.load("odd")
-    assert tpl.system == text and tpl.params == {"n": 3, "flag": True}
+    assert tpl.system == text
+    assert tpl.params == {"n": 3, "flag": True}
     assert tpl.placeholders() == ["x"]  # braces around anything else are left alone
     assert tpl.render({"x": "X"}).endswith('X and {"json": 1}')
 
@@ -61,16 +64,19 @@ def test_ask_with_a_template_fills_placeholders(home: dict[str, str],
                                                 local_store_url: str) -> None:
     templates.save(templates.Template("t", "You speak {lang}.", "fake", {"temperature": 0.5}))
     missing = invoke(["ask", "-t", "t", "hi"], store=local_store_url, env=home)
-    assert missing.code == 1 and "needs a value for lang: pass -p lang VALUE" in missing.err
+    assert missing.code == 1
+    assert "needs a value for lang: pass -p lang VALUE" in missing.err
     assert invoke(["list", "--json"], store=local_store_url).json() == []  # nothing stored
     ok = invoke(["ask", "-t", "t", "-p", "lang", "Welsh", "--id", "w", "hi"],
                 store=local_store_url, env=home)
     assert ok.code == 0, ok.err
     system, user, reply = replay_json(local_store_url, "w")["messages"]
-    assert system["content"] == "You speak Welsh." and user["params"] == {"temperature": 0.5}
+    assert system["content"] == "You speak Welsh."
+    assert user["params"] == {"temperature": 0.5}
     assert reply["model"] == "fake"
     lone = invoke(["ask", "-p", "a", "b", "--model", "fake", "hi"], store=local_store_url)
-    assert lone.code == 2 and "add -t NAME" in lone.err
+    assert lone.code == 2
+    assert "add -t NAME" in lone.err
 
 
 def test_a_damaged_template_is_named(home: dict[str, str]) -> None:
@@ -78,10 +84,13 @@ def test_a_damaged_template_is_named(home: dict[str, str]) -> None:
     path = templates.templates_dir() / "bad.toml"
     path.write_text("system = [unclosed")
     result = invoke(["templates", "show", "bad"], env=home)
-    assert result.code == 1 and str(path) in result.err and "not valid TOML" in result.err
+    assert result.code == 1
+    assert str(path) in result.err
+    assert "not valid TOML" in result.err
     path.write_text('system = "x"\ncolour = "red"\n')
     result = invoke(["templates", "show", "bad"], env=home)
-    assert result.code == 1 and "unknown keys colour" in result.err
+    assert result.code == 1
+    assert "unknown keys colour" in result.err
     assert invoke(["templates", "save", "../x", "--system", "y"], env=home).code == 1
 
 
@@ -94,7 +103,8 @@ def test_fork_copies_a_prefix_and_never_touches_the_original(local_store_url: st
     before = replay_json(s, "src")
     out = invoke(["fork", "src", "--at", "3", "--new-id", "f1"], store=s)
     assert out.code == 0, out.err
-    assert out.out == "f1\n" and "forked src at seq 3 into f1 (4 messages)" in out.err
+    assert out.out == "f1\n"
+    assert "forked src at seq 3 into f1 (4 messages)" in out.err
     forked = replay_json(s, "f1")
     assert forked["metadata"]["forked_from"] == {"id": "src", "seq": 3,
                                                  "hash": before["messages"][3]["hash"]}
@@ -103,9 +113,11 @@ def test_fork_copies_a_prefix_and_never_touches_the_original(local_store_url: st
     assert invoke(["ask", "--model", "fake", "--id", "f1", "four"], store=s).code == 0
     assert replay_json(s, "src") == before
     bad = invoke(["fork", "src", "--at", "99"], store=s)
-    assert bad.code == 1 and "has seqs 0..5; cannot fork at 99" in bad.err
+    assert bad.code == 1
+    assert "has seqs 0..5; cannot fork at 99" in bad.err
     taken = invoke(["fork", "src", "--new-id", "f1"], store=s)
-    assert taken.code == 1 and replay_json(s, "f1")["messages"][4]["content"] == "four"
+    assert taken.code == 1
+    assert replay_json(s, "f1")["messages"][4]["content"] == "four"
 
 
 # -- compaction ----------------------------------------------------------------------------
@@ -118,7 +130,8 @@ def test_compact_sends_the_summary_instead_of_the_turns_it_covers(tmp_path: Path
         for n in range(4):
             chat.send(f"q{n}")
         summary = compact(chat, keep_turns=1)
-        assert summary is not None and summary.params is not None
+        assert summary is not None
+        assert summary.params is not None
         assert summary.params["summary"]["covers_to_seq"] == 6
         ask = fake.request_log[-1]["messages"]
         assert ask[0]["content"] == "q0"  # the turns only: instructions are sent anyway
@@ -137,13 +150,16 @@ def test_compact_sends_the_summary_instead_of_the_turns_it_covers(tmp_path: Path
 def test_compact_command(local_store_url: str) -> None:
     s = local_store_url
     empty = invoke(["compact", "nope", "--model", "fake"], store=s)
-    assert empty.code == 1 and "no conversation 'nope'" in empty.err
+    assert empty.code == 1
+    assert "no conversation 'nope'" in empty.err
     for text in ("a", "b"):
         invoke(["ask", "--model", "fake", "--id", "k", text], store=s)
     nothing = invoke(["compact", "k", "--model", "fake"], store=s)
-    assert nothing.code == 0 and "nothing to compact" in nothing.err
+    assert nothing.code == 0
+    assert "nothing to compact" in nothing.err
     done = invoke(["compact", "k", "--model", "fake", "--keep", "1"], store=s)
-    assert done.code == 0 and "stored summary at seq 4 (covers seqs up to 1)" in done.err
+    assert done.code == 0
+    assert "stored summary at seq 4 (covers seqs up to 1)" in done.err
     assert done.out.startswith("Echo: Summarise")
 
 
@@ -168,14 +184,16 @@ def test_usage_totals_by_model_conversation_and_day(local_store_url: str,
     assert out.code == 0, out.err
     (row,) = out.json()["rows"]
     expected = (row["prompt_tokens"] * 1000 + row["completion_tokens"] * 2000) / 1e6
-    assert row["key"] == "fake" and row["cost"] == pytest.approx(expected)
+    assert row["key"] == "fake"
+    assert row["cost"] == pytest.approx(expected)
     table = invoke(["usage", "--by", "day", "--since", "1d"], store=s)
-    assert table.code == 0 and table.out.splitlines()[0].split() == [
-        "day", "replies", "prompt", "completion"]
+    assert table.code == 0
+    assert table.out.splitlines()[0].split() == ["day", "replies", "prompt", "completion"]
     assert invoke(["usage", "--since", "2999-01-01", "--json"], store=s).json()["rows"] == []
     prices.write_text('[models."other"]\ninput = 1\noutput = 1\n')
     unpriced = invoke(["usage", "--prices", str(prices)], store=s)
-    assert "no price for fake" in unpriced.err and unpriced.out.split()[-1] == "?"
+    assert "no price for fake" in unpriced.err
+    assert unpriced.out.split()[-1] == "?"
     assert invoke(["usage", "--since", "soon"], store=s).code == 1
 
 
@@ -199,7 +217,8 @@ def test_ask_to_a_pipe_prints_plain_text_and_never_loads_rich(tmp_path: Path,
     python = str(Path(CHATSTATE).with_name("python"))
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True,
                           env=cli_env(tmp_path), timeout=60, check=False)
-    assert proc.stdout.startswith("Echo: **x**") and proc.stdout.endswith("NO-RICH\n"), proc
+    assert proc.stdout.startswith("Echo: **x**"), proc
+    assert proc.stdout.endswith("NO-RICH\n"), proc
     assert "tokens/s" not in proc.stderr
 
 
@@ -213,7 +232,8 @@ def test_no_color_and_dumb_terminals_get_plain_text(tmp_path: Path, local_store_
                           encoding="utf-8", timeout=30)
     child.expect(pexpect.EOF)
     child.close()
-    assert "Echo: **x**" in child.before and "\x1b" not in child.before
+    assert "Echo: **x**" in child.before
+    assert "\x1b" not in child.before
 
 
 def test_the_token_line_goes_to_stderr_only(tmp_path: Path, local_store_url: str) -> None:
@@ -226,7 +246,8 @@ def test_the_token_line_goes_to_stderr_only(tmp_path: Path, local_store_url: str
     child = pexpect.spawn("/bin/sh", ["-c", cmd], env=env, encoding="utf-8", timeout=30)
     child.expect(pexpect.EOF)
     child.close()
-    assert "Echo: hi" in child.before and "tokens/s" not in child.before
+    assert "Echo: hi" in child.before
+    assert "tokens/s" not in child.before
     assert "tokens/s" in (tmp_path / "err").read_text()
 
 

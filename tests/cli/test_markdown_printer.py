@@ -32,12 +32,14 @@ def test_a_code_block_taller_than_the_screen_is_printed_in_pieces() -> None:
     p.feed("Here:\n\n```python\n")
     for n in range(60):
         p.feed(f"print({n})\n")
-    assert p._done > 0 and p._reopen == "```python\n"
+    assert p._done > 0
+    assert p._reopen == "```python\n"
     p.feed("```\n\nafter")
     p.close()
     shown = strip_ansi(out.getvalue())
     assert all(f"print({n})" in shown for n in range(60))
-    assert "```" not in shown and "after" in shown
+    assert "```" not in shown
+    assert "after" in shown
 
 
 def test_model_text_is_neutralised_before_rich_sees_it() -> None:

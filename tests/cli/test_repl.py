@@ -73,19 +73,22 @@ def test_ctrl_c_keeps_the_partial_and_retry_completes_it(
 
     partial = replay_json(s, "r")["messages"][-1]  # read while the REPL is still running
     assert (partial["role"], partial["status"]) == ("assistant", "partial")
-    assert partial["content"].startswith(shown) and len(shown) > len("Echo: ")
+    assert partial["content"].startswith(shown)
+    assert len(shown) > len("Echo: ")
     history = repl.command("/history", r"assistant \(partial\)> Echo: tell me[^\r]*\r\n")
     assert "user> tell me a long story" in history
 
     full = reply_text([{"role": "user", "content": "tell me a long story"}], WORDS)
     repl.command("/retry", "assistant> " + full.replace(" ", "[ ]") + "\r\n")
     assert "nothing to retry" in repl.command("/retry", "nothing to retry[^\r]*")
-    assert repl.eof() == 0 and repl.raw.rstrip().endswith("bye")
+    assert repl.eof() == 0
+    assert repl.raw.rstrip().endswith("bye")
 
     messages = replay_json(s, "r")["messages"]
     assert [(m["role"], m["status"]) for m in messages] == [
         ("user", "complete"), ("assistant", "partial"), ("assistant", "complete")]
-    assert messages[1]["content"] == partial["content"] and messages[2]["content"] == full
+    assert messages[1]["content"] == partial["content"]
+    assert messages[2]["content"] == full
     assert len({m["turn_id"] for m in messages}) == 1
 
 
@@ -137,7 +140,8 @@ def test_slash_commands(local_store_url: str, tmp_path: Path,
     repl.command("/system Answer in French.", "system instruction stored")
     repl.command("after the switch", r"assistant> Echo: after the switch[^\r]*\r\n")
     history = repl.command("/history", r"assistant> Echo: after the switch[^\r]*\r\n")
-    assert "system> Answer in French." in history and "user> hello" in history
+    assert "system> Answer in French." in history
+    assert "user> hello" in history
     export = tmp_path / "out" / "cmds.json"
     export.parent.mkdir()
     repl.command(f"/export {export}", f"exported to {export}")
@@ -157,7 +161,8 @@ def test_slash_commands(local_store_url: str, tmp_path: Path,
         ("user", ["hello"]), ("assistant", ["Echo:", "hello"]),
         ("system", ["Answer", "in"]), ("user", ["after", "the"]),
         ("assistant", ["Echo:", "after"])]
-    assert doc["messages"][1]["model"] == "fake" and doc["messages"][4]["model"] == "other-model"
+    assert doc["messages"][1]["model"] == "fake"
+    assert doc["messages"][4]["model"] == "other-model"
     exported = json.loads(export.read_text())
     assert [m["hash"] for m in exported["messages"]] == [m["hash"] for m in doc["messages"]]
     assert replay_json(s, new_id)["messages"][0]["content"] == "in the new one"
@@ -173,7 +178,8 @@ def test_hostile_text_is_neutralised_in_the_repl(tmp_path: Path,
     repl = start(sessions, s, cli_env(tmp_path), "--id", cid)
     greeting = repl.prompt()
     visible = HOSTILE_SHOWN
-    assert f"user> {visible}" in greeting and "Type /retry" in greeting
+    assert f"user> {visible}" in greeting
+    assert "Type /retry" in greeting
     streamed = repl.command("/retry", r"assistant> Echo: [^\r]*\r\n")
     assert f"assistant> Echo: {visible}" in streamed
     repl.command("/history", r"assistant> Echo: [^\r]*\r\n")
@@ -181,8 +187,8 @@ def test_hostile_text_is_neutralised_in_the_repl(tmp_path: Path,
     for raw in RAW_CONTROLS:
         assert raw not in repl.raw, repr(raw)
     stored = replay_json(s, cid)["messages"]
-    assert stored[0]["content"] == HOSTILE and stored[1]["content"].startswith(
-        "Echo: " + HOSTILE)
+    assert stored[0]["content"] == HOSTILE
+    assert stored[1]["content"].startswith("Echo: " + HOSTILE)
 
 
 def test_repl_without_a_terminal_reads_lines_from_stdin(tmp_path: Path) -> None:
@@ -193,7 +199,8 @@ def test_repl_without_a_terminal_reads_lines_from_stdin(tmp_path: Path) -> None:
                         input="hello\n/title piped\n")
         assert result.code == 0, result.err
         assert "assistant> Echo: hello" in result.out
-        assert "title: piped" in result.err and result.err.rstrip().endswith("bye")
+        assert "title: piped" in result.err
+        assert result.err.rstrip().endswith("bye")
     assert len(replay_json(s, "piped")["messages"]) == 4
 
 
@@ -207,7 +214,8 @@ def test_a_model_error_keeps_the_repl_alive_and_retry_completes(tmp_path: Path) 
                          "e"], store=s, input="will fail\n/retry\n",
                         env={"CHATSTATE_API_KEY": API_KEY, "CHATSTATE_MAX_RETRIES": "0"})
     assert result.code == 0, result.err
-    assert "error: model request to " in result.err and "HTTP 503" in result.err
+    assert "error: model request to " in result.err
+    assert "HTTP 503" in result.err
     assert "[your message is stored; /retry completes the turn]" in result.err
     assert result.out.rstrip().endswith(
         "assistant> " + reply_text([{"role": "user", "content": "will fail"}]))

@@ -56,7 +56,9 @@ def test_markdown_reply_with_a_code_fence(local_store_url: str, tmp_path: Path,
     seen = repl.prompt()
     raw = repl.raw.split("**bold** text", 2)[-1]  # after the echo of the input line
     shown = strip_ansi(raw)
-    assert "print('hi')" in shown and "```" not in shown and "**" not in shown
+    assert "print('hi')" in shown
+    assert "```" not in shown
+    assert "**" not in shown
     assert re.search(r"\x1b\[1mbold\x1b\[0m", raw)  # bold
     assert re.search(r"\x1b\[[0-9;]*mprint\x1b\[0m", raw)  # the code is highlighted
     assert re.search(r"\x1b\[2m\d+ tokens · [\d.]+ tokens/s\x1b\[0m", raw), seen
@@ -100,7 +102,8 @@ def test_ctrl_c_mid_render_keeps_the_partial_and_the_screen_sane(
     repl.child.sendline("/retry")
     repl.prompt()
     done = replay_json(local_store_url, "c")["messages"]
-    assert done[-1]["status"] == "complete" and done[-2]["status"] == "partial"
+    assert done[-1]["status"] == "complete"
+    assert done[-2]["status"] == "partial"
 
 
 def test_compact_fork_and_edit_in_the_repl(local_store_url: str, tmp_path: Path,
@@ -116,7 +119,8 @@ def test_compact_fork_and_edit_in_the_repl(local_store_url: str, tmp_path: Path,
     assert "it stands in for seqs up to 3" in out
     doc = replay_json(s, "o")
     summary = doc["messages"][-1]
-    assert summary["role"] == "system" and summary["params"]["summary"]["covers_to_seq"] == 3
+    assert summary["role"] == "system"
+    assert summary["params"]["summary"]["covers_to_seq"] == 3
     assert summary["content"].startswith("Echo: Summarise the conversation")
     assert [m["content"] for m in doc["messages"][:2]] == ["question 0",
                                                            doc["messages"][1]["content"]]
@@ -188,7 +192,8 @@ def test_the_repl_says_once_that_older_messages_are_left_out(
     notes = re.findall(r"sending the last (\d+) of (\d+) messages \(context window 80\)", seen)
     assert len(notes) == 1, seen
     sent, total = map(int, notes[0])
-    assert sent < total and sent % 2 == 1  # whole turns, ending with the new question
+    assert sent < total
+    assert sent % 2 == 1  # whole turns, ending with the new question
     assert len(replay_json(local_store_url, "n")["messages"]) == 12  # the store keeps all
 
 
@@ -201,6 +206,7 @@ def test_a_malformed_mouse_report_is_dropped_not_a_traceback(
     repl.child.send("\x1b[M\u009b!!")
     repl.child.send("after\r")
     seen = repl.prompt()
-    assert "Exception" not in seen and "Press ENTER" not in seen, seen
+    assert "Exception" not in seen, seen
+    assert "Press ENTER" not in seen, seen
     assert "Echo: after" in strip_ansi(seen)
     assert replay_json(local_store_url, "mouse")["messages"][0]["content"] == "after"

@@ -96,7 +96,8 @@ def test_a_write_fenced_by_a_lost_lease_is_refused_and_writes_nothing(
         _write(a, kind, user, lease_a.owner)
     assert isinstance(info.value, ConflictError)
     assert info.value.fence == lease_a.owner
-    assert "another writer" in str(info.value) and repr(CID) in str(info.value)
+    assert "another writer" in str(info.value)
+    assert repr(CID) in str(info.value)
     assert _state(store_url, b) == before
     assert not _landed(b, kind)
 
@@ -155,7 +156,8 @@ def test_a_stale_streamer_cannot_replace_the_partial_of_the_writer_that_took_ove
     with pytest.raises(LeaseLost):
         a.save_partial(CID, _partial(user, "AAAA"), fence=lease_a.owner)
     conv = b.load(CID)
-    assert conv.partial is not None and conv.partial.content == "B's reply"
+    assert conv.partial is not None
+    assert conv.partial.content == "B's reply"
     b.save_partial(CID, _partial(user, "B's reply, longer"), fence=lease_b.owner)
     for stale in (lambda: a.clear_partial(CID, fence=lease_a.owner),
                   lambda: a.append(CID, [Message.seal(user, role="assistant", content="AAAA",
@@ -164,7 +166,8 @@ def test_a_stale_streamer_cannot_replace_the_partial_of_the_writer_that_took_ove
             stale()
     conv = b.load(CID)
     assert len(conv.messages) == 1
-    assert conv.partial is not None and conv.partial.content == "B's reply, longer"
+    assert conv.partial is not None
+    assert conv.partial.content == "B's reply, longer"
 
 
 @pytest.mark.invariant(5)
@@ -194,9 +197,11 @@ def test_a_takeover_racing_a_stale_streamer_stops_it_and_keeps_the_new_reply(
     lease_b = b.acquire_lease(CID, term=60)
     b.save_partial(CID, _partial(user, "B's reply"), fence=lease_b.owner)
     thread.join(60)
-    assert len(stopped) == 1 and isinstance(stopped[0], LeaseLost), stopped
+    assert len(stopped) == 1, stopped
+    assert isinstance(stopped[0], LeaseLost), stopped
     conv = b.load(CID)
-    assert conv.partial is not None and conv.partial.content == "B's reply"
+    assert conv.partial is not None
+    assert conv.partial.content == "B's reply"
 
 
 @pytest.mark.parametrize("store_url", ["s3"], indirect=True)
@@ -212,5 +217,6 @@ def test_s3_a_fenced_flush_never_replaces_a_partial_it_did_not_write(store_url: 
     with pytest.raises(ConflictError, match="replaced this partial"):
         a.save_partial(CID, _partial(user, "mine, longer"), fence=lease.owner)
     conv = other.load(CID)
-    assert conv.partial is not None and conv.partial.content == "put by another writer"
+    assert conv.partial is not None
+    assert conv.partial.content == "put by another writer"
 

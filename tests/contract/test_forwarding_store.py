@@ -91,7 +91,8 @@ def test_a_chat_turn_through_a_wrapper_lands_in_the_store(store: Any) -> None:
     names = [name for name, _ in wrapper.calls]
     assert {"create", "append", "load"} <= set(names)
     if isinstance(store, base.Leases):  # the lease goes through the hook like the rest
-        assert "acquire_lease" in names and "release_lease" in names
+        assert "acquire_lease" in names
+        assert "release_lease" in names
 
 
 def test_the_wrappers_own_methods_win(store: Any) -> None:

@@ -40,7 +40,8 @@ def test_flushes_append_lines_and_the_last_one_wins(tmp_path: Path) -> None:
         store.save_partial("c1", partial_after(user, "word " * n))
     assert sidecar.read_bytes().count(b"\n") == 5
     loaded = open_store(url).load("c1").partial
-    assert loaded is not None and loaded.content == "word " * 5
+    assert loaded is not None
+    assert loaded.content == "word " * 5
 
 
 @pytest.mark.invariant(4)
@@ -54,7 +55,8 @@ def test_a_torn_last_line_is_ignored_and_the_next_flush_rewrites_the_file(
         fh.write(b'{"schema":1,"conversation":"c1","mess')
     other = open_store(url)
     loaded = other.load("c1").partial
-    assert loaded is not None and loaded.content == "one two"
+    assert loaded is not None
+    assert loaded.content == "one two"
     # this process cannot vouch for the tail: it rewrites instead of appending to it
     other.save_partial("c1", partial_after(user, "one two three"))
     assert sidecar.read_bytes().count(b"\n") == 1
@@ -62,7 +64,8 @@ def test_a_torn_last_line_is_ignored_and_the_next_flush_rewrites_the_file(
     store.save_partial("c1", partial_after(user, "one two three four"))
     assert sidecar.read_bytes().count(b"\n") == 1
     loaded = open_store(url).load("c1").partial
-    assert loaded is not None and loaded.content == "one two three four"
+    assert loaded is not None
+    assert loaded.content == "one two three four"
 
 
 def test_the_log_is_rewritten_when_it_grows_past_its_limit(tmp_path: Path) -> None:
@@ -74,7 +77,8 @@ def test_the_log_is_rewritten_when_it_grows_past_its_limit(tmp_path: Path) -> No
         store.save_partial("c1", partial_after(user, text))
     assert sidecar.stat().st_size <= 256 * 1024
     loaded = open_store(url).load("c1").partial
-    assert loaded is not None and loaded.content == text
+    assert loaded is not None
+    assert loaded.content == text
 
 
 FLUSHES = 20
@@ -113,4 +117,5 @@ def test_an_old_single_document_sidecar_still_loads(tmp_path: Path, tail: bytes)
     store.save_partial("c1", partial_after(user, "from 0.1"))
     sidecar.write_bytes(sidecar.read_bytes().rstrip(b"\n") + tail)
     loaded = open_store(url).load("c1").partial
-    assert loaded is not None and loaded.content == "from 0.1"
+    assert loaded is not None
+    assert loaded.content == "from 0.1"

@@ -69,17 +69,20 @@ def old_store(old_store_url: str) -> Iterator[Any]:
 
 def test_old_transcripts_load_and_verify_unchanged(old_store: Any, old_store_url: str) -> None:
     plain = old_store.load("old-plain")
-    assert plain.verify() is None and verify_blobs(old_store, plain) == 0
+    assert plain.verify() is None
+    assert verify_blobs(old_store, plain) == 0
     assert [m.role for m in plain.messages] == ["system", "user", "assistant", "user",
                                                 "assistant", "assistant"]
-    assert plain.title == "ünïcode ✓ title" and plain.metadata == {"k": [1, "two"]}
+    assert plain.title == "ünïcode ✓ title"
+    assert plain.metadata == {"k": [1, "two"]}
     assert plain.messages[1].content == "Hello, 世界 \u202e"
     assert plain.messages[1].params == {"temperature": 0.2}
     assert plain.messages[2].usage == {"prompt_tokens": 3, "completion_tokens": 2}
     assert plain.messages[4].status == "partial"
     assert all(m.tool_calls is None and m.extra is None for m in plain.messages)
     cut = old_store.load("old-partial")
-    assert cut.partial is not None and cut.partial.content == "Once upon"
+    assert cut.partial is not None
+    assert cut.partial.content == "Once upon"
     if old_store_url.startswith("json:"):  # the very hashes 0.1.0 wrote
         hashes = _old_hashes()
         assert [m.hash for m in plain.messages] == hashes["old-plain"]
@@ -102,8 +105,10 @@ def test_old_transcripts_take_rich_appends(old_store: Any) -> None:
     rich += seal_kind(old_store, "extra-fields", rich[-1])
     old_store.append("old-plain", rich)
     again = old_store.load("old-plain")
-    assert again.messages[:6] == conv.messages and again.messages[6:] == rich
-    assert again.verify() is None and verify_blobs(old_store, again) == 1
+    assert again.messages[:6] == conv.messages
+    assert again.messages[6:] == rich
+    assert again.verify() is None
+    assert verify_blobs(old_store, again) == 1
 
 
 def test_chat_continues_an_old_conversation_with_an_image(
@@ -111,11 +116,13 @@ def test_chat_continues_an_old_conversation_with_an_image(
     with FakeModel() as fake:
         chat = Chat(old_store, conversation_id="old-partial", base_url=fake.base_url,
                     model="fake-model", api_key="sk-test-old-data-0123456789")
-        assert chat.interrupted is not None and chat.interrupted.partial is not None
+        assert chat.interrupted is not None
+        assert chat.interrupted.partial is not None
         chat.retry()  # 0.1's cut-off reply is kept, the turn completed
         reply = chat.send("and this picture?", attach=[image(PNG_1MIB, name="p.png")])
         parts = fake.request_log[-1]["parts"]
-    assert reply.role == "assistant" and "[image/png 1048584 bytes]" in reply.content
+    assert reply.role == "assistant"
+    assert "[image/png 1048584 bytes]" in reply.content
     stored = chat.messages[-2].blob_refs()[0]
     # request: user, the completed reply, the new user turn (the cut-off reply is not sent)
     assert parts[-1] == {"message": 2, "role": "user", "type": "image_url",
@@ -124,7 +131,8 @@ def test_chat_continues_an_old_conversation_with_an_image(
     conv = old_store.load("old-partial")
     assert [m.role for m in conv.messages] == ["user", "assistant", "assistant", "user",
                                                "assistant"]
-    assert conv.messages[1].status == "partial" and conv.verify() is None
+    assert conv.messages[1].status == "partial"
+    assert conv.verify() is None
 
 
 def test_migrate_copies_old_and_rich_conversations_with_their_blobs(
@@ -136,7 +144,8 @@ def test_migrate_copies_old_and_rich_conversations_with_their_blobs(
     dst = open_store(f"sqlite://{tmp_path}/copy.db")
     try:
         report = migrate(old_store, dst)
-        assert report.ok and report.blobs_copied == 1
+        assert report.ok
+        assert report.blobs_copied == 1
         copy = dst.load("old-plain")
         assert copy.messages == old_store.load("old-plain").messages
         assert verify_blobs(dst, copy) == 1

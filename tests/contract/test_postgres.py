@@ -42,7 +42,8 @@ def _db_with(pg_server: PgServer, setting: str) -> str:
 def test_guard_reports_the_server_settings(pg_url: str) -> None:
     store = open_store(pg_url)
     report = store.guard_report
-    assert report.verdict == "durable" and report.fstype == "postgresql"
+    assert report.verdict == "durable"
+    assert report.fstype == "postgresql"
     assert "fsync=on, synchronous_commit=on, full_page_writes=on" in report.reasons[0]
     store.close()
 
@@ -62,7 +63,8 @@ def test_server_that_acks_before_flushing_is_refused(pg_server: PgServer, settin
     try:
         with pytest.raises(EphemeralStoreError) as info:
             open_store(url)
-        assert setting in str(info.value) and "--allow-ephemeral" in str(info.value)
+        assert setting in str(info.value)
+        assert "--allow-ephemeral" in str(info.value)
         with pg_connect(url) as conn:  # refused before anything was written
             schema = url.rsplit("schema=", 1)[1]
             assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname=%s",
@@ -83,7 +85,8 @@ def test_read_only_server_is_a_clear_error(pg_server: PgServer) -> None:
     with pytest.raises(StoreUnavailable, match=r"read-only.*writable primary"):
         open_store(url, allow_ephemeral=True)
     report = doctor.run(url)
-    assert not report.ready and "read-only" in report.problems[0]
+    assert not report.ready
+    assert "read-only" in report.problems[0]
 
 
 # -- credentials ---------------------------------------------------------------------------
@@ -95,7 +98,8 @@ def test_the_password_never_shows(pg_server: PgServer, pg_url: str) -> None:
     new_conversation(store, "c1", 2)
     report = doctor.diagnose(store)
     shown = json.dumps(report.to_dict()) + store.url + repr(store.location())
-    assert password not in shown and store.url == pg_url.replace(f":{password}@", "@")
+    assert password not in shown
+    assert store.url == pg_url.replace(f":{password}@", "@")
     assert password not in json.dumps(store.opens())
     store.close()
     with pg_connect(pg_url) as conn:  # nothing stored holds it either
@@ -138,7 +142,8 @@ def test_password_from_pgpass(pg_server: PgServer, tmp_path: Path,
 def test_bad_urls_are_clear_and_redacted(url: str, problem: str) -> None:
     with pytest.raises(ChatstateError) as info:
         open_store(url)
-    assert problem in str(info.value) and "Example: postgresql://" in str(info.value)
+    assert problem in str(info.value)
+    assert "Example: postgresql://" in str(info.value)
     assert "pw123456" not in str(info.value)
 
 
@@ -148,7 +153,8 @@ def test_unreachable_server_is_store_unavailable(tmp_path: Path) -> None:
     url = f"postgresql://chatstate:pw-123456@127.0.0.1:{free_port()}/postgres"
     with pytest.raises(StoreUnavailable) as info:
         open_store(url)
-    assert "127.0.0.1" in str(info.value) and "pw-123456" not in str(info.value)
+    assert "127.0.0.1" in str(info.value)
+    assert "pw-123456" not in str(info.value)
 
 
 # -- damage and schemas ------------------------------------------------------------------
@@ -176,7 +182,8 @@ def test_damaged_rows_are_named_by_seq_and_never_rewritten(pg_url: str,
     store = open_store(pg_url)
     with pytest.raises(CorruptTranscriptError) as info:
         store.load("c1")
-    assert "conversation 'c1'" in str(info.value) and info.value.position == position
+    assert "conversation 'c1'" in str(info.value)
+    assert info.value.position == position
     for attempt in (lambda: store.append("c1", seal_chain(1, msgs[-1])),
                     lambda: store.set_header("c1", title="x")):
         with pytest.raises(ChatstateError):
@@ -221,7 +228,8 @@ def test_migrations_are_named_and_applied_once(pg_url: str) -> None:
 def test_check_leaves_no_probe_row(pg_url: str) -> None:
     store = open_store(pg_url)
     report = store.check()
-    assert report.ok and len(report.steps) == 3
+    assert report.ok
+    assert len(report.steps) == 3
     with pg_connect(pg_url) as conn:
         assert conn.execute("SELECT count(*) FROM probes").fetchone()[0] == 0
     store.close()
@@ -267,11 +275,15 @@ def test_migrate_sqlite_to_postgresql_to_json(tmp_path: Path, pg_url: str) -> No
     expected = state(src)
     for a, b in ((src, pg), (pg, back)):
         report = migrate(a, b)
-        assert report.ok and sorted(report.copied) == sorted(CORPUS)
-        assert report.messages_copied == TOTAL + 2 and report.partials_copied == 2
+        assert report.ok
+        assert sorted(report.copied) == sorted(CORPUS)
+        assert report.messages_copied == TOTAL + 2
+        assert report.partials_copied == 2
         assert state(b) == expected
     again = migrate(src, pg)
-    assert again.ok and again.copied == [] and again.messages_copied == 0
+    assert again.ok
+    assert again.copied == []
+    assert again.messages_copied == 0
 
 
 # -- the server itself killed -----------------------------------------------------------------
@@ -287,7 +299,8 @@ def test_acknowledged_turns_survive_a_sigkill_of_the_server(tmp_path: Path) -> N
         store.create(Conversation(id="c1"))
         store.close()
         writer = spawn_writer("serve", url, "c1")
-        assert writer.stdout is not None and writer.stdin is not None
+        assert writer.stdout is not None
+        assert writer.stdin is not None
         assert writer.stdout.readline().strip() == "ready"
         writer.stdin.write("go\n")
         writer.stdin.flush()
@@ -308,7 +321,8 @@ def test_acknowledged_turns_survive_a_sigkill_of_the_server(tmp_path: Path) -> N
         assert len(acked) >= 20
         hashes = [m.hash for m in conv.messages]
         for seq, h in acked:
-            assert seq < len(hashes) and hashes[seq] == h
+            assert seq < len(hashes)
+            assert hashes[seq] == h
         store.append("c1", seal_chain(1, conv.messages[-1]))
         store.close()
     finally:

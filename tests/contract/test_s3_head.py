@@ -55,7 +55,8 @@ def test_a_deleted_newest_segment_is_named_on_load(url: str) -> None:
     store.io.delete([NEWEST])
     with pytest.raises(CorruptTranscriptError) as info:
         open_store(url).load(CID)
-    assert NEWEST in str(info.value) and info.value.position == 3
+    assert NEWEST in str(info.value)
+    assert info.value.position == 3
     assert "records 4 messages, but only 3 are stored" in str(info.value)
 
 
@@ -86,7 +87,8 @@ def test_replay_verify_and_ask_refuse_a_lost_segment(url: str) -> None:
     assert verify.code == 1, verify.err
     assert NEWEST in verify.err
     asked = invoke(["ask", "--model", "fake", "--id", CID, "hello again"], store=url)
-    assert asked.code != 0 and NEWEST in asked.err, asked.err
+    assert asked.code != 0, asked.err
+    assert NEWEST in asked.err, asked.err
     assert _objects(store) == before  # nothing was written: no segment, no partial, no index
 
 
@@ -94,7 +96,8 @@ def test_old_data_without_a_head_still_loads(url: str) -> None:
     store = _four_messages(url)
     store.io.delete(["index/c1.json"])  # as written before the head was kept
     conv = open_store(url).load(CID)
-    assert len(conv.messages) == 4 and conv.verify() is None
+    assert len(conv.messages) == 4
+    assert conv.verify() is None
     reopened = open_store(url)
     reopened.append(CID, [Message.seal(conv.messages[-1], role="user", content="m 4",
                                        turn_id="t-2")])

@@ -86,8 +86,10 @@ def test_from_url_does_no_io_and_location_is_remote() -> None:
     store = S3Store.from_url("s3://my-bucket/a/b?endpoint_url=http://127.0.0.1:9&allow_http=true"
                              "&region=eu-west-1")
     loc = store.location()
-    assert loc.path is None and loc.remote == "http://127.0.0.1:9 bucket my-bucket"
-    assert store.target.prefix == "a/b" and store.target.region == "eu-west-1"
+    assert loc.path is None
+    assert loc.remote == "http://127.0.0.1:9 bucket my-bucket"
+    assert store.target.prefix == "a/b"
+    assert store.target.region == "eu-west-1"
     assert S3Store.partial_flush_interval == 0.25
 
 
@@ -136,7 +138,8 @@ def test_racing_writers_exactly_one_wins_each_round(url: str) -> None:
         prev = candidates[winners[0]]
     assert prev is not None
     conv = open_store(url).load("c1")
-    assert [m.seq for m in conv.messages] == [0, 1, 2] and conv.verify() is None
+    assert [m.seq for m in conv.messages] == [0, 1, 2]
+    assert conv.verify() is None
     assert conv.messages[-1].hash == prev.hash
 
 
@@ -209,7 +212,8 @@ def test_snapshot_load_equals_full_load_and_is_bounded(url: str, proxy: FaultPro
     proxy.reset()
     conv = cold.load("c1")
     assert [m.hash for m in conv.messages] == [m.hash for m in full_read(store, "c1")]
-    assert len(conv.messages) == sum(sizes) and conv.verify() is None
+    assert len(conv.messages) == sum(sizes)
+    assert conv.verify() is None
     # the 61 segments after the newest snapshot, header, index, partial, snapshot, 2 listings
     assert proxy.count() == 61 + 6
 
@@ -227,7 +231,9 @@ def test_tampered_message_is_named_and_left_alone(url: str) -> None:
     store.io.put(key, tampered)
     with pytest.raises(CorruptTranscriptError) as info:
         open_store(url).load("c1")
-    assert info.value.position == 3 and key in info.value.where and key in str(info.value)
+    assert info.value.position == 3
+    assert key in info.value.where
+    assert key in str(info.value)
     store.io.put(key, b'{"schema": 99, "messages": []}')
     with pytest.raises(SchemaVersionError):
         open_store(url).load("c1")
@@ -235,7 +241,8 @@ def test_tampered_message_is_named_and_left_alone(url: str) -> None:
     with pytest.raises(CorruptTranscriptError, match="0000000003"):
         open_store(url).load("c1")
     again = store.io.get(key)
-    assert again is not None and again.data == b"{not json"
+    assert again is not None
+    assert again.data == b"{not json"
 
 
 def test_listing_is_newest_first_and_survives_a_lost_index(url: str) -> None:
@@ -246,7 +253,8 @@ def test_listing_is_newest_first_and_survives_a_lost_index(url: str) -> None:
     store.append("a", seal(None, 2))
     listed = store.list_conversations()
     assert [s.id for s in listed] == ["a", "c", "b"]
-    assert listed[0].message_count == 2 and listed[0].title == "A"
+    assert listed[0].message_count == 2
+    assert listed[0].title == "A"
     assert [s.id for s in store.list_conversations(limit=1)] == ["a"]
     store.io.delete(["index/a.json"])  # e.g. a writer killed between append and index
     assert open_store(url).list_conversations()[0].id == "a"
@@ -270,7 +278,8 @@ def test_partial_replaced_by_if_match_and_cleared_by_append(url: str) -> None:
     final = Message.seal(user, role="assistant", content="Hello there", turn_id=user.turn_id)
     other.append("c1", [final])
     conv = open_store(url).load("c1")
-    assert conv.partial is None and conv.messages[-1].content == "Hello there"
+    assert conv.partial is None
+    assert conv.messages[-1].content == "Hello there"
     assert store.io.get("conversations/c1/partial.json") is None
 
 
@@ -360,9 +369,12 @@ def test_endpoint_gone_mid_run_gives_store_unavailable_and_no_torn_turn(
     time.sleep(1.5)
     proxy.stop()  # the endpoint goes away in the middle of whatever request is next
     thread.join(60)
-    assert not thread.is_alive() and len(errors) == 1
+    assert not thread.is_alive()
+    assert len(errors) == 1
     text = str(errors[0])
-    assert proxy.endpoint in text and f"s3://{bucket}/t/" in text and "retry" in text
+    assert proxy.endpoint in text
+    assert f"s3://{bucket}/t/" in text
+    assert "retry" in text
     conv = open_store(url).load("c1")  # straight at moto: every message whole, chain intact
     assert conv.verify() is None
     hashes = [m.hash for m in conv.messages]
@@ -392,11 +404,15 @@ def test_stopped_server_is_a_clear_error_without_credentials(
     finally:
         server.stop()
     text = str(info.value)
-    assert server.endpoint in text and "s3://" in text and "reachable" in text
+    assert server.endpoint in text
+    assert "s3://" in text
+    assert "reachable" in text
     everything = "".join(traceback.format_exception(info.value)) + repr(info.value) + \
         str(report.to_dict())
     assert canary not in everything
-    assert not report.ok and report.error and server.endpoint in report.error
+    assert not report.ok
+    assert report.error
+    assert server.endpoint in report.error
 
 
 @pytest.mark.invariant(9)
@@ -414,7 +430,8 @@ def test_credentials_from_a_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("AWS_PROFILE", "nope")
     with pytest.raises(ChatstateError, match="AWS_PROFILE") as info:
         open_store(url)
-    assert "nope" in str(info.value) and canary not in str(info.value)
+    assert "nope" in str(info.value)
+    assert canary not in str(info.value)
 
 
 def test_missing_bucket_says_so(moto_endpoint: str) -> None:
@@ -432,4 +449,5 @@ def test_missing_credentials_are_said_plainly() -> None:
                            "s3://no-such-bucket/p?region=us-east-1", "list"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 1
-    assert "no AWS credentials were found" in done.stderr and "Traceback" not in done.stderr
+    assert "no AWS credentials were found" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -88,7 +88,8 @@ def test_damaged_json_is_refused_and_left_alone(
     with pytest.raises(CorruptTranscriptError) as info:
         store.load("c1")
     err = info.value
-    assert str(path) in str(err) and err.where == str(path)
+    assert str(path) in str(err)
+    assert err.where == str(path)
     assert phrase in str(err)
     if position is not None:
         assert err.position == position
@@ -154,8 +155,10 @@ def test_not_a_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
     before = db.read_bytes()
     with pytest.raises(CorruptTranscriptError) as info:
         open_store(f"sqlite://{db}")
-    assert str(db) in str(info.value) and "not a usable SQLite database" in str(info.value)
-    assert db.read_bytes() == before and stat.S_IMODE(db.stat().st_mode) == 0o644
+    assert str(db) in str(info.value)
+    assert "not a usable SQLite database" in str(info.value)
+    assert db.read_bytes() == before
+    assert stat.S_IMODE(db.stat().st_mode) == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
 
 
@@ -173,8 +176,10 @@ def test_foreign_sqlite_database_is_refused_untouched(tmp_path: Path, journal: s
     before = db.read_bytes()
     with pytest.raises(CorruptTranscriptError) as info:
         open_store(f"sqlite://{db}")
-    assert str(db) in str(info.value) and "not a chatstate store" in str(info.value)
-    assert db.read_bytes() == before and stat.S_IMODE(db.stat().st_mode) == 0o644
+    assert str(db) in str(info.value)
+    assert "not a chatstate store" in str(info.value)
+    assert db.read_bytes() == before
+    assert stat.S_IMODE(db.stat().st_mode) == 0o644
     con = sqlite3.connect(db)
     assert con.execute("SELECT name FROM sqlite_master").fetchall() == [("users",)]
     con.close()
@@ -219,7 +224,8 @@ def test_damaged_sqlite_rows_are_named_by_seq(tmp_path: Path,
     store = open_store(url)
     with pytest.raises(CorruptTranscriptError) as info:
         store.load("c1")
-    assert str(db) in str(info.value) and "'c1'" in str(info.value)
+    assert str(db) in str(info.value)
+    assert "'c1'" in str(info.value)
     assert info.value.position == position
     # O(1) writes do not re-verify the whole chain (load does, and a session loads
     # first); whatever they do, the damaged rows themselves are never rewritten
@@ -242,7 +248,8 @@ def test_ten_megabyte_message_round_trips(store: Any) -> None:
     big = Message.seal(msgs[-1], role="assistant", content=text, turn_id="t")
     store.append("big", [big])
     conv = store.load("big")
-    assert conv.messages[-1].content == text and conv.verify() is None
+    assert conv.messages[-1].content == text
+    assert conv.verify() is None
     store.append("big", seal_chain(1, big))
     assert len(store.load("big").messages) == 3
 

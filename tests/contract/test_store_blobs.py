@@ -35,7 +35,8 @@ def test_every_content_kind_round_trips(store: Any, kind: str) -> None:
     rich = seal_kind(store, kind, prev)
     store.append("c1", rich)
     conv = store.load("c1")
-    assert conv.messages[2:] == rich and conv.verify() is None
+    assert conv.messages[2:] == rich
+    assert conv.verify() is None
     assert verify_blobs(store, conv) == len({r["sha256"] for m in rich for r in m.blob_refs()})
     after = Message.seal(conv.last, role="user", content="and then?", turn_id="t-2")
     store.append("c1", [after])  # the chain goes on after a rich message
@@ -47,7 +48,8 @@ def test_large_parts_become_blobs_and_inline_back(store: Any) -> None:
     new_conversation(store, "c1")
     (msg,) = seal_kind(store, "image-large")
     part = msg.content[1]
-    assert isinstance(part, dict) and "url" not in part["image_url"]
+    assert isinstance(part, dict)
+    assert "url" not in part["image_url"]
     assert part["blob"] == {"sha256": hashlib.sha256(PNG_1MIB).hexdigest(),
                             "size": len(PNG_1MIB), "media_type": "image/png", "name": "big.png"}
     store.append("c1", [msg])
@@ -80,7 +82,8 @@ def test_one_mib_image_in_ten_turns_is_stored_once(store: Any, store_url: str) -
         prev = Message.seal(prev, role="user", content=content, turn_id=f"t-{turn}")
         store.append("c1", [prev])
     conv = store.load("c1")
-    assert len(conv.messages) == 10 and conv.verify() is None
+    assert len(conv.messages) == 10
+    assert conv.verify() is None
     assert _blob_count(store, store_url) == 1
     if scheme(store_url) == "json":  # the transcript holds references, not ten copies
         assert (local_path(store_url) / "c1.json").stat().st_size < 10 * 1024
@@ -152,7 +155,8 @@ def test_damaged_blob_is_corruption_naming_it(store: Any, store_url: str, how: s
     if how == "missing":  # load checks every named blob is there, with its size
         with pytest.raises(CorruptTranscriptError, match="is missing") as exc:
             store.load("c1")
-        assert name in str(exc.value) and exc.value.position == 0
+        assert name in str(exc.value)
+        assert exc.value.position == 0
         with pytest.raises(ChatstateError, match="does not hold"):
             store.append("c1", [Message.seal(rich[-1], role="user", turn_id="t",
                                              content=rich[0].content)])
@@ -175,7 +179,8 @@ def test_plain_messages_stay_in_the_0_1_format(local_store_url: str, tmp_path: P
         new_conversation(store, "c1", 2)
         if scheme(local_store_url) == "json":
             raw = (local_path(local_store_url) / "c1.json").read_bytes()
-            assert raw.startswith(b'{"schema":1,') and b"tool_calls" not in raw
+            assert raw.startswith(b'{"schema":1,')
+            assert b"tool_calls" not in raw
         store.append("c1", seal_kind(store, "tool-calls", store.load("c1").last))
         if scheme(local_store_url) == "json":  # 0.1 refuses it as newer, not as damaged
             raw = (local_path(local_store_url) / "c1.json").read_bytes()
@@ -219,7 +224,8 @@ def test_json_open_removes_a_dead_blob_writers_temp_file(tmp_path: Path) -> None
     stray.write_bytes(b"half a blob")
     store = open_store(url)
     try:
-        assert not stray.exists() and any("blobs/" + stray.name in r for r in store.recovery)
+        assert not stray.exists()
+        assert any("blobs/" + stray.name in r for r in store.recovery)
         assert store.get_blob(ref["sha256"]) == PNG_1MIB
     finally:
         store.close()

@@ -39,8 +39,10 @@ def test_second_writer_gets_a_clear_error(store_url: str) -> None:
         second.acquire_lease("c1")
     message = str(info.value)
     assert f"in use by host {socket.gethostname()}, pid {os.getpid()}" in message
-    assert "'c1'" in message and isinstance(info.value, ConflictError)
-    assert info.value.pid == os.getpid() and info.value.host == socket.gethostname()
+    assert "'c1'" in message
+    assert isinstance(info.value, ConflictError)
+    assert info.value.pid == os.getpid()
+    assert info.value.host == socket.gethostname()
     other = second.acquire_lease("c2")  # leases are per conversation
     first.release_lease(lease)
     second.release_lease(second.acquire_lease("c1"))
@@ -155,7 +157,8 @@ def test_the_cli_says_nothing_was_stored_when_another_writer_holds_it(
         said = result.out + result.err
         assert f"is in use by host {socket.gethostname()}, pid {os.getpid()}" in said
         assert "nothing was written" in said
-        assert "--retry" not in said and "/retry" not in said, said
+        assert "--retry" not in said, said
+        assert "/retry" not in said, said
         if command == "ask":
             assert result.code == 1
         else:
@@ -163,7 +166,8 @@ def test_the_cli_says_nothing_was_stored_when_another_writer_holds_it(
                    "is done]" in said
         stored = store.load("held")
         assert [m.content for m in stored.messages] == ["first"]
-        assert stored.partial is not None and stored.partial.content == "stream"  # untouched
+        assert stored.partial is not None
+        assert stored.partial.content == "stream"  # untouched
     finally:
         store.close()
 
@@ -183,7 +187,8 @@ def test_the_repl_sees_a_turn_another_writer_finished_after_its_greeting(
         repl = subprocess.Popen([CHATSTATE, "--store", url, "chat", "--model", "fake", "--id",
                                  "held"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
-        assert repl.stderr is not None and repl.stdin is not None
+        assert repl.stderr is not None
+        assert repl.stdin is not None
         greeting = []
         for line in repl.stderr:
             greeting.append(line)
@@ -197,7 +202,8 @@ def test_the_repl_sees_a_turn_another_writer_finished_after_its_greeting(
         store.release_lease(lease)
         out, err = repl.communicate("now me\n", timeout=60)
         assert repl.returncode == 0, err
-        assert "cut off" not in err and "in use" not in err, err
+        assert "cut off" not in err, err
+        assert "in use" not in err, err
         assert "assistant> Echo: now me" in out
         conv = store.load("held")
         assert [(m.role, m.content.split(" ")[0]) for m in conv.messages] == [
@@ -234,7 +240,8 @@ def test_a_store_that_cannot_be_written_cannot_say_who_holds_it(
         monkeypatch.undo()
         other = store.acquire_lease("c", wait=0)  # a live holder is still seen
         found = held_elsewhere(store, "c")
-        assert found is not None and found.pid == os.getpid()
+        assert found is not None
+        assert found.pid == os.getpid()
         store.release_lease(other)
     finally:
         store.close()
@@ -263,7 +270,9 @@ def test_ask_lease_wait_waits_for_the_other_writer(tmp_path: Path) -> None:
         answered = time.monotonic()
         holder.join()
         assert result.code == 0, result.err
-        assert "Echo: me too" in result.out and released and answered >= released[0]
+        assert "Echo: me too" in result.out
+        assert released
+        assert answered >= released[0]
         conv = store.load("held")
         assert [(m.role, m.status, m.content.split(" ")[0]) for m in conv.messages] == [
             ("user", "complete", "first"), ("assistant", "partial", "stream"),

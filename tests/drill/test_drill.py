@@ -67,7 +67,8 @@ def test_drill_kills_in_every_phase_and_loses_nothing(local_store_url: str) -> N
     assert code == 0, (doc, err)
     assert_clean(doc, 20)
     assert all(doc["kills"][phase] > 0 for phase in PHASES), doc["kills"]
-    assert doc["seed"] == 1 and doc["run_id"]
+    assert doc["seed"] == 1
+    assert doc["run_id"]
     assert user_state(local_store_url) == before  # untouched; no drill conversation left
     if scheme(local_store_url) == "json":
         locks = sorted(p.name for p in (local_path(local_store_url) / ".locks").iterdir())
@@ -91,7 +92,8 @@ def test_drill_on_s3(request: pytest.FixtureRequest) -> None:
         keys = [k for prefix in ("conversations", "index") for k, _ in store.io.keys(prefix)]
     finally:
         store.close()
-    assert keys and not [k for k in keys if "drill-" in k], keys
+    assert keys, keys
+    assert not [k for k in keys if "drill-" in k], keys
 
 
 LOSSY_STORE = '''
@@ -133,7 +135,8 @@ def test_drill_detects_a_store_that_loses_acknowledged_messages(
     code, doc, err = drill(url, "--trials", "12", "--seed", "3",
                            env={"PYTHONPATH": str(plugin)})
     assert code == 1, (doc, err)
-    assert doc["ok"] is False and doc["lost"] > 0, doc
+    assert doc["ok"] is False, doc
+    assert doc["lost"] > 0, doc
     assert any("acknowledged seq" in p and "missing" in p for p in doc["problems"]), doc
 
 
@@ -209,4 +212,5 @@ def test_drill_asks_a_third_party_store_for_its_own_leftovers(
     assert code == 1, (doc, err)
     assert any(p.startswith("reporting store: debris of drill-") for p in doc["problems"]), doc
     forgotten = json.loads((tmp_path / "forgotten.json").read_text())
-    assert forgotten and all(cid.startswith("drill-") for cid in forgotten)
+    assert forgotten
+    assert all(cid.startswith("drill-") for cid in forgotten)

@@ -30,11 +30,17 @@ def test_tool_drill_kills_at_every_step_and_finds_nothing_wrong(store_url: str) 
                     store=store_url)
     assert result.code == 0, result.out + result.err
     doc = result.json()
-    assert doc["ok"] and doc["kills"] == 21 and doc["seed"] == 5
-    assert doc["duplicates"] == 0 and doc["orphans"] == 0 and doc["lost"] == 0
+    assert doc["ok"]
+    assert doc["kills"] == 21
+    assert doc["seed"] == 5
+    assert doc["duplicates"] == 0
+    assert doc["orphans"] == 0
+    assert doc["lost"] == 0
     assert doc["problems"] == []
     assert all(doc["steps"].get(step, 0) >= 1 for step in STEPS), doc["steps"]
-    assert doc["calls"] > 0 and doc["tool_runs"] > 0 and doc["requests"] > 0
+    assert doc["calls"] > 0
+    assert doc["tool_runs"] > 0
+    assert doc["requests"] > 0
     store = open_store(store_url)
     try:
         assert [c.id for c in store.list_conversations()] == ["mine"]  # the drill's is gone

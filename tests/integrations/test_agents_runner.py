@@ -65,7 +65,8 @@ def test_tool_call_then_a_second_turn_that_sees_the_first(store_url: str) -> Non
         sent = fake.request_log[-1]["messages"]
     # the second request carried the first turn, tool call and result included
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
-    assert sent[0]["content"] == "weather in Paris?" and sent[2]["content"] == "sunny in Paris"
+    assert sent[0]["content"] == "weather in Paris?"
+    assert sent[2]["content"] == "sunny in Paris"
     items = asyncio.run(ChatstateSession("runner", store=store_url).get_items())
     kinds = [i.get("type", "message") for i in items]
     assert kinds == ["message", "function_call", "function_call_output", "message",
@@ -95,7 +96,8 @@ def test_sigkill_mid_run_keeps_every_acknowledged_item_and_no_orphan(store_url: 
                   for i in json.loads(line[4:])]
     reopened = ChatstateSession("killed", store=store_url)
     stored = reopened._log.items()
-    assert acked and all(item in stored for item in acked)  # nothing acknowledged lost
+    assert acked
+    assert all(item in stored for item in acked)  # nothing acknowledged lost
     items = asyncio.run(reopened.get_items())
     calls = {i["call_id"] for i in items if i.get("type") == "function_call"}
     outputs = {i["call_id"] for i in items if i.get("type") == "function_call_output"}

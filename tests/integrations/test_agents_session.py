@@ -48,12 +48,15 @@ def test_items_round_trip_json_identical(store_url: str) -> None:
     got = run(reopened.get_items())
     assert json.dumps(got, sort_keys=True) == json.dumps(ITEMS, sort_keys=True)
     conv = reopened.store.load("rt")
-    assert conv.verify() is None and len({m.turn_id for m in conv.messages}) == 1
+    assert conv.verify() is None
+    assert len({m.turn_id for m in conv.messages}) == 1
     # derived fields: readable by replay and search, paired like the tool loop's
-    assert conv.messages[0].role == "user" and conv.messages[0].content == "Hi ✓"
+    assert conv.messages[0].role == "user"
+    assert conv.messages[0].content == "Hi ✓"
     assert conv.messages[2].tool_calls == [{"id": "call_1", "type": "function", "function": {
         "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]
-    assert conv.messages[3].role == "tool" and conv.messages[3].tool_call_id == "call_1"
+    assert conv.messages[3].role == "tool"
+    assert conv.messages[3].tool_call_id == "call_1"
     session.close()
     reopened.close()
 
@@ -94,7 +97,8 @@ def test_events_in_replay_verify_and_export_import_migrate(store_url: str,
     run(session.add_items([{"role": "user", "content": "after clear"}]))
     replay = _cli(store_url, "replay", "ev")
     assert replay.returncode == 0, replay.stderr
-    assert "pop item seq 1" in replay.stdout and "clear" in replay.stdout
+    assert "pop item seq 1" in replay.stdout
+    assert "clear" in replay.stdout
     assert _cli(store_url, "replay", "ev", "--verify").returncode == 0
 
     dump = tmp_path / "ev.json"
@@ -138,7 +142,8 @@ def test_implements_the_sdk_session_protocol(store_url: str) -> None:
     from agents.memory import session as sdk
 
     session = ChatstateSession("proto", store=store_url, session_settings={"limit": 2})
-    assert isinstance(session, sdk.Session) and session.session_id == "proto"
+    assert isinstance(session, sdk.Session)
+    assert session.session_id == "proto"
     accepts = getattr(sdk, "_session_accepts_wrapper", None)  # SDKs that pass ``wrapper``
     if accepts is not None:
         assert accepts(session)

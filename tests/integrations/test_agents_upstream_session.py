@@ -107,7 +107,8 @@ async def test_session_memory_different_sessions_parametrized(runner_method, mak
     assert result3.final_output == "Yes, you mentioned cats"
     # chatstate addition: the model saw session 1's turn and not session 2's.
     seen = str(model.calls[-1].input)
-    assert "I like cats" in seen and "I like dogs" not in seen
+    assert "I like cats" in seen
+    assert "I like dogs" not in seen
     session_1.close()
     session_2.close()
 

@@ -290,7 +290,8 @@ async def test_add_items_concurrent_first_access_across_from_url_sessions_cross_
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert errors == [] and not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert not any(t.is_alive() for t in threads)
     assert sorted(i.get("content") for i in await sessions[0].get_items()) == ["one", "two"]
 
 

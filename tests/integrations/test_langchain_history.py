@@ -124,7 +124,8 @@ def test_runnable_with_message_history_two_turns_and_a_tool_call(store_url: str)
                         config)
     assert last.content == "You asked about Paris."
     # The third call saw the first two turns, tool call and result included.
-    assert "Weather in Paris?" in seen[2] and "sunny" in seen[2]
+    assert "Weather in Paris?" in seen[2]
+    assert "sunny" in seen[2]
     fresh = ChatstateChatMessageHistory("lc-run", store=store_url)
     kinds = [type(m).__name__ for m in fresh.messages]
     assert kinds == ["HumanMessage", "AIMessage", "ToolMessage", "AIMessage", "HumanMessage",

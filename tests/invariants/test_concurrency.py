@@ -45,8 +45,8 @@ def run_workers(url: str, cids: list[str], base_url: str) -> list[list[dict[str,
              for i, cid in enumerate(cids)]
     for expect in ("ready\n", "loaded\n"):  # every worker loads before any of them writes
         for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline() == expect, \
-                proc.communicate()[1]
+            assert proc.stdout is not None, proc.communicate()[1]
+            assert proc.stdout.readline() == expect, proc.communicate()[1]
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("go\n")
@@ -76,7 +76,8 @@ def check_turns(messages: list[Message], reports: list[dict[str, Any]]) -> None:
     done = [r for r in reports if "turn" in r]
     for turn in done:
         for seq, digest in (turn["user"], turn["reply"]):
-            assert hashes.count(digest) == 1 and hashes[seq] == digest, turn
+            assert hashes.count(digest) == 1, turn
+            assert hashes[seq] == digest, turn
         assert messages[turn["reply"][0]].turn_id == turn["turn"]
     assert turn_problems(messages) == []
     pairs = [(m.role, m.status) for m in messages]

@@ -38,7 +38,8 @@ def test_batch_ledger_refuses_a_foreign_sqlite_file_without_touching_it(
     before = _foreign_db(path)
     with pytest.raises(ChatstateError, match="not a chatstate batch ledger") as info:
         Ledger.open(path, create=create)
-    assert str(path) in str(info.value) and "was not changed" in str(info.value)
+    assert str(path) in str(info.value)
+    assert "was not changed" in str(info.value)
     assert path.read_bytes() == before  # the header's journal-mode bytes too: not WAL
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
     db = sqlite3.connect(path)
@@ -141,7 +142,8 @@ def test_an_error_after_the_rename_says_the_data_moved(tmp_path: Path,
         store.append("c1", seal_chain(1, store.load("c1").last))
     text = str(info.value)
     assert "unchanged" not in text, text
-    assert "renamed into place" in text and "not known to be on stable storage" in text
+    assert "renamed into place" in text
+    assert "not known to be on stable storage" in text
     monkeypatch.undo()
     assert len(store.load("c1").messages) == 2  # what the message says: it is in place
 
@@ -164,6 +166,8 @@ def test_an_error_before_the_rename_still_says_nothing_changed(
 def test_var_tmp_is_not_said_to_be_cleared_on_reboot() -> None:
     report = inspect("/var/tmp/chatstate-store", probe=False)
     text = " ".join(report.reasons)
-    assert report.verdict == "ephemeral" and "/var/tmp" in text
-    assert "cleared on reboot" not in text and "survives a reboot" in text
+    assert report.verdict == "ephemeral"
+    assert "/var/tmp" in text
+    assert "cleared on reboot" not in text
+    assert "survives a reboot" in text
     assert "cleared on reboot" in " ".join(inspect("/tmp/x", probe=False).reasons)

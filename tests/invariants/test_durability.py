@@ -44,7 +44,8 @@ def _url(kind: str, base: Path) -> str:
 def _assert_sentences(reasons: list[str]) -> None:
     assert reasons
     for reason in reasons:
-        assert reason[0].isupper() and reason.endswith("."), reason
+        assert reason[0].isupper(), reason
+        assert reason.endswith("."), reason
 
 
 @pytest.mark.invariant(8)
@@ -60,7 +61,8 @@ def test_ephemeral_locations_are_refused(scratch_dirs: dict[str, Path], where: s
     text = str(info.value)
     assert url in text  # where
     why = "tmpfs" if where == "shm" else "under /tmp"
-    assert why in text and "would not survive a restart" in text  # why
+    assert why in text
+    assert "would not survive a restart" in text  # why
     assert "CHATSTATE_STORE" in text  # fix 1: point it at durable storage
     for allow in ("allow_ephemeral=True", "CHATSTATE_ALLOW_EPHEMERAL=1", "--allow-ephemeral"):
         assert allow in text  # fix 2: accept the loss explicitly
@@ -100,8 +102,11 @@ def test_checkout_disk_is_durable(tmp_path: Path) -> None:
     report = inspect(tmp_path)
     assert report.verdict == "durable", report.reasons
     assert report.fstype in durability.DURABLE_FSTYPES
-    assert report.mount_point and report.device and report.free_bytes
-    assert report.probe is not None and report.probe.startswith("ok")
+    assert report.mount_point
+    assert report.device
+    assert report.free_bytes
+    assert report.probe is not None
+    assert report.probe.startswith("ok")
     _assert_sentences(report.reasons)
     assert str(tmp_path) in report.reasons[0]
     assert list(tmp_path.iterdir()) == []  # the probe cleaned up after itself
@@ -119,7 +124,8 @@ def test_ephemeral_reports_read_as_sentences(scratch_dirs: dict[str, Path], wher
     assert report.verdict == "ephemeral"
     _assert_sentences(report.reasons)
     assert str(base) in report.reasons[0]
-    assert report.probe is not None and report.probe.startswith("ok")
+    assert report.probe is not None
+    assert report.probe.startswith("ok")
     if where == "shm":
         assert report.fstype == "tmpfs"
 
@@ -129,7 +135,8 @@ def test_nonexistent_path_skips_the_probe_and_writes_nothing(tmp_path: Path) -> 
     target = tmp_path / "missing" / "deeper"
     report = inspect(target)
     assert report.path == str(target)
-    assert report.probe is not None and report.probe.startswith("skipped")
+    assert report.probe is not None
+    assert report.probe.startswith("skipped")
     assert report.verdict == "durable"  # judged by its nearest existing ancestor
     assert list(tmp_path.iterdir()) == []
     _assert_sentences(report.reasons)
@@ -158,7 +165,8 @@ def _fake_mountinfo(tmp_path: Path) -> Path:
 
 def test_read_mounts_and_mount_for_on_a_fake_table(tmp_path: Path) -> None:
     mounts = read_mounts(str(_fake_mountinfo(tmp_path)))
-    assert mounts is not None and len(mounts) == 8
+    assert mounts is not None
+    assert len(mounts) == 8
     cases = {
         "/": ("/", "overlay"),
         "/app/data": ("/", "overlay"),
@@ -172,7 +180,8 @@ def test_read_mounts_and_mount_for_on_a_fake_table(tmp_path: Path) -> None:
     }
     for path, (mount_point, fstype) in cases.items():
         m = mount_for(path, mounts)
-        assert m is not None and (m.mount_point, m.fstype) == (mount_point, fstype), path
+        assert m is not None, path
+        assert (m.mount_point, m.fstype) == (mount_point, fstype), path
     assert read_mounts(str(tmp_path / "absent")) is None
 
 
@@ -194,5 +203,6 @@ def test_verdicts_from_a_fake_table(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert "mounted volume" in " ".join(inspect(tmp_path / "vol", probe=False).reasons)
     monkeypatch.setattr(durability, "read_mounts", lambda *_a, **_k: None)  # no /proc (macOS)
     report = inspect(tmp_path / "vol", probe=False)
-    assert report.verdict == "unknown" and "mount table" in report.reasons[0]
+    assert report.verdict == "unknown"
+    assert "mount table" in report.reasons[0]
     _assert_sentences(report.reasons)

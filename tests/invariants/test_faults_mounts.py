@@ -105,7 +105,8 @@ def cli(ns: Namespace, url: str, *args: str, env: dict[str, str],
 
 def assert_unchanged(ns: Namespace, url: str, before: list[str]) -> None:
     found = ns.writer("check", url, CID)
-    assert found.get("hashes") == before and found.get("verify") is None, found
+    assert found.get("hashes") == before, found
+    assert found.get("verify") is None, found
 
 
 # -- ENOSPC ------------------------------------------------------------------------------
@@ -134,11 +135,14 @@ def test_disk_fills_under_a_running_writer(ns: Namespace, tmp_path: Path, kind: 
     out = ns.writer("append", url, CID, "--fill", str(mnt / "filler"))
     assert out["filled"] > 4 << 20, out  # the disk really was full
     [error] = out["errors"]
-    assert error["at"] == "append" and error["type"] == "StoreUnavailable", out
+    assert error["at"] == "append", out
+    assert error["type"] == "StoreUnavailable", out
     assert str(store_dir(kind, mnt)) in error["message"], error
-    assert "full" in error["message"] and "free space" in error["message"], error
+    assert "full" in error["message"], error
+    assert "free space" in error["message"], error
     assert out["loaded"] == len(before), "what was stored no longer loads on a full disk"
-    assert out["retried"] and out["acked"] == []
+    assert out["retried"]
+    assert out["acked"] == []
     sealed = [m["hash"] for m in out["sealed"]]
     assert_unchanged(ns, url, before + sealed)
 
@@ -162,7 +166,8 @@ def test_fresh_process_on_a_full_disk(ns: Namespace, tmp_path: Path, kind: str) 
     ns.run("rm", mnt / "filler")
     # the user's message may have landed in the slack of a block: the turn is interrupted
     found = ns.writer("check", url, CID)
-    assert found["hashes"][:len(before)] == before and found["verify"] is None, found
+    assert found["hashes"][:len(before)] == before, found
+    assert found["verify"] is None, found
     again = cli(ns, url, "ask", "--model", "fake", "--id", CID, "one more", env=env)
     assert again.returncode == 0, again.stderr
 
@@ -193,14 +198,17 @@ def test_mount_turns_read_only_under_a_running_writer(ns: Namespace, tmp_path: P
     proc = subprocess.Popen(["nsenter", "-t", str(ns.holder.pid), "-m", PYTHON, str(WRITER),
                              "append", url, CID, "--wait"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "opened\n"
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "opened\n"
     remount_ro(ns, view)
     out = json.loads(proc.communicate("go\n", timeout=60)[0])
     [error] = out["errors"]
     assert error["type"] == "StoreUnavailable", error
-    assert "EROFS" in error["message"] and "read-only" in error["message"], error
+    assert "EROFS" in error["message"], error
+    assert "read-only" in error["message"], error
     assert str(store_dir("json", view)) in error["message"], error
-    assert out["loaded"] == len(before) and out["acked"] == []
+    assert out["loaded"] == len(before)
+    assert out["acked"] == []
     ns.run("mount", "-o", "remount,rw,bind", view)
     assert_unchanged(ns, url, before)
 
@@ -246,7 +254,8 @@ def test_unprivileged_really_meets_file_modes(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     done = as_user(PYTHON, "-c", f"open({str(locked / 'x')!r}, 'w')", env=dict(os.environ))
-    assert done.returncode == 1 and "PermissionError" in done.stderr, done
+    assert done.returncode == 1, done
+    assert "PermissionError" in done.stderr, done
 
 
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
@@ -268,7 +277,8 @@ def test_read_only_directory_as_an_ordinary_user(tmp_path: Path, kind: str) -> N
     assert_clear_error(asked.stderr, locked)
     assert "ermission" in asked.stderr, asked.stderr
     found = json.loads(run(PYTHON, WRITER, "check", url, CID).stdout)
-    assert found.get("hashes") == before and found.get("verify") is None, found
+    assert found.get("hashes") == before, found
+    assert found.get("verify") is None, found
 
 
 @pytest.mark.parametrize("kind", ["json", "sqlite"])

@@ -111,7 +111,8 @@ class ForkServer:
             pass_fds=[child_end.fileno()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True)
         child_end.close()
-        assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == "ready\n"
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -204,11 +205,13 @@ def check_error_round(rnd: Round, syscall: str, sweep: Sweep) -> None:
     if rnd.status == 0:
         assert {"ok": True} in rnd.reports, rnd.describe()
     else:
-        assert os.WIFEXITED(rnd.status) and os.WEXITSTATUS(rnd.status) == 1, rnd.describe()
+        assert os.WIFEXITED(rnd.status), rnd.describe()
+        assert os.WEXITSTATUS(rnd.status) == 1, rnd.describe()
         assert "Traceback" not in rnd.stderr, rnd.describe()
         error = next(r for r in rnd.reports if "error" in r)
         assert str(sweep.path) in error["message"], rnd.describe()
-        assert rnd.stderr.count("error: ") == 1 and str(sweep.path) in rnd.stderr
+        assert rnd.stderr.count("error: ") == 1
+        assert str(sweep.path) in rnd.stderr
     if syscall in ("fsync", "fdatasync") and rnd.injected:
         first = rnd.injected[0]
         if any(book in rnd.trace[first] for book in BOOKKEEPING):
@@ -270,8 +273,8 @@ def test_sigkill_at_every_syscall(server: ForkServer, tmp_path: Path, kind: str,
         if rnd.status == 0:
             assert {"ok": True} in rnd.reports, rnd.describe()
         else:
-            assert os.WIFSIGNALED(rnd.status) and os.WTERMSIG(rnd.status) == signal.SIGKILL, \
-                rnd.describe()
+            assert os.WIFSIGNALED(rnd.status), rnd.describe()
+            assert os.WTERMSIG(rnd.status) == signal.SIGKILL, rnd.describe()
             kills += 1
         verdict = after_fault(sweep.url, CID, sweep.prev, rnd.acked, rnd.sealed)
         assert not verdict.problems, f"K={k}: {verdict.problems}\n{rnd.describe()}"

@@ -33,12 +33,14 @@ def test_committing_a_stale_partial_is_refused(store_url: str) -> None:
         store.append("c", [older])
     conv = open_store(store_url).load("c")
     assert [m.seq for m in conv.messages] == [0]
-    assert conv.partial is not None and conv.partial.content == newer.content
+    assert conv.partial is not None
+    assert conv.partial.content == newer.content
 
     store.append("c", [newer])  # the partial the store holds: kept, visibly, as partial
     conv = open_store(store_url).load("c")
     assert [(m.status, m.content) for m in conv.messages[1:]] == [("partial", newer.content)]
-    assert conv.partial is None and conv.verify() is None
+    assert conv.partial is None
+    assert conv.verify() is None
 
 
 @pytest.mark.invariant(5)
@@ -52,10 +54,12 @@ def test_a_streaming_writer_stops_once_its_partial_was_kept_by_another(store_url
     shown = partial(user, "what A has shown")
     streaming.save_partial("c", shown)
     seen_by_keeper = keeper.load("c").partial
-    assert seen_by_keeper is not None and seen_by_keeper.hash == shown.hash
+    assert seen_by_keeper is not None
+    assert seen_by_keeper.hash == shown.hash
     keeper.append("c", [seen_by_keeper])
     with pytest.raises(ConflictError):
         streaming.save_partial("c", partial(user, "what A has shown, and more"))
     conv = open_store(store_url).load("c")
     assert [(m.status, m.content) for m in conv.messages[1:]] == [("partial", shown.content)]
-    assert conv.partial is None and conv.verify() is None
+    assert conv.partial is None
+    assert conv.verify() is None

@@ -53,7 +53,8 @@ class Round:
     """One forked writer: its pid, what it printed, and how long things took."""
 
     def __init__(self, server: subprocess.Popen[str]) -> None:
-        assert server.stdin is not None and server.stdout is not None
+        assert server.stdin is not None
+        assert server.stdout is not None
         self.out: IO[str] = server.stdout
         self.lines: list[str] = []
         server.stdin.write("go\n")
@@ -83,7 +84,9 @@ class Round:
             assert line, "the fork server died"
             self.lines.append(line)
         status = int(line.split()[1])
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, \
+        assert os.WIFSIGNALED(status), \
+            f"the writer exited on its own (status {status}): {self.lines[-3:]}"
+        assert os.WTERMSIG(status) == signal.SIGKILL, \
             f"the writer exited on its own (status {status}): {self.lines[-3:]}"
         return parse_acks("".join(self.lines))
 
@@ -145,7 +148,8 @@ def test_sigkilled_writer_loses_no_acknowledged_message(store_url: str) -> None:
     recovered: list[str] = []
     server = spawn_writer("serve", store_url, CID)
     try:
-        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        assert server.stdout is not None
+        assert server.stdout.readline() == "ready\n"
         for _ in range(KILLS):
             acked += _run_round(server, rng, timing)
             stored = _verify(store_url, acked, recovered)
@@ -165,5 +169,7 @@ def test_sigkilled_writer_loses_no_acknowledged_message(store_url: str) -> None:
     more = seal_chain(2, store.load(CID).last)
     store.append(CID, more)
     conv = store.load(CID)
-    assert conv.messages[-2:] == more and conv.verify() is None and conv.partial is None
+    assert conv.messages[-2:] == more
+    assert conv.verify() is None
+    assert conv.partial is None
     store.close()

@@ -136,17 +136,20 @@ def test_json_append_fault(json_store: Any, monkeypatch: pytest.MonkeyPatch, ste
         store.append("c1", nxt)
     assert faults.fired
     text = str(info.value)
-    assert str(path) in text and errno.errorcode[code] in text
+    assert str(path) in text
+    assert errno.errorcode[code] in text
     assert "retry" in text.lower()
     if step in BEFORE_RENAME:
         assert "unchanged" in text
     else:  # the new file is in place: saying "unchanged" would be false
-        assert "unchanged" not in text and "renamed into place" in text
+        assert "unchanged" not in text
+        assert "renamed into place" in text
     assert temp_files(root) == []
     if step in BEFORE_RENAME:
         assert path.read_bytes() == before  # not a byte moved
     loaded = store.load("c1")
-    assert loaded.verify() is None and loaded.messages[:3] == msgs
+    assert loaded.verify() is None
+    assert loaded.messages[:3] == msgs
     # outcome unknown: a retry while the disk still fails must not be acknowledged
     with pytest.raises(StoreUnavailable):
         store.append("c1", nxt)
@@ -155,7 +158,8 @@ def test_json_append_fault(json_store: Any, monkeypatch: pytest.MonkeyPatch, ste
     store.append("c1", nxt)
     for fresh in (store, open_store(store.url)):
         conv = fresh.load("c1")
-        assert conv.messages == [*msgs, *nxt] and conv.verify() is None
+        assert conv.messages == [*msgs, *nxt]
+        assert conv.verify() is None
     assert temp_files(root) == []
 
 
@@ -181,7 +185,8 @@ def test_json_partial_and_header_faults(json_store: Any, monkeypatch: pytest.Mon
     with pytest.raises(StoreUnavailable, match="disk is full"):
         store.set_header("c1", title="lost")
     faults.armed = False
-    assert snapshot(root) == before and temp_files(root) == []
+    assert snapshot(root) == before
+    assert temp_files(root) == []
     conv = store.load("c1")
     assert (conv.title, conv.partial, conv.messages) == ("kept", old, msgs)
 
@@ -220,9 +225,12 @@ def test_sqlite_full_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailable) as info:
         store.append("c1", [big])
     text = str(info.value)
-    assert str(tmp_path / "s.db") in text and "SQLITE_FULL" in text and "free space" in text
+    assert str(tmp_path / "s.db") in text
+    assert "SQLITE_FULL" in text
+    assert "free space" in text
     conv = store.load("c1")
-    assert conv.messages == msgs and conv.verify() is None
+    assert conv.messages == msgs
+    assert conv.verify() is None
     assert store.list_conversations()[0].message_count == 3
     store.db.execute("PRAGMA max_page_count=1073741823")
     store.append("c1", [big])
@@ -252,7 +260,8 @@ def test_file_size_limit_gives_a_clear_error(local_store_url: str) -> None:
         assert temp_files(path) == []
     store = open_store(local_store_url)
     conv = store.load("c1")
-    assert conv.messages == msgs and conv.verify() is None
+    assert conv.messages == msgs
+    assert conv.verify() is None
     nxt = seal_chain(1, msgs[-1])
     store.append("c1", nxt)
     assert store.load("c1").messages == [*msgs, *nxt]

@@ -73,7 +73,8 @@ def test_a_deleted_conversations_image_goes_and_named_ones_stay(gc_store: Any,
     gc_store.delete("b")
     gc_store.delete("c")  # its image is still named by d
     sweep = collect_blobs(gc_store, grace=0)
-    assert sweep.removed == [sha(gone)] and sweep.freed == len(gone)
+    assert sweep.removed == [sha(gone)]
+    assert sweep.freed == len(gone)
     assert (sweep.held, sweep.named, sweep.young) == (4, 3, [])
     assert held(gc_store) == {sha(kept), sha(shared), sha(cut)}
     fresh = open_store(store_url)  # and what is named still loads, digests checked
@@ -100,14 +101,16 @@ def test_young_blobs_stay_and_storing_again_makes_a_blob_young(gc_store: Any) ->
     assert (sweep.removed, sweep.young) == ([sha(early)], [sha(late)])
     gc_store.put_blob(early, media_type="image/png")  # a writer about to name it again
     sweep = collect_blobs(gc_store, grace=3.0)
-    assert sweep.removed == [] and sorted(sweep.young) == sorted([sha(early), sha(late)])
+    assert sweep.removed == []
+    assert sorted(sweep.young) == sorted([sha(early), sha(late)])
     assert held(gc_store) == {sha(early), sha(late)}
 
 
 def test_a_dry_run_removes_nothing(gc_store: Any) -> None:
     gc_store.put_blob(picture("orphan"), media_type="image/png")
     sweep = collect_blobs(gc_store, grace=0, dry_run=True)
-    assert sweep.removed == [sha(picture("orphan"))] and sweep.dry_run
+    assert sweep.removed == [sha(picture("orphan"))]
+    assert sweep.dry_run
     assert held(gc_store) == {sha(picture("orphan"))}
 
 
@@ -139,8 +142,10 @@ def test_the_cli_is_a_dry_run_unless_yes(tmp_path: Path) -> None:
     dry = invoke(["gc", "--grace", "0s"], store=store_url)
     assert dry.code == 0, dry.err
     assert f"would remove blob {sha(picture('b'))}" in dry.out
-    assert "1 of 2 blob(s) unnamed" in dry.err and "add --yes" in dry.err
+    assert "1 of 2 blob(s) unnamed" in dry.err
+    assert "add --yes" in dry.err
     done = invoke(["gc", "--grace", "0s", "--yes"], store=store_url)
     assert f"removed blob {sha(picture('b'))}" in done.out
     again = invoke(["gc", "--grace", "0s", "--yes"], store=store_url)
-    assert "0 of 1 blob(s) removed" in again.err and "1 named by a message" in again.err
+    assert "0 of 1 blob(s) removed" in again.err
+    assert "1 named by a message" in again.err

@@ -128,9 +128,11 @@ def test_json_is_one_object_with_every_part(local_store_url: str) -> None:
     result = doctor(local_store_url, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["ready"] is True and data["problems"] == []
+    assert data["ready"] is True
+    assert data["problems"] == []
     assert data["store"] == local_store_url
-    assert data["check"]["ok"] is True and len(data["check"]["steps"]) == 3
+    assert data["check"]["ok"] is True
+    assert len(data["check"]["steps"]) == 3
     assert data["conversations"]["checked"] == 1
     assert data["durability"]["verdict"] == "durable"
     assert data["survived"]["opens"] >= 2  # add_conversation's open and doctor's
@@ -216,8 +218,11 @@ def test_redaction_helpers(monkeypatch: pytest.MonkeyPatch) -> None:
     url = ("s3://AKIA:secretpw@bucket/prefix?endpoint_url=http://127.0.0.1:9000"
            "&aws_secret_access_key=zzz&region=eu-west-1")
     shown = redact_url(url)
-    assert "secretpw" not in shown and "AKIA" not in shown and "zzz" not in shown
-    assert "endpoint_url=http://127.0.0.1:9000" in shown and "region=eu-west-1" in shown
+    assert "secretpw" not in shown
+    assert "AKIA" not in shown
+    assert "zzz" not in shown
+    assert "endpoint_url=http://127.0.0.1:9000" in shown
+    assert "region=eu-west-1" in shown
     assert redact_url("sqlite:///a/b.db") == "sqlite:///a/b.db"
     assert scrub("error at tok-canary-789 end") == "error at [redacted] end"
 

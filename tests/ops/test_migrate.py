@@ -35,13 +35,17 @@ def test_round_trip_json_sqlite_s3_json(tmp_path: Path, moto_endpoint: str) -> N
     for a, b in ((src, sq), (sq, s3), (s3, back)):
         report = migrate(a, b)
         assert report.ok, report.to_dict()
-        assert sorted(report.copied) == sorted(CORPUS) and report.partials_copied == 2
+        assert sorted(report.copied) == sorted(CORPUS)
+        assert report.partials_copied == 2
         assert report.messages_copied == TOTAL + 2
         assert state(b) == expected
     assert canon(src.opens()) <= canon(back.opens())
     again = migrate(src, sq)
-    assert again.ok and again.copied == [] and sorted(again.skipped) == sorted(CORPUS)
-    assert again.messages_copied == 0 and again.partials_copied == 0
+    assert again.ok
+    assert again.copied == []
+    assert sorted(again.skipped) == sorted(CORPUS)
+    assert again.messages_copied == 0
+    assert again.partials_copied == 0
 
 
 def test_divergent_destination_is_reported_and_untouched(tmp_path: Path) -> None:
@@ -59,7 +63,8 @@ def test_divergent_destination_is_reported_and_untouched(tmp_path: Path) -> None
     assert "seq 0 differs" in report.conflicts["alpha"]
     assert "title" in report.conflicts["gamma"]
     after = state(dst)
-    assert after["alpha"] == before["alpha"] and after["gamma"] == before["gamma"]
+    assert after["alpha"] == before["alpha"]
+    assert after["gamma"] == before["gamma"]
     assert sorted(report.copied) == ["beta", "delta", "eps.v2_x"]
     assert after["beta"] == state(src)["beta"]
 
@@ -72,8 +77,10 @@ def test_corrupt_source_conversation_is_reported_not_copied(tmp_path: Path,
     path.write_bytes(path.read_bytes().replace(b"question 0", b"question X"))
     dst = open_store(new_bucket_url(moto_endpoint))
     report = migrate(src, dst)
-    assert set(report.failed) == {"gamma"} and "gamma.json" in report.failed["gamma"]
-    assert "gamma" not in state(dst) and len(report.copied) == len(CORPUS) - 1
+    assert set(report.failed) == {"gamma"}
+    assert "gamma.json" in report.failed["gamma"]
+    assert "gamma" not in state(dst)
+    assert len(report.copied) == len(CORPUS) - 1
 
 
 MIGRATE_SCRIPT = textwrap.dedent("""
@@ -115,9 +122,13 @@ def test_rerun_after_the_source_finished_a_streamed_reply(tmp_path: Path) -> Non
     dst = local(f"sqlite://{tmp_path}/b.db")
     assert migrate(src, dst).ok
     beta = src.load("beta")
-    assert beta.partial is not None and dst.load("beta").partial is not None
+    assert beta.partial is not None
+    assert dst.load("beta").partial is not None
     src.append("beta", [Message.seal(beta.last, role="assistant", content="half a reply",
                                      turn_id=beta.partial.turn_id)])
     report = migrate(src, dst)
-    assert report.ok and report.copied == ["beta"] and report.messages_copied == 1
-    assert state(dst)["beta"] == state(src)["beta"] and dst.load("beta").partial is None
+    assert report.ok
+    assert report.copied == ["beta"]
+    assert report.messages_copied == 1
+    assert state(dst)["beta"] == state(src)["beta"]
+    assert dst.load("beta").partial is None

@@ -36,7 +36,8 @@ def test_migrate_copies_then_skips_then_reports_a_divergent_destination(tmp_path
     first = chatstate("migrate", "--from", src, "--to", dst, "--json")
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
-    assert sorted(report["copied"]) == ["a", "b"] and report["ok"] is True
+    assert sorted(report["copied"]) == ["a", "b"]
+    assert report["ok"] is True
     copied = open_store(dst)
     assert {cid: [m.hash for m in copied.load(cid).messages] for cid in hashes} == hashes
     copied.close()
@@ -49,7 +50,9 @@ def test_migrate_copies_then_skips_then_reports_a_divergent_destination(tmp_path
     conversation(src, "c", "something else")
     clash = chatstate("migrate", "--from", src, "--to", dst)
     assert clash.returncode == 1
-    assert "c" in clash.stderr and "CONFLICT" in clash.stderr and "Traceback" not in clash.stderr
+    assert "c" in clash.stderr
+    assert "CONFLICT" in clash.stderr
+    assert "Traceback" not in clash.stderr
     kept = open_store(dst)
     assert [m.content for m in kept.load("c").messages] == ["the destination's own"]
 
@@ -57,5 +60,7 @@ def test_migrate_copies_then_skips_then_reports_a_divergent_destination(tmp_path
 def test_migrate_from_a_store_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
     missing = tmp_path / "typo"
     done = chatstate("migrate", "--from", f"json://{missing}", "--to", f"sqlite://{tmp_path}/d.db")
-    assert done.returncode == 1 and "does not exist" in done.stderr
-    assert not missing.exists() and not (tmp_path / "d.db").exists()
+    assert done.returncode == 1
+    assert "does not exist" in done.stderr
+    assert not missing.exists()
+    assert not (tmp_path / "d.db").exists()

@@ -57,7 +57,8 @@ def test_json_has_the_fields(places: dict[str, Path]) -> None:
     assert data["kind"] == "chatstate-probe"
     assert data["cwd"] == str(places["cwd"])
     assert data["deploy_id"] == "deploy-42"
-    assert data["hostname"] and data["time"]
+    assert data["hostname"]
+    assert data["time"]
     assert data["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     labels = [label for p in data["paths"] for label in p["labels"]]
     assert labels == ["/tmp", "$HOME", "cwd", "store", "--path"]
@@ -66,8 +67,11 @@ def test_json_has_the_fields(places: dict[str, Path]) -> None:
                     "sqlite"):
             assert key in entry, key
     extra = by_label(data, "--path")
-    assert extra["exists"] and extra["writable"] and extra["verdict"] == "durable"
-    assert extra["sqlite"]["rows_before"] == 0 and extra["sqlite"]["rows_after"] == 1
+    assert extra["exists"]
+    assert extra["writable"]
+    assert extra["verdict"] == "durable"
+    assert extra["sqlite"]["rows_before"] == 0
+    assert extra["sqlite"]["rows_after"] == 1
     assert by_label(data, "/tmp")["verdict"] == "ephemeral"
 
 
@@ -97,10 +101,12 @@ def test_only_named_directories_are_written(places: dict[str, Path],
             assert rows.fetchone() == (0,)
     for label in ("/tmp", "$HOME", "cwd"):
         entry = by_label(data, label)
-        assert entry["sqlite"]["file"] is None and "not written" in entry["sqlite"]["error"]
+        assert entry["sqlite"]["file"] is None
+        assert "not written" in entry["sqlite"]["error"]
         assert entry["write_probe"] is None, entry
     assert by_label(data, "$HOME")["writable"] is True  # the permission check alone
-    assert list(places["home"].iterdir()) == [] and list(places["cwd"].iterdir()) == []
+    assert list(places["home"].iterdir()) == []
+    assert list(places["cwd"].iterdir()) == []
     extra = by_label(data, "--path")["sqlite"]
     assert extra["rows_after"] == 1
     with contextlib.closing(sqlite3.connect(extra["file"])) as db:  # the named one is written
@@ -200,7 +206,8 @@ def test_diff_unreadable_inputs_exit_2(tmp_path: Path) -> None:
         assert "Traceback" not in result.output
     real = subprocess.run([sys.executable, "-m", "chatstate", "probe", "diff", str(good),
                            str(tmp_path / "missing.json")], capture_output=True, text=True)
-    assert real.returncode == 2 and "cannot read" in real.stderr
+    assert real.returncode == 2
+    assert "cannot read" in real.stderr
 
 
 @pytest.mark.invariant(9)

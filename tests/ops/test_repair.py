@@ -72,7 +72,8 @@ def test_repair_of_an_unknown_id_is_a_clear_error(tmp_path: Path, kind: str) -> 
     populate(url)
     done = chatstate(url, "repair", "nope")
     assert done.returncode == 1
-    assert "no conversation 'nope'" in done.stderr and "Traceback" not in done.stderr
+    assert "no conversation 'nope'" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.invariant(6)
@@ -83,14 +84,16 @@ def test_s3_repair_copies_the_objects_aside_before_removing_them(moto_endpoint: 
     populate(url)
     [key] = [k for k in object_keys(url) if "/m/" in k]
     original = read_object(url, key)
-    assert original is not None and b'"hello"' in original
+    assert original is not None
+    assert b'"hello"' in original
     damaged = original.replace(b'"hello"', b'"HELLO"')
     write_object(url, key, damaged)
     assert chatstate(url, "replay", "bad").returncode == 1
     done = chatstate(url, "repair", "bad")
     assert done.returncode == 0, done.stderr
     kept = [k for k in object_keys(url, "quarantine") if k.endswith(key)]
-    assert len(kept) == 1 and read_object(url, kept[0]) == damaged
+    assert len(kept) == 1
+    assert read_object(url, kept[0]) == damaged
     assert object_keys(url, "conversations/bad") == []
     assert chatstate(url, "ask", "--model", "fake", "--id", "bad", "again").returncode == 0
 
@@ -101,7 +104,8 @@ def test_repair_leaves_a_healthy_conversation_alone_unless_forced(tmp_path: Path
     url = f"json://{tmp_path}/store" if kind == "json" else f"sqlite://{tmp_path}/s.db"
     populate(url)
     refused = chatstate(url, "repair", "bad")
-    assert refused.returncode == 1 and "nothing to repair" in refused.stderr
+    assert refused.returncode == 1
+    assert "nothing to repair" in refused.stderr
     assert chatstate(url, "replay", "bad", "--verify").returncode == 0
     forced = chatstate(url, "repair", "bad", "--force")
     assert forced.returncode == 0, forced.stderr

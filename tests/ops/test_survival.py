@@ -38,12 +38,16 @@ def test_write_then_verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     first = survival("write", "--dir", str(d), "--note", "before the reboot")
     assert first.exit_code == 0, first.output
     assert "wrote seq 0" in first.stdout
-    assert " on " in first.stderr and ": durable" in first.stderr  # where the bytes land
+    assert " on " in first.stderr
+    assert ": durable" in first.stderr  # where the bytes land
     assert survival("write", "--dir", str(d)).exit_code == 0
     records = [json.loads(line) for line in lines(d)]
     assert [r["seq"] for r in records] == [0, 1]
-    assert records[0]["note"] == "before the reboot" and records[0]["deploy_id"] == "d-7"
-    assert records[0]["boot_id"] and records[0]["hostname"] and records[0]["time"]
+    assert records[0]["note"] == "before the reboot"
+    assert records[0]["deploy_id"] == "d-7"
+    assert records[0]["boot_id"]
+    assert records[0]["hostname"]
+    assert records[0]["time"]
     assert all(r["sha256"] == digest(r) for r in records)
     assert stat.S_IMODE(os.stat(d / FILE_NAME).st_mode) == 0o600
     result = survival("verify", "--dir", str(d))

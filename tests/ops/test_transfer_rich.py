@@ -41,7 +41,8 @@ def test_chatstate_export_round_trips_every_kind(store: Any, kind: str, tmp_path
     try:
         import_into(other, imported)
         again = other.load("c2")
-        assert again.messages == conv.messages and again.verify() is None
+        assert again.messages == conv.messages
+        assert again.verify() is None
         assert verify_blobs(other, again) == verify_blobs(store, conv)
     finally:
         other.close()
@@ -64,8 +65,8 @@ def test_openai_export_round_trips_identically(local_store_url: str, kind: str, 
         assert export_openai(conv, other, jsonl=jsonl) == first
         assert conv.verify() is None
         if kind in ("image-large", "file"):  # large data went back into the blob area
-            assert verify_blobs(other, conv) == 1 and "data:" not in json.dumps(
-                [m.stored() for m in conv.messages])
+            assert verify_blobs(other, conv) == 1
+            assert "data:" not in json.dumps([m.stored() for m in conv.messages])
         if kind == "image-large":
             lines = first.splitlines() if jsonl else [json.dumps(m) for m in json.loads(first)]
             assert image(PNG_1MIB)["image_url"]["url"] in lines[-1]
@@ -103,9 +104,11 @@ def test_replay_shows_tools_images_and_files(tmp_path: Path) -> None:
     assert "**tool get_weather [call_1]** · seq 4\n\nrain, 4 C" in markdown
     assert f"[image: big.png, 1 MiB, sha256 {sha}]" in markdown
     doc = invoke(["replay", "c1", "--format", "json"], store=url).json()
-    assert doc["schema"] == 2 and doc["messages"][7]["content"][1]["blob"]["sha256"] == sha
+    assert doc["schema"] == 2
+    assert doc["messages"][7]["content"][1]["blob"]["sha256"] == sha
     verified = invoke(["replay", "c1", "--verify"], store=url)
-    assert verified.code == 0 and "verified: 12 messages" in verified.err
+    assert verified.code == 0
+    assert "verified: 12 messages" in verified.err
     assert "1 MiB" not in str(len(out.out))  # the image's bytes are never printed
     assert len(out.out) < 4096
 
@@ -126,7 +129,8 @@ def test_cli_export_import_carries_blobs(tmp_path: Path) -> None:
         assert result.code == 0, result.err
         cid = result.out.strip()
         replay = invoke(["replay", cid, "--verify"], store=target)
-        assert replay.code == 0 and "[image: " in replay.out, replay.err
+        assert replay.code == 0, replay.err
+        assert "[image: " in replay.out, replay.err
         assert len(list((tmp_path / f"t-{fmt}" / "blobs").iterdir())) == 1
 
 
@@ -142,7 +146,9 @@ def test_replay_verify_reports_an_altered_blob(tmp_path: Path) -> None:
     blob = tmp_path / "s" / "blobs" / sha
     blob.write_bytes(b"Y" + blob.read_bytes()[1:])
     result = invoke(["replay", "c1", "--verify"], store=url)
-    assert result.code == 1 and str(blob) in result.err and "altered" in result.err
+    assert result.code == 1
+    assert str(blob) in result.err
+    assert "altered" in result.err
     assert invoke(["replay", "c1"], store=url).code == 0  # without --verify: sizes only
 
 
@@ -159,5 +165,7 @@ def test_import_refuses_an_export_missing_a_blob(tmp_path: Path) -> None:
     path = tmp_path / "e.json"
     path.write_text(json.dumps(doc))
     result = invoke(["import", str(path), "--id", "c2"], store=url)
-    assert result.code == 1 and "is missing" in result.err and str(path) in result.err
+    assert result.code == 1
+    assert "is missing" in result.err
+    assert str(path) in result.err
     assert [r["id"] for r in invoke(["list", "--json"], store=url).json()] == ["c1"]

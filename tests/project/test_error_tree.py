@@ -65,7 +65,8 @@ def real_tree() -> dict[str, tuple[str | None, str | None]]:
         ours = [b for b in value.__bases__ if issubclass(b, ChatstateError)]
         builtin = [b.__name__ for b in value.__bases__
                    if not issubclass(b, ChatstateError) and b is not Exception]
-        assert len(ours) <= 1 and len(builtin) <= 1, f"{name}: bases {value.__bases__}"
+        assert len(ours) <= 1, f"{name}: bases {value.__bases__}"
+        assert len(builtin) <= 1, f"{name}: bases {value.__bases__}"
         out[name] = (ours[0].__name__ if ours else None, builtin[0] if builtin else None)
     return out
 

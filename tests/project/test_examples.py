@@ -74,7 +74,8 @@ def test_quickstart_uses_the_configured_endpoint_and_store(tmp_path: Path) -> No
 def test_resume_interrupted(local_store_url: str, tmp_path: Path) -> None:
     out = run("resume_interrupted.py", local_store_url, cwd=tmp_path).stdout
     assert "failed: model request" in out
-    assert "cut off after" in out and "(kept as partial)" in out
+    assert "cut off after" in out
+    assert "(kept as partial)" in out
     (conv,) = conversations(local_store_url)
     user, partial, reply = conv.messages
     assert shape(conv) == [("user", "complete"), ("assistant", "partial"),
@@ -96,7 +97,8 @@ def test_async_chat(local_store_url: str, tmp_path: Path) -> None:
 def test_agents_session(local_store_url: str, tmp_path: Path) -> None:
     pytest.importorskip("agents", reason="the Agents SDK is not installed (chatstate[agents])")
     out = run("agents_session.py", local_store_url, cwd=tmp_path).stdout
-    assert "assistant> Tool results:" in out and "sunny in Paris" in out
+    assert "assistant> Tool results:" in out
+    assert "sunny in Paris" in out
     assert "assistant> Echo: Thanks! What did I ask?" in out
     (conv,) = conversations(local_store_url)
     assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant",
@@ -113,14 +115,16 @@ def test_langchain_history(local_store_url: str, tmp_path: Path) -> None:
     (conv,) = conversations(local_store_url)
     assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant",
                                                "user", "assistant"]
-    assert conv.messages[1].tool_calls is not None and conv.messages[2].tool_call_id
+    assert conv.messages[1].tool_calls is not None
+    assert conv.messages[2].tool_call_id
     assert "conversation langchain-demo: 6 messages, hash chain intact" in out
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_every_example_is_short_and_documented(script: str) -> None:
     text = (EXAMPLES / script).read_text()
-    assert text.startswith('"""') and f"python examples/{script}" in text
+    assert text.startswith('"""')
+    assert f"python examples/{script}" in text
     assert len(text.splitlines()) <= 60, "examples are quoted in docs/: keep them short"
 
 
@@ -130,7 +134,8 @@ def test_vision(local_store_url: str, tmp_path: Path) -> None:
     (conv,) = conversations(local_store_url)
     assert shape(conv) == TURN * 2
     ref = conv.messages[0].blob_refs()[0]
-    assert ref["name"] == "noise.png" and ref["size"] > 64 * 1024
+    assert ref["name"] == "noise.png"
+    assert ref["size"] > 64 * 1024
     for number in (1, 2):  # both requests carried the image, whole
         assert (f"request {number}: the model got image/png, {ref['size']} bytes, "
                 f"sha256 {ref['sha256'][:12]}…") in out
@@ -140,9 +145,11 @@ def test_vision(local_store_url: str, tmp_path: Path) -> None:
 
 def test_tools(local_store_url: str, tmp_path: Path) -> None:
     out = run("tools.py", local_store_url, cwd=tmp_path).stdout
-    assert "  tool call   get_weather(" in out and "  tool call   send_email(" in out
+    assert "  tool call   get_weather(" in out
+    assert "  tool call   send_email(" in out
     assert "(interrupted while send_email ran)" in out
-    assert "send_email (call_" in out and ", started)" in out
+    assert "send_email (call_" in out
+    assert ", started)" in out
     assert "12 messages, chain intact: True" in out
     (conv,) = conversations(local_store_url)
     tools = [("tool", "complete"), ("tool", "partial")]  # a result; send_email's marker
@@ -395,4 +402,5 @@ def test_the_library_page_names_every_public_name() -> None:
 def test_the_readme_stays_one_screen_of_essentials() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
-    assert "make demo" in readme and "make test" in readme
+    assert "make demo" in readme
+    assert "make test" in readme

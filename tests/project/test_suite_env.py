@@ -28,7 +28,8 @@ def test_no_developer_settings_reach_a_test() -> None:
 def test_the_working_directory_is_the_suites_own(tmp_path: Path) -> None:
     """A .env in the directory pytest was started from is never read: no test runs there."""
     cwd = Path.cwd()
-    assert cwd.name.startswith("cwd") and cwd.parent == tmp_path.parent, cwd
+    assert cwd.name.startswith("cwd"), cwd
+    assert cwd.parent == tmp_path.parent, cwd
     assert not (cwd / ".env").exists()
 
 
@@ -104,7 +105,8 @@ def test_a_broken_s3_store_import_fails_the_suite(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=180, check=False)
     out = done.stdout + done.stderr
     assert done.returncode not in (0, 5), out  # 5: nothing collected
-    assert "skipped" not in out and "chatstate.stores.s3.store" in out, out
+    assert "skipped" not in out, out
+    assert "chatstate.stores.s3.store" in out, out
 
 
 HIDE_OBSTORE = "import sys\nsys.modules['obstore'] = None  # as if not installed\n"

@@ -110,8 +110,10 @@ def test_openai_sdk_sync_plain_and_streamed(proxy: ServeProcess) -> None:
                            if c.choices)
     conv2 = load(proxy.store_url, cid2)  # type: ignore[attr-defined]
     assert conv2.messages[-1].role == "assistant"
-    assert conv2.messages[-1].text == received and received.startswith("Echo: stream please")
-    assert conv2.messages[-1].status == "complete" and conv2.partial is None
+    assert conv2.messages[-1].text == received
+    assert received.startswith("Echo: stream please")
+    assert conv2.messages[-1].status == "complete"
+    assert conv2.partial is None
 
 
 def test_openai_sdk_async_plain_and_streamed(proxy: ServeProcess) -> None:
@@ -208,7 +210,8 @@ def test_a_diverging_history_forks(proxy: ServeProcess) -> None:
 
 def test_invalid_conversation_id_is_refused(proxy: ServeProcess) -> None:
     r = post(proxy, {"model": "m", "messages": USER}, **{"X-Chatstate-Conversation": "../x"})
-    assert r.status_code == 400 and "invalid conversation id" in r.json()["error"]["message"]
+    assert r.status_code == 400
+    assert "invalid conversation id" in r.json()["error"]["message"]
 
 
 # -- persist before the client sees it ------------------------------------------------------
@@ -229,7 +232,8 @@ def test_every_streamed_chunk_is_stored_before_the_client_gets_it(
                 shown += chunk["choices"][0]["delta"]["content"]
                 conv = load(proxy.store_url, cid)  # type: ignore[attr-defined]
                 stored = conv.partial or conv.messages[-1]
-                assert stored.role == "assistant" and stored.text.startswith(shown)
+                assert stored.role == "assistant"
+                assert stored.text.startswith(shown)
                 checks += 1
     assert checks >= 10
     assert load(proxy.store_url, cid).messages[-1].text == shown  # type: ignore
@@ -257,7 +261,8 @@ def test_client_disconnect_leaves_the_reply_partial(proxy: ServeProcess,
             break
         time.sleep(0.1)
     assert conv.partial is not None, proxy.stderr
-    assert conv.partial.text.startswith(shown) and conv.messages[-1].role == "user"
+    assert conv.partial.text.startswith(shown)
+    assert conv.messages[-1].role == "user"
     # The same request again answers that turn; the cut reply stays in the chain, partial.
     fake.configure(chunk_delay=0.0)
     post(proxy, {"model": "m", "messages": USER}, **{"X-Chatstate-Conversation": "gone-away"})
@@ -265,7 +270,8 @@ def test_client_disconnect_leaves_the_reply_partial(proxy: ServeProcess,
     assert [(m.role, m.status) for m in conv.messages] == [
         ("user", "complete"), ("assistant", "partial"), ("assistant", "complete")]
     assert conv.messages[1].text.startswith(shown)
-    assert len({m.turn_id for m in conv.messages}) == 1 and conv.verify() is None
+    assert len({m.turn_id for m in conv.messages}) == 1
+    assert conv.verify() is None
 
 
 @pytest.mark.invariant(1)
@@ -287,12 +293,15 @@ def test_upstream_error_reaches_the_client_and_the_transcript(proxy: ServeProces
 # -- pass-through and management --------------------------------------------------------------
 def test_models_health_and_readiness(proxy: ServeProcess) -> None:
     models = httpx2.get(proxy.base_url + "/models", timeout=10)
-    assert models.status_code == 200 and models.json()["data"]
+    assert models.status_code == 200
+    assert models.json()["data"]
     health = httpx2.get(proxy.root + "/healthz", timeout=10).json()
-    assert health["status"] == "ok" and health["durability"] == "durable"
+    assert health["status"] == "ok"
+    assert health["durability"] == "durable"
     assert health["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     ready = httpx2.get(proxy.root + "/readyz", timeout=10)
-    assert ready.status_code == 200 and ready.json()["ready"] is True
+    assert ready.status_code == 200
+    assert ready.json()["ready"] is True
     assert ready.json()["store"]["check"]["ok"] is True
 
 
@@ -305,7 +314,8 @@ def test_conversations_over_http_match_replay_json(proxy: ServeProcess) -> None:
     assert httpx2.get(proxy.base_url + "/chatstate/conversations/nope", timeout=10
                       ).status_code == 404
     bad = httpx2.get(proxy.base_url + "/chatstate/conversations/bad%20id", timeout=10)
-    assert bad.status_code == 400 and "invalid conversation id" in bad.json()["error"]["message"]
+    assert bad.status_code == 400
+    assert "invalid conversation id" in bad.json()["error"]["message"]
 
 
 def test_tools_and_content_parts_pass_through_and_are_stored(proxy: ServeProcess,
@@ -318,7 +328,8 @@ def test_tools_and_content_parts_pass_through_and_are_stored(proxy: ServeProcess
              **{"X-Chatstate-Conversation": "parts"})
     assert r.status_code == 200
     sent = fake.request_log[-1]["body"]
-    assert sent["tools"] == tools and sent["tool_choice"] == "auto"
+    assert sent["tools"] == tools
+    assert sent["tool_choice"] == "auto"
     assert sent["messages"] == messages
     stored = load(proxy.store_url, "parts").messages[0]  # type: ignore[attr-defined]
     assert stored.content == messages[0]["content"]
@@ -332,8 +343,10 @@ def test_keys_stay_out_of_the_store_and_the_logs(proxy: ServeProcess, fake: Fake
     for path in base.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
-            assert CANARY.encode() not in data and b"client-secret-1" not in data, path
-    assert CANARY not in proxy.stderr and "client-secret-1" not in proxy.stderr
+            assert CANARY.encode() not in data, path
+            assert b"client-secret-1" not in data, path
+    assert CANARY not in proxy.stderr
+    assert "client-secret-1" not in proxy.stderr
 
 
 def test_access_log_is_json_lines(proxy: ServeProcess) -> None:
@@ -346,7 +359,9 @@ def test_access_log_is_json_lines(proxy: ServeProcess) -> None:
         if hits:
             break
         time.sleep(0.05)
-    assert hits and hits[0]["status"] == 200 and hits[0]["path"] == "/v1/chat/completions"
+    assert hits
+    assert hits[0]["status"] == 200
+    assert hits[0]["path"] == "/v1/chat/completions"
     assert hits[0]["ms"] >= 0
 
 
@@ -388,7 +403,8 @@ def test_tokens_are_required_when_given(tmp_path: Path, fake: FakeModel) -> None
             assert post(p, {"model": "m", "messages": USER},
                         Authorization=f"Bearer {token}").status_code == 200
         assert httpx2.get(p.root + "/healthz", timeout=10).status_code == 200
-        assert "tok-flag" not in p.stderr and "tok-env" not in p.stderr
+        assert "tok-flag" not in p.stderr
+        assert "tok-env" not in p.stderr
 
 
 def test_pass_client_key_forwards_the_clients_key(tmp_path: Path, fake: FakeModel) -> None:
@@ -408,7 +424,8 @@ def test_request_body_limit(tmp_path: Path, fake: FakeModel) -> None:
                       "--max-body", "2KiB") as p:
         big = [{"role": "user", "content": "x" * 4096}]
         r = post(p, {"model": "m", "messages": big})
-        assert r.status_code == 413 and "--max-body" in r.json()["error"]["message"]
+        assert r.status_code == 413
+        assert "--max-body" in r.json()["error"]["message"]
         assert fake.request_log == []  # nothing went upstream
         assert post(p, {"model": "m", "messages": USER}).status_code == 200
 
@@ -421,7 +438,8 @@ def test_readyz_fails_when_the_store_cannot_be_written(tmp_path: Path, fake: Fak
         store_dir.rename(tmp_path / "moved")
         store_dir.write_text("not a directory")
         ready = httpx2.get(p.root + "/readyz", timeout=10)
-        assert ready.status_code == 503 and "store check failed" in ready.json()["reason"]
+        assert ready.status_code == 503
+        assert "store check failed" in ready.json()["reason"]
 
 
 def test_readyz_checks_the_upstream_when_asked(tmp_path: Path) -> None:
@@ -520,7 +538,8 @@ def test_doctor_reports_a_running_proxy(proxy: ServeProcess, tmp_path: Path) -> 
     assert json.loads(ok.out)["serve"]["ready"] is True
     down = run_cli(["doctor", "--serve-url", "http://127.0.0.1:9"], cli_env(tmp_path),
                    store=url)
-    assert down.code == 1 and "NOT READY" in down.out
+    assert down.code == 1
+    assert "NOT READY" in down.out
     assert "chatstate serve at http://127.0.0.1:9/readyz is not ready" in down.out
 
 
@@ -545,7 +564,8 @@ def test_streamed_tool_calls_reach_the_client_only_once_stored(proxy: ServeProce
             for call in delta.get("tool_calls") or []:
                 # the call is in the store before any piece of it reaches the client
                 stored = load(proxy.store_url, "tool-stream").messages[-1]  # type: ignore
-                assert stored.role == "assistant" and stored.tool_calls
+                assert stored.role == "assistant"
+                assert stored.tool_calls
                 pieces.append(call.get("function", {}).get("arguments") or "")
     (call,) = load(proxy.store_url, "tool-stream").messages[-1].tool_calls  # type: ignore
     assert call["function"]["name"] == "get_weather"

@@ -39,14 +39,16 @@ def test_llm_through_extra_openai_models(tmp_path: Path) -> None:
                                   timeout=120, check=False)
             assert proc.returncode == 0, proc.stderr
             outputs.append(proc.stdout.strip())
-        assert fake.request_log[0]["stream"] is True and fake.request_log[1]["stream"] is False
+        assert fake.request_log[0]["stream"] is True
+        assert fake.request_log[1]["stream"] is False
     store = open_store(url)
     try:
         convs = [store.load(s.id) for s in store.list_conversations()]
     finally:
         store.close()
     replies = sorted(c.messages[-1].text for c in convs)
-    assert replies == sorted(outputs) and all(r.startswith("Echo: hello from llm") for r in replies)
+    assert replies == sorted(outputs)
+    assert all(r.startswith("Echo: hello from llm") for r in replies)
 
 
 LANGCHAIN = ["langchain-openai==1.7.4"]

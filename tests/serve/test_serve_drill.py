@@ -23,7 +23,9 @@ def test_serve_drill_kills_the_proxy_and_loses_nothing(kind: str, tmp_path: Path
                       "--json"], cli_env(tmp_path), store=url, timeout=300)
     assert result.code == 0, result.err
     (doc,) = json.loads(result.out)
-    assert doc["ok"] and doc["kills"] == 4 and doc["requests"] == 16
+    assert doc["ok"]
+    assert doc["kills"] == 4
+    assert doc["requests"] == 16
     assert doc["lost"] == doc["duplicated"] == doc["corrupt"] == 0
     assert doc["acked_turns"] + doc["partials"] > 0  # kills landed mid-stream or after
     store = open_store(url)
@@ -43,7 +45,8 @@ def test_the_check_reports_text_that_was_relayed_but_not_stored(tmp_path: Path) 
     client = _Client("c1", received="Echo: q and more")  # relayed, never stored
     result = ServeDrillResult(store=url)
     _check(url, [client], {"c1": "q"}, result)
-    assert result.lost == 1 and not result.ok
+    assert result.lost == 1
+    assert not result.ok
     assert "relayed but are not stored" in result.problems[0]
 
 
@@ -63,10 +66,14 @@ def test_a_request_the_proxy_refuses_is_reported(tmp_path: Path) -> None:
         with FakeModel() as fake, ServeProcess(url, fake.base_url, serve_env(tmp_path)) as p:
             client = _Client("held")
             _turn(p.base_url, client, "hello")
-            assert client.refused is not None and "HTTP 409" in client.refused
-            assert "conversation_in_use" in client.refused and not client.received
+            assert client.refused is not None
+            assert "HTTP 409" in client.refused
+            assert "conversation_in_use" in client.refused
+            assert not client.received
             store.release_lease(lease)
             _turn(p.base_url, client, "hello")
-            assert client.refused is None and client.done and client.received
+            assert client.refused is None
+            assert client.done
+            assert client.received
     finally:
         store.close()

@@ -82,7 +82,8 @@ class Stream:
 
     def join(self) -> None:
         self._thread.join(60)
-        assert not self._thread.is_alive() and self.error is None, self.error
+        assert not self._thread.is_alive(), self.error
+        assert self.error is None, self.error
 
 
 @pytest.mark.invariant(5)
@@ -96,12 +97,14 @@ def test_a_live_stream_keeps_other_writers_out_until_it_ends(
     with start(store_url, fake, tmp_path / "a") as a, \
             start(store_url, fake, tmp_path / "b") as b:
         live = Stream(a, "shared")
-        assert live.first.wait(30) and live.status == 200, live.error
+        assert live.first.wait(30), live.error
+        assert live.status == 200, live.error
         store = open_store(store_url)
         try:
             with pytest.raises(ConversationInUse) as held:
                 store.acquire_lease("shared", wait=0)
-            assert held.value.pid == a.proc.pid and held.value.host == socket.gethostname()
+            assert held.value.pid == a.proc.pid
+            assert held.value.host == socket.gethostname()
             adapter = make_adapter(base_url=fake.base_url, api_key="k", model="m")
             chat = Chat(store, conversation_id="shared", adapter=adapter)
             with pytest.raises(ConversationInUse):
@@ -110,13 +113,15 @@ def test_a_live_stream_keeps_other_writers_out_until_it_ends(
             assert second.status_code == 409, second.text
             error = second.json()["error"]
             assert error["type"] == "conversation_in_use"
-            assert f"pid {a.proc.pid}" in error["message"] and "--lease-wait" in error["message"]
+            assert f"pid {a.proc.pid}" in error["message"]
+            assert "--lease-wait" in error["message"]
             live.join()
             conv = load(store_url, "shared")
             # the stream was never cut: one turn, its reply complete and what was shown
             assert [(m.role, m.status) for m in conv.messages] == [("user", "complete"),
                                                                    ("assistant", "complete")]
-            assert conv.messages[-1].text == live.text and conv.partial is None
+            assert conv.messages[-1].text == live.text
+            assert conv.partial is None
             # the lease went with the turn: the second proxy, then the Chat, get in
             more = [*USER, {"role": "assistant", "content": live.text},
                     {"role": "user", "content": "and b"}]
@@ -173,13 +178,16 @@ def test_lease_wait_waits_for_the_other_writer(store_url: str, fake: FakeModel,
             thread = threading.Thread(target=ask)
             thread.start()
             time.sleep(1.0)
-            assert answered == [] and fake.request_log == []  # waiting, nothing sent
+            assert answered == []
+            assert fake.request_log == []  # waiting, nothing sent
             released = time.monotonic()
             store.release_lease(lease)
             thread.join(60)
         finally:
             store.close()
-    assert len(answered) == 1 and answered[0][1] == 200 and answered[0][0] >= released
+    assert len(answered) == 1
+    assert answered[0][1] == 200
+    assert answered[0][0] >= released
     assert [m.role for m in load(store_url, "waited").messages] == ["user", "assistant"]
 
 
@@ -222,6 +230,7 @@ def test_every_way_a_turn_ends_gives_the_lease_up(store_url: str, fake: FakeMode
             store.close()
         assert conv.messages[0].text == "hello lease"
         if ending == "client gone":  # the cut reply was saved before the lease went
-            assert conv.partial is not None and conv.partial.text
+            assert conv.partial is not None
+            assert conv.partial.text
         if ending == "upstream unreachable":
             dead.close()

@@ -61,7 +61,8 @@ def test_send_and_stream(url: str, fake: FakeModel) -> None:
     assert roles(conv) == [("system", "complete")] + [("user", "complete"),
                                                       ("assistant", "complete")] * 2
     assert conv.messages[2].content == first
-    assert len(deltas) > 5 and "".join(deltas) == conv.messages[4].content
+    assert len(deltas) > 5
+    assert "".join(deltas) == conv.messages[4].content
     assert conv.messages[1].params == {"temperature": 0.3}
     requests = [e for e in fake.request_log if e["path"] == "/v1/chat/completions"]
     assert [r["stream"] for r in requests] == [False, True]
@@ -93,12 +94,14 @@ def test_cancelled_consumer_stores_the_partial_and_the_turn_can_be_retried(
 
     cid, shown = asyncio.run(main())
     conv = fresh(url, cid)
-    assert conv.partial is not None and conv.partial.content.startswith(shown)
+    assert conv.partial is not None
+    assert conv.partial.content.startswith(shown)
     assert roles(conv) == [("user", "complete")]
 
     async def resume() -> str:
         chat = await AsyncChat.open(url, conversation_id=cid, adapter=adapter(fake))
-        assert chat.interrupted is not None and chat.interrupted.partial == conv.partial
+        assert chat.interrupted is not None
+        assert chat.interrupted.partial == conv.partial
         return "".join([d async for d in chat.retry_stream()])
 
     text = asyncio.run(resume())
@@ -123,7 +126,8 @@ def test_breaking_out_of_the_loop_stores_what_was_shown(url: str, fake: FakeMode
 
     cid, shown = asyncio.run(main())
     conv = fresh(url, cid)
-    assert conv.partial is not None and conv.partial.content.startswith(shown)
+    assert conv.partial is not None
+    assert conv.partial.content.startswith(shown)
 
 
 @pytest.mark.invariant(1)
@@ -135,7 +139,8 @@ def test_model_failure_then_retry(url: str, fake: FakeModel) -> None:
         with pytest.raises(ModelError):
             await chat.send("hello")
         turn = chat.interrupted
-        assert turn is not None and turn.user_message is not None
+        assert turn is not None
+        assert turn.user_message is not None
         reply = await chat.retry()
         assert reply.turn_id == turn.turn_id
         return chat.id

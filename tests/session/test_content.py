@@ -83,7 +83,8 @@ def test_threshold_and_inline(tmp_path: Path) -> None:
                                     image(BIG, media_type="image/jpeg", name="big.jpg"),
                                     image(b"z" * BLOB_THRESHOLD)])
         assert parts[1] == image(SMALL, media_type="image/gif")  # small: inline, unchanged
-        assert parts[2]["blob"]["name"] == "big.jpg" and "name" not in parts[2]
+        assert parts[2]["blob"]["name"] == "big.jpg"
+        assert "name" not in parts[2]
         assert "blob" not in parts[3]  # exactly at the threshold stays inline
         assert inline_part(parts[2], BIG) == {"type": "image_url",
                                               "image_url": {"url": data_url(BIG, "image/jpeg")}}
@@ -143,6 +144,7 @@ def test_a_bad_part_stores_nothing(tmp_path: Path, fake: FakeModel) -> None:
             chat.send("x", attach=[tmp_path / "gone.png"])
         with pytest.raises(ChatstateError, match="part 0 has no string 'type'"):
             chat.send([{"text": "no type"}])
-        assert store.list_conversations() == [] and fake.request_log == []
+        assert store.list_conversations() == []
+        assert fake.request_log == []
     finally:
         store.close()

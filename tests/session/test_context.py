@@ -82,7 +82,8 @@ def test_a_2000_message_conversation_keeps_working_after_learning_the_window(
         # the system message, then a contiguous tail of whole turns ending in the new one
         assert sent[0] == {"role": "system", "content": "You are a patient tutor."}
         tail = [m.to_openai() for m in stored][-(len(sent) - 2):]
-        assert sent[1:-1] == tail and sent[1]["role"] == "user"
+        assert sent[1:-1] == tail
+        assert sent[1]["role"] == "user"
         assert sent[-1] == {"role": "user", "content": "what about rivers?"}
         words = sum(len(m["content"].split()) for m in sent)
         assert words <= WINDOW  # the provider's own count
@@ -128,7 +129,8 @@ def test_a_400_that_names_no_window_is_not_retried(local_store_url: str) -> None
         fake.fail_next(400, message="Invalid value for 'temperature'.")
         result = invoke(["ask", "--base-url", fake.base_url, "--model", "fake-model", "hi"],
                         store=s, env={"CHATSTATE_API_KEY": API_KEY})
-        assert result.code == 1 and "temperature" in result.err
+        assert result.code == 1
+        assert "temperature" in result.err
         assert len(fake.request_log) == 1
 
 
@@ -161,7 +163,8 @@ def test_a_summary_stands_in_for_the_turns_it_covers() -> None:
     assert "u2" not in [m.content for m in fit(conv, None, exclude={3}).messages]
     # with a tiny window the newest turn still goes, whole
     tiny = fit(conv, 40).messages
-    assert [m.content for m in tiny][-1] == "u3" and "summary of u1" in [m.content for m in tiny]
+    assert [m.content for m in tiny][-1] == "u3"
+    assert "summary of u1" in [m.content for m in tiny]
 
 
 def test_window_from_error_reads_provider_texts() -> None:
@@ -181,7 +184,8 @@ def test_library_learns_the_window_too(tmp_path: Path) -> None:
                     api_key=API_KEY)
         chat.send("one more")
         assert chat.conversation.metadata["context_window"] == {"fake-model": 1000}
-        assert chat.last_fit is not None and chat.last_fit.trimmed
+        assert chat.last_fit is not None
+        assert chat.last_fit.trimmed
         assert "sending the last" in chat.last_fit.describe()
         chat.store.close()
 
@@ -190,7 +194,8 @@ def test_library_learns_the_window_too(tmp_path: Path) -> None:
 def test_bad_context_window_env_is_a_clear_error(local_store_url: str, raw: str) -> None:
     result = invoke(["ask", "--model", "fake", "hi"], store=local_store_url,
                     env={"CHATSTATE_CONTEXT_WINDOW": raw})
-    assert result.code == 1 and "CHATSTATE_CONTEXT_WINDOW" in result.err
+    assert result.code == 1
+    assert "CHATSTATE_CONTEXT_WINDOW" in result.err
 
 
 def test_the_long_conversation_example_runs(local_store_url: str, tmp_path: Path) -> None:
@@ -203,7 +208,8 @@ def test_the_long_conversation_example_runs(local_store_url: str, tmp_path: Path
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[1] == "request: 2002 messages -> HTTP 400"
-    assert lines[2].startswith("request: ") and lines[2].endswith("-> HTTP 200")
+    assert lines[2].startswith("request: ")
+    assert lines[2].endswith("-> HTTP 200")
     assert "learned: {'fake-model': 4096}" in lines
     assert lines[-1] == "stored: 2003 messages (nothing was dropped)"
 
@@ -228,7 +234,8 @@ def test_the_fake_enforces_its_window_as_openai_does() -> None:
     with FakeModel(context_window=5) as fake:
         assert post(fake, 5)[0] == 200
         status, body = post(fake, 6)
-        assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+        assert status == 400
+        assert body["error"]["code"] == "context_length_exceeded"
         assert body["error"]["message"].startswith(
             "This model's maximum context length is 5 tokens. However, your messages "
             "resulted in 6 tokens.")

@@ -68,7 +68,8 @@ def test_slow_writes_are_coalesced_and_every_shown_text_was_stored_first(
         assert (store.writes and store.writes[-1] == shown) or shown == chat.messages[-1].content
     elapsed = time.monotonic() - started
     reply = chat.messages[-1]
-    assert reply.status == "complete" and shown == reply.content
+    assert reply.status == "complete"
+    assert shown == reply.content
     chunks = WORDS + 3
     # one write per delta would take chunks × WRITE_DELAY; coalesced it is far fewer
     assert len(store.writes) < chunks / 2
@@ -102,7 +103,8 @@ def test_interrupt_during_a_slow_write_keeps_all_that_arrived(local_store_url: s
     time.sleep(0.1)  # more arrives while nobody reads
     gen.close()
     partial = open_store(local_store_url).load(chat.id).partial
-    assert partial is not None and partial.content.startswith(shown)
+    assert partial is not None
+    assert partial.content.startswith(shown)
     assert len(partial.content) > len(shown)  # what arrived since was kept too
 
 
@@ -123,14 +125,17 @@ def test_text_that_arrived_before_an_error_is_handed_out_before_the_error() -> N
     with pytest.raises(RuntimeError, match="cut"):
         for item in feed:
             got.append(item)
-    assert got and got[-1] == "abc" and feed.arrived() == "abc"
+    assert got
+    assert got[-1] == "abc"
+    assert feed.arrived() == "abc"
 
 
 def test_the_final_event_ends_the_feed_after_the_text() -> None:
     final = object()
     feed = GroupCommit(events(["x", "y", final]))
     items = list(feed)
-    assert items[-1] is final and items[-2] == "xy"
+    assert items[-1] is final
+    assert items[-2] == "xy"
 
 
 def test_the_ceiling_holds_text_back_and_the_final_event_carries_it() -> None:

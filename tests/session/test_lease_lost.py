@@ -102,7 +102,8 @@ def test_a_renewal_that_finds_the_lease_taken_stops_the_stream(
     time.sleep(0.3)  # nothing lands late either (the reader thread, the lease release)
     after = other.load("c")
     assert same(after, seen)
-    assert after.partial is not None and "".join(shown).startswith(after.partial.text)
+    assert after.partial is not None
+    assert "".join(shown).startswith(after.partial.text)
     assert "".join(shown) == after.partial.text  # what was shown is what was kept
     with pytest.raises(LeaseLost):  # the writer stays stopped
         chat.writer.save_partial(after.partial.turn_id, "more", None)
@@ -171,7 +172,8 @@ def test_a_reply_is_not_committed_once_the_lease_is_lost(
         other, seen = take_over(url, "c")
         taken.set()
         sender.join(30)
-    assert len(result) == 1 and isinstance(result[0], LeaseLost), result
+    assert len(result) == 1, result
+    assert isinstance(result[0], LeaseLost), result
     assert "Nothing of its reply was stored." in str(result[0])
     after = other.load("c")
     assert same(after, seen)

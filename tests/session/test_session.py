@@ -105,14 +105,19 @@ def test_plain_turn_is_stored_with_params_model_and_usage(url: str, store: Any,
     assert (system.seq, system.role, system.content) == (0, "system", SYSTEM)
     assert (user.role, user.content) == ("user", "hello there")
     assert user.params == {"temperature": 0.25, "max_tokens": 5}
-    assert stored == reply and stored.role == "assistant" and stored.status == "complete"
+    assert stored == reply
+    assert stored.role == "assistant"
+    assert stored.status == "complete"
     assert stored.turn_id == user.turn_id != system.turn_id
     assert stored.model == "fake-model"
-    assert stored.usage is not None and stored.usage["completion_tokens"] == 5
-    assert conv.partial is None and chat.interrupted is None
+    assert stored.usage is not None
+    assert stored.usage["completion_tokens"] == 5
+    assert conv.partial is None
+    assert chat.interrupted is None
 
     (request,) = chat_requests(fake)
-    assert request["body"]["temperature"] == 0.25 and request["body"]["max_tokens"] == 5
+    assert request["body"]["temperature"] == 0.25
+    assert request["body"]["max_tokens"] == 5
     assert request["stream"] is False
     assert request["messages"] == [{"role": "system", "content": SYSTEM},
                                    {"role": "user", "content": "hello there"}]
@@ -129,12 +134,16 @@ def test_streamed_turn_yields_the_stored_reply(url: str, store: Any, fake: FakeM
     assert roles(conv) == [("system", "complete")] + [("user", "complete"),
                                                       ("assistant", "complete")] * 2
     reply = conv.messages[-1]
-    assert len(deltas) > 5 and "".join(deltas) == reply.content
-    assert reply.model == "fake-model" and reply.usage and reply.usage["total_tokens"] > 0
+    assert len(deltas) > 5
+    assert "".join(deltas) == reply.content
+    assert reply.model == "fake-model"
+    assert reply.usage
+    assert reply.usage["total_tokens"] > 0
     assert conv.messages[-2].params == {"temperature": 0.5}
 
     last = chat_requests(fake)[-1]
-    assert last["stream"] is True and last["body"]["temperature"] == 0.5
+    assert last["stream"] is True
+    assert last["body"]["temperature"] == 0.5
     assert last["messages"] == wire(conv)[:-1]  # the whole history, not just the new message
     assert reply.content == fake.reply_for(last["messages"])
 
@@ -207,16 +216,21 @@ def test_5xx_until_retries_run_out_leaves_an_interrupted_turn_retry_completes(
             list(chat.stream("second"))
         else:
             chat.send("second")
-    assert failure.value.status == 503 and "503" in str(failure.value)
+    assert failure.value.status == 503
+    assert "503" in str(failure.value)
 
     conv = fresh(url, chat.id)
     user = conv.messages[-1]
     assert (user.role, user.content) == ("user", "second")
-    assert chat.interrupted is not None and chat.interrupted.turn_id == user.turn_id
+    assert chat.interrupted is not None
+    assert chat.interrupted.turn_id == user.turn_id
     reopened = chat_for(store, fake, conversation_id=chat.id)
     turn = reopened.interrupted
-    assert turn is not None and turn.turn_id == user.turn_id and turn.partial is None
-    assert turn.user_message == user and "no reply" in turn.describe()
+    assert turn is not None
+    assert turn.turn_id == user.turn_id
+    assert turn.partial is None
+    assert turn.user_message == user
+    assert "no reply" in turn.describe()
 
     if streamed:
         text = "".join(reopened.retry_stream())
@@ -226,8 +240,10 @@ def test_5xx_until_retries_run_out_leaves_an_interrupted_turn_retry_completes(
         reply = reopened.retry()
     conv = fresh(url, chat.id)
     assert [m.content for m in conv.messages if m.role == "user"] == ["first", "second"]
-    assert conv.messages[-1] == reply and reply.turn_id == user.turn_id
-    assert reply.seq == user.seq + 1 and reopened.interrupted is None
+    assert conv.messages[-1] == reply
+    assert reply.turn_id == user.turn_id
+    assert reply.seq == user.seq + 1
+    assert reopened.interrupted is None
     requests = chat_requests(fake)[1:]
     assert [r["status"] for r in requests] == [503, 503, 503, 200]
     for request in requests:
@@ -263,29 +279,36 @@ def test_cut_stream_keeps_a_partial_that_covers_every_delta_retry_completes(
         for delta in chat.stream("second"):
             shown += delta
             partial = fresh(url, chat.id).partial
-            assert partial is not None and partial.content.startswith(shown)
+            assert partial is not None
+            assert partial.content.startswith(shown)
     assert shown  # four chunks arrived before the cut
 
     conv = fresh(url, chat.id)
     user = conv.messages[-1]
-    assert conv.partial is not None and conv.partial.content.startswith(shown)
-    assert conv.partial.turn_id == user.turn_id and conv.partial.status == "partial"
+    assert conv.partial is not None
+    assert conv.partial.content.startswith(shown)
+    assert conv.partial.turn_id == user.turn_id
+    assert conv.partial.status == "partial"
 
     reopened = chat_for(store, fake, conversation_id=chat.id)
     turn = reopened.interrupted
-    assert turn is not None and turn.turn_id == user.turn_id
-    assert turn.partial is not None and turn.partial.content == conv.partial.content
+    assert turn is not None
+    assert turn.turn_id == user.turn_id
+    assert turn.partial is not None
+    assert turn.partial.content == conv.partial.content
     assert "cut off" in turn.describe()
     reply = reopened.retry()
 
     conv_after = fresh(url, chat.id)
-    assert conv_after.partial is None and reopened.interrupted is None
+    assert conv_after.partial is None
+    assert reopened.interrupted is None
     tail = conv_after.messages[user.seq:]
     assert [(m.role, m.status) for m in tail] == [("user", "complete"),
                                                  ("assistant", "partial"),
                                                  ("assistant", "complete")]
     assert tail[1].content == conv.partial.content  # kept, visibly, as it was
-    assert tail[2] == reply and {m.turn_id for m in tail} == {user.turn_id}
+    assert tail[2] == reply
+    assert {m.turn_id for m in tail} == {user.turn_id}
     assert [m.content for m in conv_after.messages if m.role == "user"] == ["first", "second"]
     # The model is never shown its own cut-off words as if they were final.
     assert chat_requests(fake)[-1]["messages"] == wire(conv_after)[:-1]
@@ -315,11 +338,13 @@ def test_consumer_interrupt_keeps_everything_yielded(url: str, store: Any, fake:
         else:
             gen.close()
     conv = fresh(url, chat.id)
-    assert conv.partial is not None and conv.partial.content.startswith(shown)
+    assert conv.partial is not None
+    assert conv.partial.content.startswith(shown)
     if how == "raise":  # the generator was left open: closing it keeps what arrived since
         gen.close()
         conv = fresh(url, chat.id)
-        assert conv.partial is not None and conv.partial.content.startswith(shown)
+        assert conv.partial is not None
+        assert conv.partial.content.startswith(shown)
     gen.close()
     assert fresh(url, chat.id).partial == conv.partial  # closing later changes nothing
 
@@ -343,7 +368,8 @@ def test_stream_left_before_its_completion_is_an_interrupted_turn(
         shown += next(gen)
     gen.close()
     conv = fresh(url, chat.id)
-    assert conv.partial is not None and conv.partial.content == expected
+    assert conv.partial is not None
+    assert conv.partial.content == expected
     assert chat_for(store, fake, conversation_id=chat.id).interrupted is not None
 
 
@@ -389,7 +415,8 @@ def test_ctrl_c_while_waiting_for_a_plain_reply_keeps_the_question(
     with CtrlC(0.3), pytest.raises(KeyboardInterrupt):
         chat.send("are you there?")
     conv = fresh(url, chat.id)
-    assert roles(conv) == [("user", "complete")] and conv.partial is None
+    assert roles(conv) == [("user", "complete")]
+    assert conv.partial is None
     reopened = chat_for(store, fake, conversation_id=chat.id)
     assert reopened.interrupted is not None
     assert reopened.retry().turn_id == conv.messages[0].turn_id
@@ -404,7 +431,8 @@ def test_ctrl_c_mid_stream_stores_what_arrived_but_was_not_yet_flushed(
     with CtrlC(0.4), pytest.raises(KeyboardInterrupt):
         next(gen)
     conv = fresh(url, chat.id)
-    assert conv.partial is not None and len(conv.partial.content.split()) >= 3
+    assert conv.partial is not None
+    assert len(conv.partial.content.split()) >= 3
     expected = fake.reply_for([{"role": "user", "content": "a long one"}])
     assert expected.startswith(conv.partial.content)
 
@@ -448,7 +476,8 @@ def test_flush_window_coalesces_writes_and_yields_only_stored_text(url: str, sto
     request = chat_requests(fake)[-1]
     chunks = len(fake.reply_for(request["messages"]).split())
     reply = fresh(url, chat.id).messages[-1]
-    assert shown == reply.content and reply.status == "complete"
+    assert shown == reply.content
+    assert reply.status == "complete"
     assert 1 <= counting.partial_writes < chunks  # ~0.7 s of stream: about one write per 0.2 s
     assert yields <= counting.partial_writes + 1
 
@@ -463,7 +492,8 @@ def test_without_a_flush_window_every_delta_is_written_before_it_is_yielded(
         shown += delta
         yields += 1
         partial = fresh(url, chat.id).partial
-        assert partial is not None and partial.content == shown
+        assert partial is not None
+        assert partial.content == shown
     assert counting.partial_writes == yields
 
 
@@ -476,7 +506,8 @@ def test_closing_after_the_final_delta_of_a_coalesced_stream_leaves_no_partial(
     gen.close()
     conv = fresh(url, chat.id)
     assert roles(conv) == [("user", "complete"), ("assistant", "complete")]
-    assert conv.messages[-1].content == shown and conv.partial is None
+    assert conv.messages[-1].content == shown
+    assert conv.partial is None
     assert chat.interrupted is None
     assert chat_for(store, fake, conversation_id=chat.id).interrupted is None
 
@@ -589,7 +620,8 @@ def test_second_writer_never_cuts_a_live_stream(url: str, store: Any,
     second.send("b1")  # the lease is free once the turn ended
     conv = fresh(url, "shared")
     assert roles(conv) == [("user", "complete"), ("assistant", "complete")] * 2
-    assert conv.messages[1].content == shown and conv.messages[2].content == "b1"
+    assert conv.messages[1].content == shown
+    assert conv.messages[2].content == "b1"
 
 
 def test_a_stream_dropped_before_its_first_step_releases_the_lease(url: str, store: Any,
@@ -629,7 +661,8 @@ def test_second_writer_waits_for_a_live_stream(url: str, store: Any, fake: FakeM
     assert not errors
     conv = fresh(url, "shared")
     assert roles(conv) == [("user", "complete"), ("assistant", "complete")] * 2
-    assert conv.messages[1].content == shown and conv.messages[2].content == "b1"
+    assert conv.messages[1].content == shown
+    assert conv.messages[2].content == "b1"
 
 
 def test_the_lease_is_renewed_while_the_model_is_slow(url: str, store: Any) -> None:
@@ -675,5 +708,6 @@ def test_caller_supplied_openai_client(url: str, store: Any, fake: FakeModel) ->
     reply = chat.send("plain")
     deltas = list(chat.stream("streamed"))
     conv = fresh(url, chat.id)
-    assert conv.messages[1] == reply and "".join(deltas) == conv.messages[3].content
+    assert conv.messages[1] == reply
+    assert "".join(deltas) == conv.messages[3].content
     assert all(r["authorization"] for r in chat_requests(fake))

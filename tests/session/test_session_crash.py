@@ -204,14 +204,16 @@ def test_sigkill_mid_stream_never_loses_what_was_shown(kind: str, tmp_path: Path
             os.kill(pid, signal.SIGKILL)
             lines += server.until_reaped(pid)
             last = Killed(lines)
-            assert last.found is not None and last.found["verify"] is None
+            assert last.found is not None
+            assert last.found["verify"] is None
             for earlier in unchecked:
                 if earlier.printed:
                     assert last.found["replies"].get(earlier.turn, "").startswith(earlier.printed)
             conv = fresh_load(url, CID)
             check_stored(conv, last.turn, last.printed, True, before)
             check_transcript_shape(conv)
-            assert conv.partial is None and conv.messages[-1].status == "complete"
+            assert conv.partial is None
+            assert conv.messages[-1].status == "complete"
         finally:
             server.close()
     print(f"{kind}: kill points {dict(phases)}")

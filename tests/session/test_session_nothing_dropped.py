@@ -51,9 +51,11 @@ def test_a_final_reply_that_does_not_extend_what_was_shown_is_logged_and_kept(
         shown = "".join(chat.stream("hi"))
     assert shown == "Hello wor"
     [record] = [r for r in caplog.records if "does not extend" in r.getMessage()]
-    assert "seq 1" in record.getMessage() and "9 chars" in record.getMessage()
+    assert "seq 1" in record.getMessage()
+    assert "9 chars" in record.getMessage()
     conv = open_store(local_store_url).load("c1")
-    assert conv.messages[-1].content == "Goodbye" and conv.verify() is None
+    assert conv.messages[-1].content == "Goodbye"
+    assert conv.verify() is None
     assert conv.metadata["divergent_replies"] == [{"seq": 1, "shown_chars": 9}]
 
 
@@ -68,4 +70,5 @@ def test_a_partial_reply_that_could_not_be_saved_is_logged(
             pytest.raises(ModelError):
         "".join(chat.stream("hi"))
     [record] = [r for r in caplog.records if "interrupted reply" in r.getMessage()]
-    assert "12 chars at seq 1" in record.getMessage() and "c1" in record.getMessage()
+    assert "12 chars at seq 1" in record.getMessage()
+    assert "c1" in record.getMessage()

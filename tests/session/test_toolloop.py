@@ -122,7 +122,8 @@ def test_calls_stored_then_run_then_result_stored_then_model_again(
                            ("tool", "complete"), ("tool", "partial"), ("tool", "complete"),
                            ("assistant", "complete")]
     asking = conv.messages[1]
-    assert asking.content == "Checking. " and asking.tool_calls is not None
+    assert asking.content == "Checking. "
+    assert asking.tool_calls is not None
     assert [c["function"]["name"] for c in asking.tool_calls] == ["get_weather", "send_email"]
     assert json.loads(asking.tool_calls[0]["function"]["arguments"]) == {"city": "Paris"}
     ids = [c["id"] for c in asking.tool_calls]
@@ -165,7 +166,8 @@ def test_errors_reach_the_model_as_error_results(store_url: str, fake: FakeModel
     assert [m.status for m in results] == ["error"] * 5
     texts = [m.content for m in results]
     assert texts[0] == "error: RuntimeError: exploded on 3"
-    assert "no tool named 'no_such_tool'" in texts[1] and "boom" in texts[1]
+    assert "no tool named 'no_such_tool'" in texts[1]
+    assert "boom" in texts[1]
     assert "not valid JSON" in texts[2]
     assert "must be a JSON object" in texts[3]
     assert texts[4].startswith("error: the arguments do not fit boom's parameters: ")
@@ -188,7 +190,8 @@ def test_max_tool_rounds_stops_with_a_clear_error(store_url: str, fake: FakeMode
     assert "max_tool_rounds=3" in results[-1].content
     assert len(requests(fake)) == 4
     turn = chat_for(store_url, fake, conversation_id=chat.id).interrupted
-    assert turn is not None and turn.pending_calls == ()  # answered, awaiting a reply
+    assert turn is not None
+    assert turn.pending_calls == ()  # answered, awaiting a reply
 
 
 def seed(url: str, cid: str, specs: list[dict[str, Any]]) -> Conversation:
@@ -232,7 +235,8 @@ def test_recovery_reruns_idempotent_and_never_reruns_a_started_side_effect(
                                             "status": "partial", "tool_call_id": "c2"}])
     chat = chat_for(store_url, fake, conversation_id="conv-r")
     turn = chat.interrupted
-    assert turn is not None and turn.turn_id == "t-1"
+    assert turn is not None
+    assert turn.turn_id == "t-1"
     assert [(c.id, c.name, c.started) for c in turn.pending_calls] == [
         ("c2", "send_email", True), ("c3", "get_weather", False)]
     assert "send_email (c2, started)" in turn.describe()
@@ -371,7 +375,8 @@ def test_two_writers_completing_one_turn_never_run_a_side_effect_twice(
     finally:
         release.set()
         worker.join(30)
-    assert errors == [] and runs == ["first"]
+    assert errors == []
+    assert runs == ["first"]
     conv = fresh(store_url, "conv-2w")
     assert [(m.tool_call_id, m.status) for m in conv.messages if m.role == "tool"] == [
         ("c1", "complete"), ("c2", "partial"), ("c2", "complete"), ("c3", "complete")]
@@ -391,7 +396,8 @@ def test_tool_schema_from_hints_and_docstring() -> None:
         return [query] * limit
 
     spec = find.spec()["function"]
-    assert spec["name"] == "lookup" and find.idempotent is False
+    assert spec["name"] == "lookup"
+    assert find.idempotent is False
     assert spec["description"] == "Search the notes."
     params = spec["parameters"]
     assert params["required"] == ["query"]

@@ -110,7 +110,8 @@ def run_crash_loop(url: str, tmp_path: Path, kills: int, seed: int) -> dict[str,
                     if e["path"] == "/v1/chat/completions" and e["messages"][-1:] != [
                         {"role": "user", "content": "warm up"}]]
     conv = fresh_load(url, CID)
-    assert conv.verify() is None and conv.partial is None
+    assert conv.verify() is None
+    assert conv.partial is None
     assert orphans(stored_dicts(conv), allow_open_tail=False) == []
     bad_requests = [o for r in requests for o in orphans(r, allow_open_tail=False)]
     assert bad_requests == [], bad_requests
@@ -143,4 +144,5 @@ def test_sigkill_at_every_step_of_the_tool_loop(kind: str, tmp_path: Path,
     for step in ("call-stored", "tool-before", "tool-after", "result-stored", "random"):
         assert figures["steps"].get(step, 0) >= 3, figures  # every step was really hit
     assert figures["unknown"] >= 1, "no kill left a non-idempotent call half-run"
-    assert figures["duplicates"] == 0 and figures["orphans"] == 0
+    assert figures["duplicates"] == 0
+    assert figures["orphans"] == 0

@@ -81,10 +81,12 @@ def test_seal_numbers_and_chains() -> None:
     b = Message.seal(a, role="assistant", content="hello", turn_id="t-1", model="m",
                      usage={"prompt_tokens": 3})
     assert (a.seq, b.seq) == (0, 1)
-    assert len(a.hash) == 64 and a.hash == a.expected_hash(None)
+    assert len(a.hash) == 64
+    assert a.hash == a.expected_hash(None)
     assert b.hash == b.expected_hash(a.hash) != b.expected_hash(None)
     assert Conversation(id="c", messages=[a, b]).verify() is None
-    assert Conversation(id="c").verify() is None and Conversation(id="c").last_seq == -1
+    assert Conversation(id="c").verify() is None
+    assert Conversation(id="c").last_seq == -1
 
 
 def test_messages_are_frozen_and_strict() -> None:
@@ -115,12 +117,14 @@ def test_invalid_ids(bad: Any) -> None:
     with pytest.raises(InvalidConversationId) as info:
         validate_id(bad)
     assert isinstance(info.value, ValueError)
-    assert "\0" not in str(info.value) and len(str(info.value)) < 300
+    assert "\0" not in str(info.value)
+    assert len(str(info.value)) < 300
 
 
 def test_new_ids_are_valid_and_distinct() -> None:
     ids = {new_id() for _ in range(50)}
-    assert len(ids) == 50 and all(validate_id(i) for i in ids)
+    assert len(ids) == 50
+    assert all(validate_id(i) for i in ids)
 
 
 def test_schema_versions() -> None:
@@ -141,7 +145,9 @@ def test_model_round_trip_preserves_hashes(msgs: list[Message]) -> None:
     for m in msgs:
         for again in (Message.model_validate(m.model_dump()),
                       Message.model_validate_json(m.model_dump_json())):
-            assert again == m and again.hash == m.hash and again.body() == m.body()
+            assert again == m
+            assert again.hash == m.hash
+            assert again.body() == m.body()
     assert verify_chain(msgs) is None
     conv = Conversation(id="c", messages=msgs)
     assert Conversation.model_validate_json(conv.model_dump_json()).verify() is None

@@ -67,11 +67,13 @@ def test_every_write_of_a_chat_turn_carries_its_lease_token(store: FenceLog) -> 
                                                 model="fake-model"), flush_interval=0.0)
         shown = "".join(chat.stream("hello there"))
         chat.send("and again")
-    assert shown and len(store.owners) == 2  # one lease per turn, the Chat's own token
+    assert shown
+    assert len(store.owners) == 2  # one lease per turn, the Chat's own token
     assert len(set(store.owners)) == 1
     kinds = [kind for kind, _ in store.writes]
     assert kinds[:2] == ["append", "set_header"]  # the user message, then its title
-    assert "save_partial" in kinds and kinds.count("append") == 4
+    assert "save_partial" in kinds
+    assert kinds.count("append") == 4
     assert {fence for _, fence in store.writes} == {store.owners[0]}
     assert chat.writer.held is None  # given up when the turn ended
 

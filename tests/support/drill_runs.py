@@ -18,8 +18,11 @@ def drill(url: str, *args: str, env: dict[str, str] | None = None) -> tuple[int,
 
 
 def assert_clean(doc: dict[str, Any], trials: int) -> None:
-    assert doc["problems"] == [] and doc["problem_count"] == 0, doc["problems"]
+    assert doc["problems"] == [], doc["problems"]
+    assert doc["problem_count"] == 0, doc["problems"]
     assert (doc["lost"], doc["corrupt"], doc["duplicated"]) == (0, 0, 0), doc
-    assert doc["ok"] is True and doc["trials"] == trials
+    assert doc["ok"] is True
+    assert doc["trials"] == trials
     assert sum(doc["kills"].values()) == trials, doc["kills"]
-    assert doc["acked"] > 0 and doc["recovered"] > 0, doc
+    assert doc["acked"] > 0, doc
+    assert doc["recovered"] > 0, doc

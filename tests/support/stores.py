@@ -144,7 +144,8 @@ def tamper(url: str, store: Any, cid: str, seq: int) -> None:
     else:
         key = f"conversations/{cid}/m/{seq:010d}.json"
         blob = store.io.get(key)
-        assert blob is not None and old.encode() in blob.data
+        assert blob is not None
+        assert old.encode() in blob.data
         store.io.put(key, blob.data.replace(old.encode(), new.encode()))
 
 
