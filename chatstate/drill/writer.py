@@ -144,7 +144,7 @@ def turn(chat: Chat, kind: str, text: str, rng: random.Random) -> None:
 
 
 def serve(url: str, base_url: str, prefix: str, count: int, timeout: int) -> None:
-    from chatstate import durability  # noqa: F401  (sqlite's open() inspects the filesystem)
+    from chatstate.durable import guard  # noqa: F401  (sqlite's open() inspects the filesystem)
     from chatstate.stores import store_class
 
     store_class(scheme_of(url))  # import the store's module here, not in every writer

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from chatstate.durable.migrations import Recorded
+from chatstate.durable.sqlite_errors import translate
 from chatstate.durable.uninterruptible import uninterruptible
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores.sqlite._errors import translate
 
 __all__ = ["SqliteBackend", "check_owner", "configure", "translate", "write_transaction"]
 

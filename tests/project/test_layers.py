@@ -47,6 +47,60 @@ def _imports(path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, alias.name
 
 
+# The layers of docs/extending.md, lowest first. A package imports only packages of a
+# lower rank: never one beside it (stores and the adapter know nothing of each other;
+# batch, serve and the integrations are separate front ends), never one above it.
+LAYERS = [
+    ["errors", "_moved"],
+    ["durable"],
+    ["core"],
+    ["stores", "adapter"],
+    ["ops"],
+    ["session"],
+    ["integrations", "batch", "serve", "testing"],
+    ["drill"],
+    ["cli"],
+    ["__init__", "__main__"],
+]
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def _layer(module: str) -> str | None:
+    """The layer of a ``chatstate.X...`` module name (None for a name outside chatstate)."""
+    parts = module.split(".")
+    if parts[0] != "chatstate":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _upward_imports() -> list[str]:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        here = rel.parts[0].removesuffix(".py") if len(rel.parts) > 1 or \
+            rel.name != "__init__.py" else "__init__"
+        for line, name in _imports(path):
+            there = _layer(name)
+            if there is None or there == here:
+                continue
+            if there not in RANK:  # ``from chatstate import X``: the name X is the layer
+                there = name.split(".")[1]
+            if there not in RANK or RANK[there] >= RANK[here]:
+                offenders.append(f"chatstate/{rel}:{line} ({here}) imports {name} ({there})")
+    return offenders
+
+
+def test_every_package_is_in_a_layer() -> None:
+    packages = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+                if p.name != "py.typed" and not p.name.startswith(".")
+                and p.name != "__pycache__"}
+    assert packages == set(RANK)
+
+
+def test_imports_point_down_the_layers_only() -> None:
+    assert _upward_imports() == []
+
+
 def test_nothing_outside_the_stores_imports_their_private_modules() -> None:
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):

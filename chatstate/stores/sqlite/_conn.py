@@ -22,10 +22,10 @@ from urllib.parse import quote
 
 from chatstate.durable.files import ensure_dir
 from chatstate.durable.migrations import pending, run
+from chatstate.durable.sqlite_errors import AT_COMMIT, translate
 from chatstate.durable.sqlite_setup import SqliteBackend, check_owner, configure
 from chatstate.durable.uninterruptible import uninterruptible
 from chatstate.errors import ChatstateError, ConfigurationError, StoreUnavailable
-from chatstate.stores.sqlite._errors import AT_COMMIT, translate
 from chatstate.stores.sqlite._schema import APPLICATION_ID, MIGRATIONS, PAGE_SIZE
 
 STORE_WHAT = "chatstate store"

@@ -1,4 +1,5 @@
-"""The one place where sqlite3 and OS errors of the sqlite store become chatstate errors."""
+"""The one place where sqlite3 and OS errors of SQLite files (the sqlite store, the batch
+ledger) become chatstate errors."""
 
 from __future__ import annotations
 
