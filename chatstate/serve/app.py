@@ -48,6 +48,7 @@ from chatstate.serve._wire import (
     read_body,
     reply_fields,
 )
+from chatstate.stores.base import Store
 
 log = logging.getLogger("chatstate.serve")
 
@@ -55,7 +56,7 @@ log = logging.getLogger("chatstate.serve")
 
 @dataclass
 class ServeConfig:
-    store: Any
+    store: Store
     upstream: str
     api_key: str | None = None
     tokens: list[str] = field(default_factory=list)

@@ -58,7 +58,14 @@ from chatstate.errors import (
     LeaseLost,
 )
 from chatstate.stores import open_store, register, store_class
-from chatstate.stores.base import BlobStore, CheckReport, CollectsBlobs, Leases, verify_blobs
+from chatstate.stores.base import (
+    BlobStore,
+    CheckReport,
+    CollectsBlobs,
+    Leases,
+    Store,
+    verify_blobs,
+)
 
 __all__ = ["AppendCases", "BlobCases", "ConversationCases", "CrashCases", "DamageCases",
            "FencingCases", "PartialCases", "StoreCase", "StoreContract", "new_conversation",
@@ -77,7 +84,7 @@ def seal_chain(n: int, prev: Message | None = None, *, prefix: str = "msg",
     return out
 
 
-def new_conversation(store: Any, cid: str = "c1", n: int = 0, **header: Any) -> list[Message]:
+def new_conversation(store: Store, cid: str = "c1", n: int = 0, **header: Any) -> list[Message]:
     """Create ``cid`` and append ``n`` messages (``seal_chain``) one by one; return them."""
     store.create(Conversation(id=cid, **header))
     msgs = seal_chain(n)
@@ -134,32 +141,32 @@ class StoreCase:
                     "hook: implement it to prove damaged blobs are refused")
 
 
-def _has(store: Any, part: type) -> bool:
+def _has(store: Store, part: type) -> bool:
     """``isinstance`` against an optional protocol part (without narrowing ``store``)."""
     return isinstance(store, part)
 
 
-def _state(store: Any, cid: str) -> tuple[Any, ...]:
+def _state(store: Store, cid: str) -> tuple[Any, ...]:
     """What a write to ``cid`` could change, to show that a refused one changed nothing."""
     conv = store.load(cid)
     return conv.title, conv.metadata, conv.messages, conv.partial
 
 
 class ConversationCases(StoreCase):
-    def test_create_then_load_empty(self, store: Any) -> None:
+    def test_create_then_load_empty(self, store: Store) -> None:
         store.create(Conversation(id="c1", title="hello", metadata={"k": [1, "two"]}))
         conv = store.load("c1")
         assert (conv.id, conv.title, conv.metadata) == ("c1", "hello", {"k": [1, "two"]})
         assert conv.messages == []
         assert conv.partial is None
 
-    def test_create_existing_id_conflicts(self, store: Any) -> None:
+    def test_create_existing_id_conflicts(self, store: Store) -> None:
         new_conversation(store, "c1", 2)
         with pytest.raises(ConflictError):
             store.create(Conversation(id="c1"))
         assert len(store.load("c1").messages) == 2
 
-    def test_list_newest_first_with_title_and_count(self, store: Any) -> None:
+    def test_list_newest_first_with_title_and_count(self, store: Store) -> None:
         assert store.list_conversations() == []
         for cid, n in (("a", 1), ("b", 3), ("c", 2)):
             new_conversation(store, cid, n, title=f"title {cid}")
@@ -172,13 +179,13 @@ class ConversationCases(StoreCase):
         assert listed[0].updated_at > listed[1].updated_at
         assert [s.id for s in store.list_conversations(limit=2)] == ["a", "c"]
 
-    def test_list_survives_metadata_that_looks_like_messages(self, store: Any) -> None:
+    def test_list_survives_metadata_that_looks_like_messages(self, store: Store) -> None:
         new_conversation(store, "m", 1, title="t", metadata={"a": 1, "messages": [1, 2]})
         store.set_header("m", metadata={"x": 0, "messages": ["looks", "like", "a", "list"]})
         [summary] = store.list_conversations()
         assert (summary.id, summary.title, summary.message_count) == ("m", "t", 1)
 
-    def test_delete(self, store: Any) -> None:
+    def test_delete(self, store: Store) -> None:
         new_conversation(store, "gone", 3)
         store.save_partial("gone", partial_after(store.load("gone").last))
         new_conversation(store, "kept", 1)
@@ -192,7 +199,7 @@ class ConversationCases(StoreCase):
         assert store.load("gone").partial is None
         assert store.load("gone").messages == []
 
-    def test_missing_conversation_is_not_found(self, store: Any) -> None:
+    def test_missing_conversation_is_not_found(self, store: Store) -> None:
         calls: list[Callable[[], Any]] = [
             lambda: store.load("nope"), lambda: store.append("nope", seal_chain(1)),
             lambda: store.set_header("nope", title="x"),
@@ -209,7 +216,7 @@ class ConversationCases(StoreCase):
         "space": "sp ace", "newline": "a\nb"}
 
     @pytest.mark.parametrize("bad", BAD_IDS.values(), ids=BAD_IDS.keys())
-    def test_invalid_ids_are_refused(self, store: Any, bad: str) -> None:
+    def test_invalid_ids_are_refused(self, store: Store, bad: str) -> None:
         new_conversation(store, "ok", 1)
         msg = seal_chain(1)[0]
         calls: dict[str, Callable[[], Any]] = {
@@ -244,7 +251,7 @@ class ConversationCases(StoreCase):
             assert conv.partial is not None, cid
         store.close()
 
-    def test_set_header(self, store: Any) -> None:
+    def test_set_header(self, store: Store) -> None:
         msgs = new_conversation(store, "c1", 2, title="old")
         before = store.load("c1")
         time.sleep(0.002)
@@ -257,7 +264,7 @@ class ConversationCases(StoreCase):
         assert conv.updated_at > before.updated_at
         assert store.list_conversations()[0].title == "new title"
 
-    def test_check_writes_reads_and_deletes_a_probe(self, store: Any) -> None:
+    def test_check_writes_reads_and_deletes_a_probe(self, store: Store) -> None:
         report = store.check()
         assert isinstance(report, CheckReport)
         assert report.ok, report.error
@@ -296,14 +303,14 @@ class AppendCases(StoreCase):
         assert reopened.list_conversations()[0].message_count == 1000
         reopened.close()
 
-    def test_append_several_at_once(self, store: Any) -> None:
+    def test_append_several_at_once(self, store: Store) -> None:
         msgs = seal_chain(5)
         new_conversation(store, "c1")
         store.append("c1", msgs[:3])
         store.append("c1", msgs[3:])
         assert store.load("c1").messages == msgs
 
-    def test_stale_expected_seq_conflicts_and_writes_nothing(self, store: Any) -> None:
+    def test_stale_expected_seq_conflicts_and_writes_nothing(self, store: Store) -> None:
         msgs = new_conversation(store, "c1", 4)
         ahead = seal_chain(3, msgs[-1])[2:]  # seq 6 while the store is at 3
         with pytest.raises(ConflictError) as info:
@@ -311,7 +318,7 @@ class AppendCases(StoreCase):
         assert (info.value.expected_seq, info.value.actual_seq) == (5, 3)
         assert store.load("c1").messages == msgs
 
-    def test_message_chained_off_stale_last_hash_conflicts(self, store: Any) -> None:
+    def test_message_chained_off_stale_last_hash_conflicts(self, store: Store) -> None:
         msgs = new_conversation(store, "c1", 2)
         ours = Message.seal(msgs[-1], role="user", content="ours", turn_id="t-a")
         theirs = Message.seal(msgs[-1], role="user", content="theirs", turn_id="t-b")
@@ -323,7 +330,7 @@ class AppendCases(StoreCase):
         assert store.load("c1").messages == [*msgs, theirs]
         assert store.list_conversations()[0].message_count == 3
 
-    def test_conflict_leaves_partial_alone(self, store: Any) -> None:
+    def test_conflict_leaves_partial_alone(self, store: Store) -> None:
         msgs = new_conversation(store, "c1", 1)
         partial = partial_after(msgs[-1])
         store.save_partial("c1", partial)
@@ -331,7 +338,7 @@ class AppendCases(StoreCase):
             store.append("c1", seal_chain(2, msgs[-1])[1:])
         assert store.load("c1").partial == partial
 
-    def test_unsealed_chain_is_refused(self, store: Any) -> None:
+    def test_unsealed_chain_is_refused(self, store: Store) -> None:
         msgs = new_conversation(store, "c1", 1)
         good = seal_chain(2, msgs[-1])
         forged = good[1].model_copy(update={"content": "forged"})
@@ -339,7 +346,7 @@ class AppendCases(StoreCase):
             store.append("c1", [good[0], forged])
         assert store.load("c1").messages == msgs
 
-    def test_retried_append_never_duplicates(self, store: Any) -> None:
+    def test_retried_append_never_duplicates(self, store: Store) -> None:
         msgs = new_conversation(store, "c1", 1)
         batch = seal_chain(2, msgs[-1])
         store.append("c1", batch)
@@ -351,7 +358,7 @@ class AppendCases(StoreCase):
         assert conv.messages == [*msgs, *batch, *more]
         assert conv.verify() is None
 
-    def test_ten_megabyte_message_round_trips(self, store: Any) -> None:
+    def test_ten_megabyte_message_round_trips(self, store: Store) -> None:
         msgs = new_conversation(store, "big", 1)
         big_text = ("0123456789abcdef\u00e9\u4e2d\U0001f600\n" * 500_000)[: 10 * 1024 * 1024]
         big = Message.seal(msgs[-1], role="assistant", content=big_text, turn_id="t")
@@ -394,13 +401,13 @@ class PartialCases(StoreCase):
         store.clear_partial("c1")  # clearing nothing is fine
         store.close()
 
-    def test_partial_for_wrong_seq_conflicts(self, store: Any) -> None:
+    def test_partial_for_wrong_seq_conflicts(self, store: Store) -> None:
         msgs = new_conversation(store, "c1", 2)
         with pytest.raises(ConflictError):
             store.save_partial("c1", partial_after(msgs[0], "x"))
         assert store.load("c1").partial is None
 
-    def test_append_clears_the_partial_of_that_seq(self, store: Any) -> None:
+    def test_append_clears_the_partial_of_that_seq(self, store: Store) -> None:
         msgs = new_conversation(store, "c1", 1)
         store.save_partial("c1", partial_after(msgs[-1], "Hel"))
         reply = Message.seal(msgs[-1], role="assistant", content="Hello", turn_id="t-p")
@@ -449,9 +456,9 @@ class FencingCases(StoreCase):
     """Writer leases, and writes fenced with the lease's owner token (``Leases`` stores)."""
 
     @pytest.fixture
-    def leased(self, store: Any) -> tuple[Any, Any, list[Message]]:
+    def leased(self, store: Store) -> tuple[Any, Any, list[Message]]:
         """A conversation mid-reply, its lease held for 0.3 s: (store, lease, messages)."""
-        if not _has(store, Leases):
+        if not isinstance(store, Leases):
             pytest.skip(f"{type(store).__name__} has no writer leases (chatstate.stores.Leases)")
         msgs = new_conversation(store, "c1", 2)
         store.save_partial("c1", partial_after(msgs[-1]))
@@ -514,12 +521,12 @@ class BlobCases(StoreCase):
     PNG_1MIB = b"\x89PNG\r\n\x1a\n" + hashlib.sha256(b"seed").digest() * (1024 * 1024 // 32)
 
     @pytest.fixture
-    def blobs(self, store: Any) -> Any:
+    def blobs(self, store: Store) -> Any:
         if not _has(store, BlobStore):
             pytest.skip(f"{type(store).__name__} has no blob area (chatstate.stores.BlobStore)")
         return store
 
-    def image_message(self, store: Any, prev: Message | None, turn: int = 0) -> Message:
+    def image_message(self, store: Store, prev: Message | None, turn: int = 0) -> Message:
         content = store_parts(store, [text(f"turn {turn}"),
                                       image(self.PNG_1MIB, name="big.png")])
         return Message.seal(prev, role="user", content=content, turn_id=f"t-{turn}")
@@ -610,7 +617,7 @@ class DamageCases(StoreCase):
     """Damaged data is refused, named by position, and never written over."""
 
     def test_writes_onto_a_chain_that_does_not_verify_are_refused(
-            self, store: Any, store_url: str, reopen: Any) -> None:
+            self, store: Store, store_url: str, reopen: Any) -> None:
         msgs = new_conversation(store, "c1", 3)
         self.damage(store_url, "c1", 1)
         writer = reopen()  # a fresh writer, nothing cached
@@ -701,7 +708,7 @@ def _acks(said: Sequence[str], kind: str = "ack") -> list[tuple[int, str]]:
     return out
 
 
-def _write_until(store: Any, cid: str, stall: bool, say: Callable[[str], None],
+def _write_until(store: Store, cid: str, stall: bool, say: Callable[[str], None],
                  stopped: Callable[[], bool]) -> None:
     """Append turns to ``cid`` (a partial reply saved before each reply), saying ``ack seq
     hash`` once each append returned; with ``stall``, save one partial and wait."""
@@ -724,7 +731,7 @@ def _write_until(store: Any, cid: str, stall: bool, say: Callable[[str], None],
         say(f"ack {last.seq} {last.hash}\n")
 
 
-def _contend(store: Any, cid: str, n: int, writer: str,
+def _contend(store: Store, cid: str, n: int, writer: str,
              sealed: Callable[[], None]) -> tuple[list[tuple[int, str]], int]:
     """Append ``n`` messages to ``cid``, reloading and resealing on ConflictError. Calls
     ``sealed`` once its first message is sealed, so that racers seal on one head."""
