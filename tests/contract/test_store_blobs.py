@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from support.richkinds import KINDS, PNG_1MIB, seal_kind
-from support.stores import local_path, new_conversation, pg_connect, scheme
+from support.stores import damage_blob, local_path, new_conversation, pg_connect, scheme
 
 from chatstate.core.content import image, inliner, store_parts, text
 from chatstate.core.transcript import Message
@@ -105,45 +105,6 @@ def test_append_refuses_a_blob_the_store_lacks(store: Any) -> None:
     assert store.load("c1").messages[-1] == msg
 
 
-def _damage(store: Any, url: str, sha: str, how: str) -> str:
-    """Remove, alter or truncate the stored blob; return the name the error must give."""
-    def damaged(data: bytes) -> bytes:
-        return data[:1000] if how == "truncated" else b"X" + data[1:]
-
-    if scheme(url) == "json":
-        path = local_path(url) / "blobs" / sha
-        if how == "missing":
-            path.unlink()
-        else:
-            path.write_bytes(damaged(path.read_bytes()))
-        return str(path)
-    if scheme(url) == "sqlite":
-        db = sqlite3.connect(local_path(url))
-        with db:
-            if how == "missing":
-                db.execute("DELETE FROM blobs WHERE sha256=?", (sha,))
-            else:
-                data = db.execute("SELECT data FROM blobs WHERE sha256=?", (sha,)).fetchone()[0]
-                db.execute("UPDATE blobs SET data=? WHERE sha256=?", (damaged(data), sha))
-        db.close()
-        return f"blob {sha}"
-    if scheme(url) == "postgresql":
-        with pg_connect(url) as conn:
-            if how == "missing":
-                conn.execute("DELETE FROM blobs WHERE sha256=%s", (sha,))
-            else:
-                data = conn.execute("SELECT data FROM blobs WHERE sha256=%s",
-                                    (sha,)).fetchone()[0]
-                conn.execute("UPDATE blobs SET data=%s WHERE sha256=%s", (damaged(data), sha))
-        return f"blob {sha}"
-    key = f"blobs/{sha}"
-    if how == "missing":
-        store.io.delete([key])
-    else:
-        store.io.put(key, damaged(store.io.get(key).data))
-    return key
-
-
 @pytest.mark.invariant(6)
 @pytest.mark.parametrize("how", ["missing", "altered"])
 def test_damaged_blob_is_corruption_naming_it(store: Any, store_url: str, how: str) -> None:
@@ -151,7 +112,7 @@ def test_damaged_blob_is_corruption_naming_it(store: Any, store_url: str, how: s
     rich = seal_kind(store, "image-large")
     store.append("c1", rich)
     sha = rich[0].blob_refs()[0]["sha256"]
-    name = _damage(store, store_url, sha, how)
+    name = damage_blob(store, store_url, sha, how)
     if how == "missing":  # load checks every named blob is there, with its size
         with pytest.raises(CorruptTranscriptError, match="is missing") as exc:
             store.load("c1")
@@ -199,7 +160,7 @@ def test_a_truncated_blob_is_never_overwritten(store: Any, store_url: str) -> No
     rich = seal_kind(store, "image-large")
     store.append("c1", rich)
     sha = rich[0].blob_refs()[0]["sha256"]
-    name = _damage(store, store_url, sha, "truncated")
+    name = damage_blob(store, store_url, sha, "truncated")
     with pytest.raises(CorruptTranscriptError, match="has 1000 bytes, not 1048584") as exc:
         store.load("c1")
     assert name in str(exc.value)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.stores import local_path, scheme, snapshot, stored_state, tamper
+from support.stores import damage_blob, local_path, scheme, snapshot, stored_state, tamper
 
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
@@ -40,9 +40,11 @@ class TestBuiltinStores(StoreContract):
             store.close()
 
     def damage_blob(self, store_url: str, sha256: str, how: str) -> None:
-        pytest.skip("the built-in stores' damaged blobs are proved in test_store_blobs.py "
-                    "(test_damaged_blob_is_corruption_naming_it, "
-                    "test_a_truncated_blob_is_never_overwritten)")
+        store = open_store(store_url)
+        try:
+            damage_blob(store, store_url, sha256, how)
+        finally:
+            store.close()
 
 
 class TestMemoryStore(StoreContract):

@@ -170,3 +170,42 @@ def stored_state(url: str, store: Any) -> dict[str, bytes]:
             blob = store.io.get(key)
             out[key] = blob.data if blob is not None else b""
     return out
+
+
+def damage_blob(store: Any, url: str, sha: str, how: str) -> str:
+    """Remove, alter or truncate the stored blob; return the name the error must give."""
+    def damaged(data: bytes) -> bytes:
+        return data[:1000] if how == "truncated" else b"X" + data[1:]
+
+    if scheme(url) == "json":
+        path = local_path(url) / "blobs" / sha
+        if how == "missing":
+            path.unlink()
+        else:
+            path.write_bytes(damaged(path.read_bytes()))
+        return str(path)
+    if scheme(url) == "sqlite":
+        db = sqlite3.connect(local_path(url))
+        with db:
+            if how == "missing":
+                db.execute("DELETE FROM blobs WHERE sha256=?", (sha,))
+            else:
+                data = db.execute("SELECT data FROM blobs WHERE sha256=?", (sha,)).fetchone()[0]
+                db.execute("UPDATE blobs SET data=? WHERE sha256=?", (damaged(data), sha))
+        db.close()
+        return f"blob {sha}"
+    if scheme(url) == "postgresql":
+        with pg_connect(url) as conn:
+            if how == "missing":
+                conn.execute("DELETE FROM blobs WHERE sha256=%s", (sha,))
+            else:
+                data = conn.execute("SELECT data FROM blobs WHERE sha256=%s",
+                                    (sha,)).fetchone()[0]
+                conn.execute("UPDATE blobs SET data=%s WHERE sha256=%s", (damaged(data), sha))
+        return f"blob {sha}"
+    key = f"blobs/{sha}"
+    if how == "missing":
+        store.io.delete([key])
+    else:
+        store.io.put(key, damaged(store.io.get(key).data))
+    return key
