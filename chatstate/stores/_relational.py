@@ -42,7 +42,6 @@ from chatstate.errors import (
     CorruptTranscriptError,
     StoreUnavailable,
 )
-from chatstate.stores._lease import check_fence
 from chatstate.stores._rows import decode_rows, row_message, row_text
 from chatstate.stores.base import (
     CheckReport,
@@ -52,6 +51,7 @@ from chatstate.stores.base import (
     named_blobs,
     refuse_unheld_blobs,
 )
+from chatstate.stores.leases import check_fence
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,7 @@ class Leases(Protocol):
     """A writer lease per conversation (all built-in stores): one live writer at a time.
 
     ``Chat`` holds it while a turn persists and streams, renewing it every third of
-    its term, so a second writer cannot cut a live stream. See ``_lease``.
+    its term, so a second writer cannot cut a live stream. See ``chatstate.stores.leases``.
     """
 
     def acquire_lease(self, conversation_id: str, *, term: float = ...,

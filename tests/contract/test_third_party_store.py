@@ -42,7 +42,7 @@ from chatstate.core.transcript import (Conversation, ConversationSummary, Messag
                                        validate_id, verify_chain)
 from chatstate.durable.files import atomic_write, ensure_dir, locked, read_bytes, remove_durably
 from chatstate.errors import ConflictError, ConversationNotFound, CorruptTranscriptError, LeaseLost
-from chatstate.stores._lease import LeaseMethods, holder_of, lease_record
+from chatstate.stores.leases import LeaseMethods, holder_of, lease_record
 from chatstate.stores.base import (CheckReport, Location, check_append, check_partial_commit,
                                    local_path)
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 from chatstate.stores import open_store
-from chatstate.stores._lease import Lease, take
+from chatstate.stores.leases import Lease, take
 
 
 def main(url: str, cid: str, term: float, host: str | None = None) -> None:

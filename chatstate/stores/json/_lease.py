@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatstate.core.transcript import validate_id
-from chatstate.stores._lease import (
+from chatstate.stores.leases import (
     Holder,
     Lease,
     LeaseMethods,

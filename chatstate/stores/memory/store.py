@@ -38,7 +38,6 @@ from chatstate.errors import (
     InvalidStoreURL,
     LeaseLost,
 )
-from chatstate.stores._lease import Holder, Lease, LeaseMethods, holder_of, lease_record
 from chatstate.stores.base import (
     CheckReport,
     Location,
@@ -51,6 +50,7 @@ from chatstate.stores.base import (
     refuse_unheld_blobs,
     valid_digest,
 )
+from chatstate.stores.leases import Holder, Lease, LeaseMethods, holder_of, lease_record
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 

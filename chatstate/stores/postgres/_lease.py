@@ -7,7 +7,7 @@ server's clock decides expiry, so hosts with skewed clocks agree.
 
 from __future__ import annotations
 
-from chatstate.stores._lease import Holder, Lease, LeaseMethods
+from chatstate.stores.leases import Holder, Lease, LeaseMethods
 from chatstate.stores.postgres._conn import PgConnection
 
 TAKE = """INSERT INTO leases AS l (conversation_id, owner, host, pid, until)

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from chatstate.core.transcript import validate_id
-from chatstate.stores._lease import (
+from chatstate.stores.leases import (
     Holder,
     Lease,
     LeaseMethods,

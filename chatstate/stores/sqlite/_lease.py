@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from chatstate.core.transcript import validate_id
-from chatstate.stores._lease import Holder, Lease, LeaseMethods, lease_record
+from chatstate.stores.leases import Holder, Lease, LeaseMethods, lease_record
 from chatstate.stores.sqlite._conn import SqliteConnection
 
 

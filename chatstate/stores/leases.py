@@ -9,7 +9,8 @@ whose pid is gone is known dead at once. A second writer waits up to ``wait``
 seconds, then gets ``ConversationInUse`` naming the holder's host and pid.
 
 Each store implements one step, ``_try_lease(lease) -> holder or None``; this
-module holds the waiting and the error, written once.
+module holds the waiting and the error, written once. It is public, for stores
+written outside chatstate too (see docs/writing-a-store.md).
 """
 
 from __future__ import annotations
