@@ -55,7 +55,7 @@ from chatstate.session.sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, s
 from chatstate.session.tool_loop import PendingCall
 from chatstate.session.turn_writer import TurnWriter
 from chatstate.session.writer_lease import Held
-from chatstate.stores.base import LEASE_TERM, BlobStore, Store
+from chatstate.stores.base import LEASE_TERM, BlobStore, PacesPartials, Store
 
 if TYPE_CHECKING:
     from chatstate.adapter import ModelAdapter
@@ -118,8 +118,11 @@ class Chat:
         self.max_tool_rounds = max_tool_rounds
         self.on_tool = on_tool
         """Called with each tool-call message and each tool result, once it is stored."""
-        self.flush_interval = (flush_interval if flush_interval is not None
-                               else float(getattr(self.store, "partial_flush_interval", 0.0)))
+        if flush_interval is None:
+            paced = self.store
+            flush_interval = paced.partial_flush_interval if isinstance(
+                paced, PacesPartials) else 0.0
+        self.flush_interval = float(flush_interval)
         self.id = validate_id(conversation_id) if conversation_id else new_id()
         self.context_window = context_window  # None: learned, else the built-in table
         self.last_fit: Any = None  # what the last request sent (context.Fit)
