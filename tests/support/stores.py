@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from chatstate.core.transcript import Conversation, Message, Role
+from chatstate.core.transcript import Conversation, Message
+from chatstate.testing.store_contract import (  # the shipped suite's own helpers
+    new_conversation as new_conversation,
+)
+from chatstate.testing.store_contract import seal_chain as seal_chain
 
 TESTS_DIR = Path(__file__).resolve().parent
 CRASH_WRITER = TESTS_DIR / "crash_writer.py"
@@ -36,18 +40,6 @@ def pg_connect(url: str) -> Any:
     return psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}")
 
 
-def seal_chain(n: int, prev: Message | None = None, *, prefix: str = "msg",
-               turn_id: str = "t-1") -> list[Message]:
-    """``n`` sealed messages continuing after ``prev``, alternating user/assistant."""
-    out: list[Message] = []
-    for _ in range(n):
-        seq = 0 if prev is None else prev.seq + 1
-        role: Role = "user" if seq % 2 == 0 else "assistant"
-        prev = Message.seal(prev, role=role, content=f"{prefix} {seq}", turn_id=turn_id)
-        out.append(prev)
-    return out
-
-
 def fresh_load(url: str, cid: str) -> Conversation:
     """``cid`` as a fresh open of ``url`` sees it; empty if no writer got to create it."""
     from chatstate.errors import ConversationNotFound
@@ -61,15 +53,6 @@ def fresh_load(url: str, cid: str) -> Conversation:
         return Conversation(id=cid)
     finally:
         store.close()
-
-
-def new_conversation(store: Any, cid: str = "c1", n: int = 0, **header: Any) -> list[Message]:
-    """Create ``cid`` and append ``n`` messages one by one; return them."""
-    store.create(Conversation(id=cid, **header))
-    msgs = seal_chain(n)
-    for m in msgs:
-        store.append(cid, [m])
-    return msgs
 
 
 def temp_files(root: Path) -> list[Path]:
