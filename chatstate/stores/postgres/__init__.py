@@ -2,17 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from chatstate.stores.postgres.store import PostgresStore
 
 __all__ = ["PostgresStore"]
-
-if TYPE_CHECKING:
-    from chatstate.stores.postgres.store import PostgresStore
-
-
-def __getattr__(name: str) -> Any:  # lazy: the registry imports the backend only when used
-    if name == "PostgresStore":
-        from chatstate.stores.postgres.store import PostgresStore
-
-        return PostgresStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,17 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from chatstate.stores.s3.store import S3Store
 
 __all__ = ["S3Store"]
-
-if TYPE_CHECKING:
-    from chatstate.stores.s3.store import S3Store
-
-
-def __getattr__(name: str) -> Any:  # lazy: the registry imports the backend only when used
-    if name == "S3Store":
-        from chatstate.stores.s3.store import S3Store
-
-        return S3Store
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,17 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from chatstate.stores.sqlite.store import SqliteStore
 
 __all__ = ["SqliteStore"]
-
-if TYPE_CHECKING:
-    from chatstate.stores.sqlite.store import SqliteStore
-
-
-def __getattr__(name: str) -> Any:  # lazy: the registry imports the backend only when used
-    if name == "SqliteStore":
-        from chatstate.stores.sqlite.store import SqliteStore
-
-        return SqliteStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
