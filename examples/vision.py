@@ -18,7 +18,7 @@ from pathlib import Path
 
 import chatstate
 from chatstate.ops.transfer import render
-from chatstate.stores.base import verify_blobs
+from chatstate.stores.blobs import verify_blobs
 from chatstate.testing import FakeModel
 
 

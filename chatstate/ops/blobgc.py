@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chatstate.errors import Unsupported
-from chatstate.stores.base import CollectsBlobs, Store, named_blobs
+from chatstate.stores.base import CollectsBlobs, Store
+from chatstate.stores.blobs import named_blobs
 
 DEFAULT_GRACE = 3600.0
 

@@ -36,7 +36,8 @@ from chatstate.errors import (
     StoreUnavailable,
     Unsupported,
 )
-from chatstate.stores.base import BlobStore, Store, named_blobs, verify_blobs
+from chatstate.stores.base import BlobStore, Store
+from chatstate.stores.blobs import named_blobs, verify_blobs
 
 Progress = Callable[[str], None]
 

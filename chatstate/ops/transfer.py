@@ -38,7 +38,8 @@ from chatstate.core.transcript import (
 )
 from chatstate.errors import ChatstateError, CorruptTranscriptError, InvalidInput
 from chatstate.ops.replay_text import message_lines
-from chatstate.stores.base import Store, blob_ref, checked_blob, named_blobs
+from chatstate.stores.base import Store
+from chatstate.stores.blobs import blob_ref, checked_blob, named_blobs
 
 ROLES = {"system", "user", "assistant", "tool"}
 _UNSAFE = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

@@ -39,8 +39,8 @@ from chatstate.stores.base import (
     ReportsLeftovers,
     Searchable,
     Store,
-    verify_blobs,
 )
+from chatstate.stores.blobs import verify_blobs
 
 if TYPE_CHECKING:
     from chatstate.durable.guard import Report

@@ -43,14 +43,8 @@ from chatstate.errors import (
     StoreUnavailable,
 )
 from chatstate.stores._rows import decode_rows, row_message, row_text
-from chatstate.stores.base import (
-    CheckReport,
-    check_append,
-    check_partial_commit,
-    check_stored_blobs,
-    named_blobs,
-    refuse_unheld_blobs,
-)
+from chatstate.stores.base import CheckReport, check_append, check_partial_commit
+from chatstate.stores.blobs import check_stored_blobs, named_blobs, refuse_unheld_blobs
 from chatstate.stores.leases import check_fence
 
 

@@ -58,14 +58,8 @@ from chatstate.errors import (
     LeaseLost,
 )
 from chatstate.stores import open_store, register, store_class
-from chatstate.stores.base import (
-    BlobStore,
-    CheckReport,
-    CollectsBlobs,
-    Leases,
-    Store,
-    verify_blobs,
-)
+from chatstate.stores.base import BlobStore, CheckReport, CollectsBlobs, Leases, Store
+from chatstate.stores.blobs import verify_blobs
 
 __all__ = ["AppendCases", "BlobCases", "ConversationCases", "CrashCases", "DamageCases",
            "FencingCases", "PartialCases", "StoreCase", "StoreContract", "new_conversation",

@@ -24,7 +24,7 @@ from support.richkinds import PNG_1MIB, seal_kind
 from chatstate import Chat
 from chatstate.core.content import image
 from chatstate.stores import open_store
-from chatstate.stores.base import verify_blobs
+from chatstate.stores.blobs import verify_blobs
 from chatstate.testing import FakeModel
 from conftest import url_for
 

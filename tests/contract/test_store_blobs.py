@@ -25,7 +25,8 @@ from chatstate.core.content import image, inliner, store_parts, text
 from chatstate.core.transcript import Message
 from chatstate.errors import ChatstateError, CorruptTranscriptError
 from chatstate.ops.transfer import export_json, import_into, read_import
-from chatstate.stores.base import BlobStore, CollectsBlobs, Store, verify_blobs
+from chatstate.stores.base import BlobStore, CollectsBlobs, Store
+from chatstate.stores.blobs import verify_blobs
 from chatstate.stores.forwarding import ForwardingStore
 
 

@@ -17,7 +17,7 @@ from support import SUPPORT
 from support.stores import local_path, scheme
 
 from chatstate.stores import open_store
-from chatstate.stores.base import verify_blobs
+from chatstate.stores.blobs import verify_blobs
 
 WRITER = SUPPORT / "blob_writer.py"
 

@@ -21,7 +21,7 @@ from support.stores import new_conversation
 from chatstate.core.content import image
 from chatstate.ops.transfer import export_json, export_openai, import_into, read_import
 from chatstate.stores import open_store
-from chatstate.stores.base import verify_blobs
+from chatstate.stores.blobs import verify_blobs
 
 
 def _fill(store: Any, kind: str) -> None:

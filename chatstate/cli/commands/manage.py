@@ -63,7 +63,7 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) ->
         text = render(conv, fmt)
         click.echo(neutralise(text) if fmt in ("text", "markdown") else text)
     if verify:
-        from chatstate.stores.base import verify_blobs
+        from chatstate.stores.blobs import verify_blobs
 
         bad = conv.verify()
         if bad is not None:

@@ -23,7 +23,7 @@ from chatstate.durable.files import (
     remove_durably,
     sync_durably,
 )
-from chatstate.stores.base import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
+from chatstate.stores.blobs import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
 
 
 class JsonBlobs:

@@ -53,10 +53,9 @@ from chatstate.stores.base import (
     Location,
     check_append,
     check_partial_commit,
-    check_stored_blobs,
     local_path,
-    refuse_unheld_blobs,
 )
+from chatstate.stores.blobs import check_stored_blobs, refuse_unheld_blobs
 from chatstate.stores.json import _doc as doc
 from chatstate.stores.json._blobs import JsonBlobs
 from chatstate.stores.json._lease import JsonLease

@@ -38,12 +38,9 @@ from chatstate.errors import (
     InvalidStoreURL,
     LeaseLost,
 )
-from chatstate.stores.base import (
-    CheckReport,
-    Location,
+from chatstate.stores.base import CheckReport, Location, check_append, check_partial_commit
+from chatstate.stores.blobs import (
     blob_ref,
-    check_append,
-    check_partial_commit,
     check_stored_blobs,
     checked_blob,
     refuse_damaged_blob,

@@ -8,12 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from chatstate.durable.guard import Report
-from chatstate.stores.base import (
-    blob_ref,
-    checked_blob,
-    refuse_damaged_blob,
-    valid_digest,
-)
+from chatstate.stores.blobs import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
 from chatstate.stores.postgres._conn import PgConnection
 from chatstate.stores.postgres._guard import server_report
 from chatstate.stores.postgres._schema import migrate

@@ -15,7 +15,7 @@ from typing import Any
 
 import obstore
 
-from chatstate.stores.base import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
+from chatstate.stores.blobs import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
 from chatstate.stores.s3._base import S3StoreBase
 from chatstate.stores.s3._transport import Exists
 

@@ -53,13 +53,8 @@ from chatstate.core.transcript import (
     validate_id,
 )
 from chatstate.errors import ConflictError, ConversationNotFound, CorruptTranscriptError
-from chatstate.stores.base import (
-    check_append,
-    check_partial_commit,
-    check_stored_blobs,
-    named_blobs,
-    refuse_unheld_blobs,
-)
+from chatstate.stores.base import check_append, check_partial_commit
+from chatstate.stores.blobs import check_stored_blobs, named_blobs, refuse_unheld_blobs
 from chatstate.stores.s3 import _chain as chain
 from chatstate.stores.s3 import _doc as doc
 from chatstate.stores.s3._blobs import S3Blobs

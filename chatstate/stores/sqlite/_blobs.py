@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from chatstate.stores.base import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
+from chatstate.stores.blobs import blob_ref, checked_blob, refuse_damaged_blob, valid_digest
 from chatstate.stores.sqlite._conn import SqliteConnection
 
 
