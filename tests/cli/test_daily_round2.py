@@ -1,0 +1,74 @@
+"""Daily driver, round 2: what a new user trips over (issue 28), each shown by a test."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+from support import ROOT
+from support.cli_helpers import cli_env, invoke
+
+import chatstate
+from chatstate.core.redact import REDACTED, scrub
+from chatstate.testing import FakeModel
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# -- short keys do not garble messages ------------------------------------------------------
+
+
+def test_a_one_letter_key_leaves_messages_readable() -> None:
+    text = "model request failed: the server refused the request; check the key"
+    assert scrub(text, "e") == text
+
+
+def test_a_real_key_is_redacted_where_it_stands_as_a_token() -> None:
+    key = "cnry0123456789abcdef"
+    text = f"Incorrect API key provided: {key}. (Bearer {key}) x{key}y"
+    shown = scrub(text, key)
+    assert shown.count(REDACTED) == 2
+    assert f"x{key}y" in shown  # inside a longer word it is some other value
+
+
+def test_a_short_key_for_a_remote_endpoint_gets_a_warning_not_garbled_errors(
+        tmp_path: Path) -> None:
+    env = cli_env(tmp_path, CHATSTATE_API_KEY="e",
+                  CHATSTATE_BASE_URL="http://chatstate-test.invalid:9/v1",
+                  CHATSTATE_MAX_RETRIES="0")
+    result = invoke(["ask", "hello"], store=f"json://{tmp_path}/s", env=env)
+    assert result.code != 0
+    assert REDACTED not in result.err, result.err
+    assert "shorter than 8 characters" in result.err
+    assert "no provider issues" in result.err
+
+
+def test_a_short_key_for_a_local_server_is_not_warned_about(tmp_path: Path) -> None:
+    with FakeModel(reply_words=3) as fake:
+        env = cli_env(tmp_path, CHATSTATE_API_KEY="none", CHATSTATE_BASE_URL=fake.base_url)
+        result = invoke(["ask", "hello"], store=f"json://{tmp_path}/s", env=env)
+    assert result.code == 0, result.err
+    assert "shorter than" not in result.err
+
+
+# -- one version everywhere -----------------------------------------------------------------
+
+
+def test_the_version_agrees_with_pyproject_and_the_changelog() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["dynamic"] == ["version"]
+    assert pyproject["tool"]["hatch"]["version"]["path"] == "chatstate/__init__.py"
+    project = chatstate.__version__
+    assert importlib.metadata.version("chatstate") == project  # what pip installed
+    shown = invoke(["--version"]).out
+    assert project in shown
+    heading = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines()
+                   if line.startswith("## "))
+    named = re.search(r"\d+\.\d+", heading)
+    assert named is not None, heading
+    assert project.startswith(named.group(0) + "."), (project, heading)
+
