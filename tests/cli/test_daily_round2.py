@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from support import ROOT
-from support.cli_helpers import cli_env, invoke
+from support.cli_helpers import cli_env, invoke, run_cli
 
 import chatstate
 from chatstate.core.redact import REDACTED, scrub
@@ -72,3 +72,22 @@ def test_the_version_agrees_with_pyproject_and_the_changelog() -> None:
     assert named is not None, heading
     assert project.startswith(named.group(0) + "."), (project, heading)
 
+
+
+# -- the built-in fake is fast unless asked to be slow ----------------------------------------
+
+
+def test_a_90kb_paste_to_the_fake_model_comes_back_at_once(tmp_path: Path) -> None:
+    text = "word " * 18_000  # 90 KB: at the old 10 ms a chunk, three minutes of echo
+    env = cli_env(tmp_path, CHATSTATE_FAKE_CHUNK_DELAY="")
+    result = run_cli(["ask", "--model", "fake"], env, input=text,
+                     store=f"json://{tmp_path}/s", timeout=60)
+    assert result.code == 0, result.err
+    assert result.out.startswith("Echo: word word")  # streamed: one chunk a word
+
+
+def test_the_fake_pace_is_a_checked_setting(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, CHATSTATE_FAKE_CHUNK_DELAY="fast")
+    result = invoke(["ask", "--model", "fake", "hi"], store=f"json://{tmp_path}/s", env=env)
+    assert result.code == 2
+    assert "CHATSTATE_FAKE_CHUNK_DELAY='fast' is not a delay in seconds" in result.err
