@@ -91,3 +91,31 @@ def test_the_fake_pace_is_a_checked_setting(tmp_path: Path) -> None:
     result = invoke(["ask", "--model", "fake", "hi"], store=f"json://{tmp_path}/s", env=env)
     assert result.code == 2
     assert "CHATSTATE_FAKE_CHUNK_DELAY='fast' is not a delay in seconds" in result.err
+
+
+# -- piped text beside a prompt --------------------------------------------------------------
+
+
+def test_piped_text_follows_the_prompt(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, CHATSTATE_FAKE_REPLY_WORDS="0")
+    result = run_cli(["ask", "--model", "fake", "--json", "Summarise:"], env,
+                     input="line one\nline two\n", store=f"json://{tmp_path}/s")
+    assert result.code == 0, result.err
+    assert result.json()["reply"] == "Echo: Summarise:\n\nline one\nline two"
+
+
+def test_a_prompt_with_nothing_piped_is_sent_alone(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, CHATSTATE_FAKE_REPLY_WORDS="0")
+    result = run_cli(["ask", "--model", "fake", "--json", "just this"], env, input="",
+                     store=f"json://{tmp_path}/s")
+    assert result.code == 0, result.err
+    assert result.json()["reply"] == "Echo: just this"
+
+
+def test_too_much_piped_text_is_refused_before_anything_is_stored(tmp_path: Path) -> None:
+    env = cli_env(tmp_path)
+    result = run_cli(["ask", "--model", "fake", "Summarise:"], env,
+                     input="x" * (1024 * 1024 + 10), store=f"json://{tmp_path}/s")
+    assert result.code == 2
+    assert "over 1 MiB; nothing was sent or stored" in result.err
+    assert not list((tmp_path / "s").glob("*.json"))
