@@ -120,8 +120,9 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
 
 attach_option = click.option(
     "-a", "--attach", "attach", multiple=True, metavar="PATH_OR_URL",
-    help="Attach an image or file (repeatable): a path, or an image's http(s) URL. Large "
-         "ones are stored once in the store's blob area.")
+    help="Attach an image or file (repeatable): a path, or an image's http(s) URL. A UTF-8 "
+         "text file goes as text naming the file; large images and files are stored once in "
+         "the store's blob area.")
 
 
 def attachments(sources: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:

@@ -119,3 +119,38 @@ def test_too_much_piped_text_is_refused_before_anything_is_stored(tmp_path: Path
     assert result.code == 2
     assert "over 1 MiB; nothing was sent or stored" in result.err
     assert not list((tmp_path / "s").glob("*.json"))
+
+
+# -- attachments against a text-only local server (llama.cpp without a vision projector) -----
+
+
+def test_a_text_file_reaches_a_text_only_server_as_text(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Plan\n\n- ship it\n")
+    with FakeModel(reply_words=0) as fake:
+        fake.configure(text_only=True)
+        env = cli_env(tmp_path, CHATSTATE_BASE_URL=fake.base_url, CHATSTATE_MODEL="m",
+                      CHATSTATE_API_KEY="none")
+        result = invoke(["ask", "Summarise:", "-a", str(notes)], store=f"json://{tmp_path}/s",
+                        env=env)
+    assert result.code == 0, result.err
+    assert result.out.startswith('Echo: Summarise: <file name="notes.md">\n# Plan\n\n- ship it')
+
+
+def test_an_image_to_a_model_without_vision_is_not_retried_and_says_why(
+        tmp_path: Path) -> None:
+    png = tmp_path / "red.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    with FakeModel() as fake:
+        fake.configure(text_only=True)
+        env = cli_env(tmp_path, CHATSTATE_BASE_URL=fake.base_url, CHATSTATE_MODEL="m",
+                      CHATSTATE_API_KEY="none", CHATSTATE_BACKOFF_BASE="0.01")
+        result = invoke(["ask", "what colour?", "-a", str(png)], store=f"json://{tmp_path}/s",
+                        env=env)
+        chats = [e for e in fake.request_log if e["path"] == "/v1/chat/completions"]
+    assert result.code == 1
+    assert len(chats) == 1  # the same request fails the same way: sent once
+    assert "The model does not take images" in result.err
+    assert "the provider is failing" not in result.err
+    assert "--retry" not in result.err.split("does not take images", 1)[1].split(".")[0]
+    assert "would fail the same way" in result.err
