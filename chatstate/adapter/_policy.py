@@ -213,6 +213,7 @@ def to_model_error(failure: AttemptFailed, *, attempts: int, endpoint: str,
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     cut = (f"; the stream was cut after {shown_chars} characters"
            if shown_chars else "")
+    what = what.rstrip(". ")  # an httpx2 or provider text may end with its own stop
     message = (f"model request to {endpoint} failed: {what}{tries}{cut}. "
                f"{sentence(advice(failure, timeout))}")
     return ModelError(

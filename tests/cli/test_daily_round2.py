@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from support import ROOT, tiers
-from support.cli_helpers import CHATSTATE, cli_env, invoke, run_cli
+from support.cli_helpers import CHATSTATE, cli_env, invoke, replay_json, run_cli
 
 import chatstate
 from chatstate.core.redact import REDACTED, scrub
@@ -199,3 +199,38 @@ def test_batch_progress_and_warnings_never_overprint_each_other(tmp_path: Path) 
     assert len(warnings) == 6, lines  # 3 records x 2 retries, each on a line of its own
     assert all(line.startswith("WARNING chatstate.adapter:") for line in warnings), lines
     assert any("--retry-failed" in line for line in lines), lines
+
+
+# -- messages that said the wrong thing -------------------------------------------------------
+
+
+def test_compact_with_nothing_to_compact_does_not_announce_a_summary(tmp_path: Path) -> None:
+    result = invoke(["chat", "--model", "fake", "--id", "k"], store=f"json://{tmp_path}/s",
+                    env=cli_env(tmp_path), input="hello\n/compact\n")
+    assert result.code == 0, result.err
+    assert "nothing to compact yet" in result.out + result.err
+    assert "summarising" not in result.out + result.err
+
+
+def test_compact_shows_the_summary_it_stored(tmp_path: Path) -> None:
+    turns = "".join(f"turn {i}\n" for i in range(4))
+    result = invoke(["chat", "--model", "fake", "--id", "k"], store=f"json://{tmp_path}/s",
+                    env=cli_env(tmp_path), input=turns + "/compact\n")
+    assert result.code == 0, result.err
+    shown = result.out + result.err
+    assert "summary stored at seq" in shown
+    summary = replay_json(f"json://{tmp_path}/s", "k")["messages"][-1]
+    assert summary["role"] == "system"
+    assert summary["content"] in shown
+
+
+def test_a_failure_text_ending_in_a_stop_gets_no_second_one() -> None:
+    from chatstate.adapter._policy import AttemptFailed, to_model_error
+
+    failure = AttemptFailed("cut", "the connection dropped: Server disconnected without "
+                            "sending a response.", retryable=True)
+    error = to_model_error(failure, attempts=1, endpoint="http://h/v1", secret=None,
+                           timeout=None)
+    assert ".." not in str(error)
+    assert "response. Try again" not in str(error)
+    assert "without sending a response. The connection dropped" in str(error)
