@@ -88,7 +88,7 @@ class S3Lease(LeaseMethods):
         if now >= written + 1.0 + term:
             left = -1.0  # expired by the server's clock
         elif now + clock.slack < written + term:
-            left = written + term - now  # live by the server's clock
+            left = min(written + term - now, term)  # live by the server's clock
         else:  # within the clock's resolution of the end: the holder's own until decides
             until = held.get("until")
             live = isinstance(until, int | float) and until >= time.time()
