@@ -31,8 +31,15 @@ conversation this process has neither created nor loaded first reads and
 verifies its chain (a load's worth of requests, once): nothing is written onto
 a chain that does not verify or falls short of the head the index records.
 
-The store assumes what AWS S3, MinIO and R2 give: strong read-after-write and
-list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
+The store assumes what AWS S3, MinIO, R2 and SeaweedFS give: strong read-after-write
+and list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
+The conditional PUTs it proves before it writes (``_server``: once per process per
+endpoint and bucket at open, 4 requests and a delete; every ``check()``), and refuses
+a server, or a proxy, that drops them.
+
+An append is committed when its segment is: a failure of what follows (the index,
+the delete of the partial reply it kept, a snapshot) is logged and repaired by the
+next load or append, never reported as a failed append of a stored message.
 
 A write is acknowledged by the object store before a method returns. The
 partial reply is flushed at most every ``partial_flush_interval`` seconds by
