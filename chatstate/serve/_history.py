@@ -135,6 +135,9 @@ class HistoryIndex:
             for key, (cid, _) in list(self._requests.items()):
                 if cid == conversation_id:
                     del self._requests[key]
+            for source, (_, fork) in list(self._follows.items()):
+                if conversation_id in (source, fork):
+                    del self._follows[source]
 
     def namespace(self, conversation_id: str) -> str | None:
         """The namespace of an indexed conversation; None: not indexed (yet)."""

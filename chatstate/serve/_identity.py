@@ -11,7 +11,6 @@ and passes through untouched). With none of them, the history decides
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +19,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatstate.core.transcript import canonical_json, validate_id
+from chatstate.serve._auth import keyed_digest
 from chatstate.serve._wire import CONVERSATION_HEADER
 
 USER_PREFIX = "chatstate:"
@@ -79,15 +79,9 @@ def forward_body(data: Mapping[str, Any]) -> dict[str, Any]:
 def request_key(request: Request, namespace: str, forward: Mapping[str, Any],
                 cid: str | None) -> str:
     """What makes two requests "the same request": the client's ``Idempotency-Key``, else
-    the body (and the conversation it names), within one namespace. A digest: it is
-    stored with the request's message, the body never is twice."""
-    from chatstate.serve._auth import keyed_digest
-
+    the body (and the conversation it names), within one namespace. A keyed digest:
+    it is stored with the request's message (``_auth.keyed_digest``)."""
     given = request.headers.get(IDEMPOTENCY_HEADER)
-    if given:
-        material = "key:" + given
-    else:
-        material = "body:" + hashlib.sha256(canonical_json(
-            {"conversation": cid, "body": dict(forward)}).encode("utf-8", "surrogatepass")
-        ).hexdigest()
+    material = "key:" + given if given else "body:" + canonical_json(
+        {"conversation": cid, "body": dict(forward)})
     return keyed_digest("request", f"{namespace}\n{material}")
