@@ -5,14 +5,16 @@ with every field as the client sent it; the request's new messages are durable
 before it leaves, and the reply is durable before the client sees it.
 ``GET /v1/models`` passes through. ``/healthz`` says the process is up,
 ``/readyz`` writes, reads back and deletes a probe in the store, and
-``/v1/chatstate/conversations[/{id}]`` lists and replays what is stored.
+``/v1/chatstate/conversations[/{id}]`` lists (pages, searches), replays and deletes
+what is stored, all within the caller's namespace (``_auth``). ``/c/<id>/v1/...`` is
+``/v1/...`` naming conversation ``<id>`` (``_identity``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,28 +23,34 @@ from typing import Any
 
 import httpx2
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from chatstate.core.transcript import validate_id
 from chatstate.durable.guard import boot_id
 from chatstate.errors import (
     ChatstateError,
     ConflictError,
     ConversationInUse,
-    ConversationNotFound,
     InvalidConversationId,
 )
+from chatstate.serve._auth import Auth, BrowserGuard
+from chatstate.serve._conversations import Conversations
 from chatstate.serve._history import HistoryIndex, history_digest, wire_form
-from chatstate.serve._relay import RelayResponse, StreamRelay
-from chatstate.serve._turns import Turn, Writer
-from chatstate.serve._wire import (
-    CONVERSATION_HEADER,
-    bearer,
-    check_request,
+from chatstate.serve._identity import (
+    IDEMPOTENCY_HEADER,
+    ConversationPath,
     conversation_id,
     forward_body,
+    request_key,
+)
+from chatstate.serve._relay import RelayResponse, StreamRelay
+from chatstate.serve._replay import replay_response
+from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
+from chatstate.serve._wire import (
+    CONVERSATION_HEADER,
+    check_request,
     openai_error,
     passthrough,
     read_body,
@@ -66,6 +74,7 @@ class ServeConfig:
     timeout: float | None = 60.0
     connect_timeout: float = 10.0
     lease_wait: float = 0.0  # seconds a turn waits for another live writer, then 409
+    allowed_hosts: list[str] = field(default_factory=list)  # beyond loopback and IP literals
 
 
 class _TurnEnd:
@@ -90,6 +99,8 @@ class Proxy:
         self.config = config
         self.upstream = config.upstream.rstrip("/")
         self.writer = Writer(config.store, HistoryIndex(), lease_wait=config.lease_wait)
+        self.auth = Auth(config.tokens, config.pass_client_key)
+        self.listing = Conversations(config.store, self.writer.index)
         self._locks: dict[str, asyncio.Lock] = {}
         self.client: httpx2.AsyncClient | None = None
 
@@ -115,14 +126,9 @@ class Proxy:
         return self.client
 
     # -- auth ------------------------------------------------------------------------------
-    def authorized(self, request: Request) -> bool:
-        if not self.config.tokens:
-            return True
-        if self.config.pass_client_key:
-            given = request.headers.get("x-chatstate-token", "")
-        else:
-            given = bearer(request.headers.get("authorization", ""))
-        return any(hmac.compare_digest(given.encode(), t.encode()) for t in self.config.tokens)
+    def namespace(self, request: Request) -> str | None:
+        """The caller's namespace ("": the default one); None: not authorized."""
+        return self.auth.namespace(request)
 
     def upstream_headers(self, request: Request) -> dict[str, str]:
         headers = {"User-Agent": "chatstate-serve"}
@@ -150,10 +156,20 @@ class Proxy:
         except InvalidConversationId as exc:
             return openai_error(400, str(exc))
         messages: list[dict[str, Any]] = data["messages"]
-        lock = self._lock(cid or history_digest([wire_form(m) for m in messages[:-1]]))
+        namespace: str = request.state.namespace
+        forward = forward_body(data)
+        key = request_key(request, namespace, forward, cid)
+        lock = self._lock(namespace + "\n" + (
+            cid or history_digest([wire_form(m) for m in messages[:-1]])))
         await lock.acquire()
         try:
-            turn = await asyncio.to_thread(self.writer.begin, cid, messages)
+            turn = await asyncio.to_thread(functools.partial(
+                self.writer.begin, cid, messages, namespace=namespace, key=key,
+                keyed=IDEMPOTENCY_HEADER in request.headers))
+        except ForeignConversation as exc:
+            lock.release()
+            return openai_error(404, f"conversation {exc} is not this client's: name "
+                                "another id", "not_found")
         except ConversationInUse as exc:
             lock.release()
             return openai_error(409, str(exc), "conversation_in_use")
@@ -171,8 +187,11 @@ class Proxy:
         except BaseException:
             lock.release()
             raise
+        if isinstance(turn, Replay):
+            lock.release()
+            return replay_response(turn.reply, bool(data.get("stream")),
+                                   {CONVERSATION_HEADER: turn.conversation.id})
         headers = {CONVERSATION_HEADER: turn.id}
-        forward = forward_body(data)
         end = _TurnEnd(self.writer, turn, lock)
         if not data.get("stream"):
             try:
@@ -295,22 +314,10 @@ class Proxy:
         return getattr(report, "verdict", None)
 
     async def conversations(self, request: Request) -> Response:
-        rows = await asyncio.to_thread(self.config.store.list_conversations)
-        return JSONResponse({"object": "list", "data": [r.model_dump() for r in rows]})
+        return await self.listing.page(request)
 
     async def conversation(self, request: Request) -> Response:
-        from chatstate.ops.transfer import render
-
-        try:
-            cid = validate_id(request.path_params["cid"])
-            conv = await asyncio.to_thread(self.config.store.load, cid)
-        except InvalidConversationId as exc:
-            return openai_error(400, str(exc))
-        except ConversationNotFound:
-            return openai_error(404, "no such conversation", "not_found")
-        except ChatstateError as exc:
-            return openai_error(500, str(exc), "storage_error")
-        return Response(render(conv, "json"), media_type="application/json")
+        return await self.listing.one(request)
 
     def _lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -325,8 +332,10 @@ def create_app(config: ServeConfig) -> Starlette:
     guarded = {"/v1/chat/completions": proxy.chat_completions, "/v1/models": proxy.models,
                "/v1/chatstate/conversations": proxy.conversations,
                "/v1/chatstate/conversations/{cid}": proxy.conversation}
-    routes = [Route(path, _authorize(proxy, handler), methods=["GET"] if "completions"
-                    not in path else ["POST"]) for path, handler in guarded.items()]
+    methods = {"/v1/chat/completions": ["POST"],
+               "/v1/chatstate/conversations/{cid}": ["GET", "DELETE"]}
+    routes = [Route(path, _authorize(proxy, handler), methods=methods.get(path, ["GET"]))
+              for path, handler in guarded.items()]
     routes += [Route("/healthz", proxy.healthz), Route("/readyz", proxy.readyz)]
 
     @contextlib.asynccontextmanager
@@ -337,7 +346,9 @@ def create_app(config: ServeConfig) -> Starlette:
         finally:
             await proxy.shutdown()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(BrowserGuard, allowed_hosts=config.allowed_hosts),
+                  Middleware(ConversationPath)]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.proxy = proxy
     return app
 
@@ -345,8 +356,10 @@ def create_app(config: ServeConfig) -> Starlette:
 def _authorize(proxy: Proxy, handler: Callable[[Request], Awaitable[Response]]
                ) -> Callable[[Request], Awaitable[Response]]:
     async def guarded(request: Request) -> Response:
-        if not proxy.authorized(request):
+        namespace = proxy.namespace(request)
+        if namespace is None:
             return openai_error(401, "missing or wrong chatstate token", "authentication_error")
+        request.state.namespace = namespace
         return await handler(request)
 
     return guarded
