@@ -180,11 +180,15 @@ class ModelError(ChatstateError):
     """The model endpoint failed and the adapter's retries ran out."""
 
     def __init__(self, message: str, *, status: int | None = None,
-                 provider_message: str | None = None, retryable: bool = False) -> None:
+                 provider_message: str | None = None, retryable: bool = False,
+                 overflow: tuple[int | None, int | None] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.provider_message = provider_message
         self.retryable = retryable
+        self.overflow = overflow
+        """(context window, prompt tokens) as the provider counted them, when it said the
+        request does not fit; either may be None."""
 
 
 

@@ -221,4 +221,5 @@ def to_model_error(failure: AttemptFailed, *, attempts: int, endpoint: str,
         status=failure.status,
         provider_message=provider,
         retryable=failure.retryable,
+        overflow=failure.overflow,
     )

@@ -390,8 +390,9 @@ class Chat:
                 return peek(self.adapter.stream(history, model=model, params=params or None))
             return self.adapter.complete(history, model=model, params=params or None)
         return call_fitted(lambda: self._history(turn_id, model, params), call,
-                           lambda window: learn(self.writer, self.context_window, model,
-                                                window))
+                           lambda window, prompt: learn(
+                               self.writer, self.context_window, model, window, prompt,
+                               self.last_fit.tokens if self.last_fit else None))
 
     def _store_blobs(self, content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
         """Large images and files go to the store's blob area, durably, before the message."""

@@ -54,6 +54,8 @@ def keep_reference(part: dict[str, Any]) -> dict[str, Any]:
 
 
 METADATA_KEY = "context_window"
+SCALE_KEY = "token_scale"
+"""Per model: the provider's token count over chatstate's estimate, learned from a 400."""
 MESSAGE_OVERHEAD = 4
 REPLY_RESERVE_MAX = 1024
 
@@ -156,6 +158,22 @@ def resolve_window(explicit: int | None, metadata: Mapping[str, Any],
             or known_window(model))
 
 
+def learned_scale(metadata: Mapping[str, Any], model: str | None) -> float:
+    scales = metadata.get(SCALE_KEY)
+    value = scales.get(model or "") if isinstance(scales, Mapping) else None
+    return float(value) if isinstance(value, (int, float)) and value >= 1 else 1.0
+
+
+def overflow_from_error(exc: BaseException) -> tuple[int | None, int | None]:
+    """(window, prompt tokens) a provider's 400 names, as the adapter read them; either
+    may be None (an unfamiliar wording names only the window, found by the patterns)."""
+    if getattr(exc, "status", None) != 400:
+        return None, None
+    overflow = getattr(exc, "overflow", None)
+    window, prompt = overflow if overflow is not None else (None, None)
+    return window or window_from_error(exc), prompt
+
+
 def window_from_error(exc: BaseException) -> int | None:
     """The window a provider's 400 names ("maximum context length is N tokens"), else None."""
     if getattr(exc, "status", None) != 400:
@@ -220,10 +238,12 @@ def turns(messages: Sequence[Message]) -> list[list[Message]]:
 
 
 def fit(conversation: Conversation, window: int | None, *,
-        reply_reserve: int | None = None, exclude: Collection[int] = ()) -> Fit:
+        reply_reserve: int | None = None, exclude: Collection[int] = (),
+        scale: float = 1.0) -> Fit:
     """What to send for the next request of ``conversation`` under ``window``.
 
     ``exclude``: seqs never to send (e.g. unanswered user messages of earlier turns).
+    ``scale``: how many tokens the provider counts per estimated token (learned).
     """
     from chatstate.core.events import (
         shown,  # lazy, as transcript (pydantic) is: keeps this import light
@@ -238,7 +258,8 @@ def fit(conversation: Conversation, window: int | None, *,
     assert covered is not None
     body = [m for m in complete if summary_covers(m) is None
             and (m.seq > covered or m.role == "system")]
-    budget = math.inf if window is None else window - _reserve(window, reply_reserve)
+    budget = (math.inf if window is None
+              else (window - _reserve(window, reply_reserve)) / max(scale, 1.0))
     used = sum(message_tokens(m) for m in body if m.role == "system")
     used += message_tokens(summary) if summary is not None else 0
     first_kept = math.inf
@@ -268,36 +289,58 @@ def request_for(chat: Any, model: str | None, params: Mapping[str, Any] | None =
     conv = chat.conversation
     window = resolve_window(chat.context_window, conv.metadata, model)
     reserve = (params or {}).get("max_completion_tokens", (params or {}).get("max_tokens"))
-    chat.last_fit = fit(conv, window, reply_reserve=reserve, exclude=exclude)
+    chat.last_fit = fit(conv, window, reply_reserve=reserve, exclude=exclude,
+                        scale=learned_scale(conv.metadata, model))
     return [m.to_openai(blob=blob) for m in chat.last_fit.messages]
 
 
-def learn(writer: TurnWriter, explicit: int | None, model: str | None, window: int) -> bool:
-    """Store the window a provider named in its 400 (through the turn writer); True if
-    the next request differs. ``explicit``: the window the caller set, if any."""
-    before = resolve_window(explicit, writer.conversation.metadata, model)
-    learned = with_learned(writer.conversation.metadata, model, window)
-    writer.update_metadata({METADATA_KEY: learned[METADATA_KEY]})
-    log.info("%s: learned context window %d for model %s", writer.id, window, model)
-    return resolve_window(explicit, writer.conversation.metadata, model) != before
+def learn(writer: TurnWriter, explicit: int | None, model: str | None, window: int | None,
+          prompt: int | None = None, estimate: int | None = None) -> bool:
+    """Store what a provider's 400 taught (through the turn writer): the window it named,
+    and how many tokens it counts per estimated one (``prompt`` over ``estimate``, the
+    count of what was sent). True if the next request differs."""
+    metadata = writer.conversation.metadata
+    before = (resolve_window(explicit, metadata, model), learned_scale(metadata, model))
+    update: dict[str, Any] = {}
+    if window is not None:
+        update[METADATA_KEY] = with_learned(metadata, model, window)[METADATA_KEY]
+    if prompt and estimate and prompt > estimate:
+        # a little over the measured ratio, so the refit lands inside the window
+        scale = max(learned_scale(metadata, model), prompt / estimate * 1.05)
+        update[SCALE_KEY] = {**dict(metadata.get(SCALE_KEY) or {}), model or "": scale}
+    if not update:
+        return False
+    writer.update_metadata(update)
+    metadata = writer.conversation.metadata
+    after = (resolve_window(explicit, metadata, model), learned_scale(metadata, model))
+    log.info("%s: learned context window %s, token scale %.2f for model %s", writer.id,
+             after[0], after[1], model)
+    return after != before
+
+
+CORRECTIONS = 3
+"""Refits after a too-long answer in one call: each one learns something new, or stops."""
 
 
 def call_fitted(build: Callable[[], list[dict[str, Any]]],
                 call: Callable[[list[dict[str, Any]]], T],
-                learn: Callable[[int], bool]) -> T:
-    """``call(build())``; on a 400 naming the context window, ``learn`` it and retry once.
+                learn: Callable[[int | None, int | None], bool]) -> T:
+    """``call(build())``; on a 400 saying the request does not fit, ``learn`` the window
+    and the provider's count it names, fit again and retry: one failed request per
+    correction, at most ``CORRECTIONS``.
 
-    ``learn`` returns False when the window is no news (the retry would fail
-    the same way), and the error is raised as it is.
+    ``learn`` returns False when the 400 taught nothing new (the retry would fail the
+    same way), and the error is raised as it is.
     """
     from chatstate.errors import ModelError
 
-    try:
-        return call(build())
-    except ModelError as exc:
-        window = window_from_error(exc)
-        if window is None or not learn(window):
-            raise
+    for _ in range(CORRECTIONS):
+        try:
+            return call(build())
+        except ModelError as exc:
+            window, prompt = overflow_from_error(exc)
+            if (window is None and prompt is None) or not learn(window, prompt):
+                raise
     return call(build())
 
 

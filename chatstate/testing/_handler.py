@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import socket
 import sys
 import threading
@@ -168,12 +169,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._complete(reply, act)
 
     def _over_window(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-        """Answer 400 as OpenAI does when the prompt is past the scripted context window."""
-        window = self.server.script.options.context_window
-        tokens = prompt_tokens(messages)
+        """Answer 400 as OpenAI (or llama.cpp) does when the prompt is past the window."""
+        options = self.server.script.options
+        window = options.context_window
+        tokens = math.ceil(prompt_tokens(messages) * options.token_scale)
         if window is None or tokens <= window:
             return False
         self.server.script.record(self._entry(body, status=400, behaviour="context"))
+        if options.overflow_style == "llama":
+            self._json(400, {"error": {
+                "code": 400, "type": "exceed_context_size_error",
+                "message": f"request ({tokens} tokens) exceeds the available context size "
+                           f"({window} tokens), try increasing it",
+                "n_prompt_tokens": tokens, "n_ctx": window}})
+            return True
         self._json(400, {"error": {
             "message": f"This model's maximum context length is {window} tokens. However, "
                        f"your messages resulted in {tokens} tokens. Please reduce the length "

@@ -81,6 +81,12 @@ class Options:
     OpenAI-style 400 "maximum context length is N tokens"; None: no limit."""
     arg_chunk: int = 0
     """Streamed tool call arguments come in pieces of this many characters (0: whole)."""
+    token_scale: float = 1.0
+    """The fake's tokenizer counts this many tokens per word for the context window, as a
+    provider whose tokenizer differs from the client's estimate does."""
+    overflow_style: str = "openai"
+    """How a request past ``context_window`` is refused: "openai" (its 400 text) or
+    "llama" (llama.cpp's JSON with ``n_prompt_tokens`` and ``n_ctx``)."""
     text_only: bool = False
     """Refuse content parts other than text as llama.cpp's server does for a model without
     a vision projector: images with a 500 "image input is not supported", file parts with a

@@ -242,3 +242,31 @@ def test_the_fake_enforces_its_window_as_openai_does() -> None:
         assert [e["behaviour"] for e in fake.request_log] == ["ok", "context"]
         fake.configure(context_window=None)
         assert post(fake, 6)[0] == 200
+
+
+@pytest.mark.parametrize("style", ["openai", "llama"])
+def test_a_provider_counting_more_than_the_estimate_is_calibrated_from_its_error(
+        local_store_url: str, style: str) -> None:
+    """The provider's tokenizer counts 2.5x chatstate's estimate. Its 400 names the real
+    count; chatstate calibrates from it and fits again, so every ask of a long
+    conversation works, with at most one failed request per correction."""
+    store = open_store(local_store_url)
+    with FakeModel(context_window=600, reply_words=20) as fake:
+        fake.configure(token_scale=2.5, overflow_style=style)
+        chat = Chat(store, conversation_id="long", base_url=fake.base_url, api_key=API_KEY,
+                    model="m")
+        corrections = 0
+        for i in range(25):
+            fake.reset()
+            fake.configure(token_scale=2.5, overflow_style=style, context_window=600)
+            reply = chat.send(f"question {i}: " + "tell me about rivers and lakes " * 4)
+            statuses = [e["status"] for e in fake.request_log]
+            assert statuses[-1] == 200 and reply.text.startswith("Echo:")
+            failed = statuses.count(400)
+            assert failed <= 1, statuses  # one failed request per correction at most
+            corrections += failed
+        assert corrections <= 3
+        metadata = chat.conversation.metadata
+        assert metadata["context_window"] == {"m": 600}
+        assert metadata["token_scale"]["m"] > 1.2  # what the provider counts over the estimate
+        assert len([m for m in chat.conversation.messages if m.role == "user"]) == 25
