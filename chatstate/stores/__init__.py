@@ -16,7 +16,7 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from chatstate.errors import (
     ConfigurationError,
@@ -178,13 +178,18 @@ def guard(store: Store, *, allow_ephemeral: bool = False) -> Report:
     else:
         report = inspect(loc.path)
     if report.verdict == "ephemeral" and not (allow_ephemeral or allow_ephemeral_from_env()):
-        raise EphemeralStoreError(
-            f"refusing store {loc.url}: {' '.join(report.reasons[:2])} Transcripts written "
+        refuse_ephemeral(loc.url, report)
+    return report
+
+
+def refuse_ephemeral(url: str, report: Report) -> NoReturn:
+    """Raise the guard's EphemeralStoreError for ``url`` (at open, or a server re-checked later)."""
+    raise EphemeralStoreError(
+            f"refusing store {url}: {' '.join(report.reasons[:2])} Transcripts written "
             "there would not survive a restart. Point CHATSTATE_STORE (or --store) at durable "
             "storage, e.g. sqlite:///home/you/.local/share/chatstate/chatstate.db, or accept "
             "the loss explicitly with --allow-ephemeral, allow_ephemeral=True or "
             "CHATSTATE_ALLOW_EPHEMERAL=1.")
-    return report
 
 
 def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> OpenedStore:

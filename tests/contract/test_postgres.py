@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,93 @@ def test_drill_on_postgresql(pg_url: str) -> None:
 def pg_server_password_absent(url: str, text: str) -> bool:
     password = url.split("@", 1)[0].rsplit(":", 1)[1]
     return password not in text
+
+
+# -- a writer frozen inside its transaction (issue 21 item 11) -----------------------------
+
+def test_a_held_row_lock_gives_in_use_not_a_hang(pg_dsn: str) -> None:
+    import threading
+
+    from chatstate.errors import ConversationInUse
+
+    url = fresh_schema_url(pg_dsn, lock_timeout="1")
+    store = open_store(url)
+    nxt = seal_chain(1, new_conversation(store, "c1", 1)[-1])[0]
+    outcome: list[BaseException | None] = []
+
+    def append() -> None:
+        try:
+            store.append("c1", [nxt])
+            outcome.append(None)
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+
+    frozen = pg_connect(url)
+    try:
+        frozen.execute("BEGIN")
+        frozen.execute("SELECT 1 FROM conversations WHERE id='c1' FOR UPDATE")
+        worker = threading.Thread(target=append, daemon=True)
+        worker.start()
+        worker.join(20)
+        assert outcome, "the append hung behind a row lock"
+        assert isinstance(outcome[0], ConversationInUse), outcome[0]
+        assert "in use" in str(outcome[0])
+    finally:
+        frozen.close()
+        if not outcome:
+            worker.join(30)
+    store.append("c1", [nxt])  # the lock gone, the same append goes through
+    assert len(store.load("c1").messages) == 2
+    store.close()
+
+
+def test_bad_lock_timeout_is_named(pg_dsn: str) -> None:
+    with pytest.raises(ChatstateError, match="lock_timeout"):
+        open_store(fresh_schema_url(pg_dsn, lock_timeout="soon"))
+
+
+# -- the pool after a server restart (issue 21 item 9) -------------------------------------
+
+def test_calls_after_a_server_restart_succeed(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "pg")
+    try:
+        store = open_store(fresh_schema_url(server.dsn(), pool_size="3"))
+        msgs = new_conversation(store, "c1", 1)
+        msgs += seal_chain(1, msgs[-1])
+        server.kill9()
+        server.start()
+        for _ in range(4):  # more calls than pooled connections: each one was dead
+            assert len(store.load("c1").messages) == 1
+        store.append("c1", [msgs[1]])
+        assert len(store.load("c1").messages) == 2
+        store.close()
+    finally:
+        server.stop()
+
+
+# -- the guard again while the store is open (issue 21 item 3) -----------------------------
+
+@pytest.mark.parametrize("how", ["reload", "restart"])
+def test_server_turned_unsafe_after_open_is_refused(tmp_path: Path, how: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHATSTATE_ALLOW_EPHEMERAL", raising=False)
+    server = start_server(tmp_path / "pg")
+    try:
+        store = open_store(fresh_schema_url(server.dsn(), guard_interval="0.2"))
+        msgs = new_conversation(store, "c1", 1)
+        if how == "reload":  # a running server, no new connection: the interval check
+            server.sql("ALTER SYSTEM SET synchronous_commit = off")
+            server.sql("SELECT pg_reload_conf()")
+            time.sleep(0.5)
+        else:  # a restart: the reconnected sessions are checked
+            server.sql("ALTER SYSTEM SET fsync = off")
+            server.stop()
+            server.start()
+        nxt = seal_chain(1, msgs[-1])
+        for _ in range(2):  # refused, and refused again: nothing acknowledged afterwards
+            with pytest.raises(EphemeralStoreError, match=r"fsync=off|synchronous_commit=off"):
+                store.append("c1", nxt)
+        assert len(store.load("c1").messages) == 1
+        store.close()
+    finally:
+        server.stop()

@@ -28,7 +28,10 @@ class PgBase(PgConnection):
 
         with self._errors("reach"), psycopg.connect(self.target.conninfo, connect_timeout=10,
                                                     autocommit=True) as conn:
-            return server_report(conn, self.target.shown, self.url)
+            report = server_report(conn, self.target.shown, self.url)
+        if self._pool is None:  # the guard at open: an ephemeral server passed it, so allowed
+            self.verdict_at_open = report.verdict
+        return report
 
     def open(self) -> None:
         self._connect_pool()

@@ -11,6 +11,7 @@ Every psycopg error becomes a chatstate error here and nowhere else.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -22,13 +23,20 @@ from chatstate.errors import (
     ChatstateError,
     ConfigurationError,
     ConflictError,
+    ConversationInUse,
     InvalidStoreURL,
     StoreUnavailable,
 )
 from chatstate.stores.base import Location
 
 SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-QUERY_KEYS = ("schema", "pool_size", "connect_timeout", "sslmode", "application_name")
+QUERY_KEYS = ("schema", "pool_size", "connect_timeout", "sslmode", "application_name",
+              "lock_timeout", "idle_in_transaction_timeout", "guard_interval")
+# seconds: how long a write waits for a row another transaction holds (then "in use"),
+# and how long the server lets a session sit idle inside a transaction (a frozen
+# writer's locks are freed by the server after that)
+# and how often a writing client asks the server again how it acknowledges commits
+TIMEOUTS = {"lock_timeout": 10.0, "idle_in_transaction_timeout": 60.0, "guard_interval": 60.0}
 EXAMPLE = "postgresql://user@host:5432/db?schema=chatstate"
 
 
@@ -60,6 +68,14 @@ class PgTarget:
             self.pool_size = int(query.pop("pool_size", "4"))
         except ValueError:
             _bad_url(url, "pool_size must be a whole number")
+        self.timeouts: dict[str, float] = {}
+        for key, default in TIMEOUTS.items():
+            try:
+                self.timeouts[key] = float(query.pop(key, default))
+            except ValueError:
+                _bad_url(url, f"{key} must be a number of seconds")
+            if not 0 < self.timeouts[key] < 86400:
+                _bad_url(url, f"{key} must be between 0 and 86400 seconds")
         self.password = unquote(parts.password) if parts.password else None
         self.conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path,
                                     urlencode(query), ""))
@@ -83,6 +99,11 @@ class PgConnection:
         self.url = target.url
         self.recovery: list[str] = []
         self._pool: Any = None
+        # the guard again: before the first write on each new pooled connection (a
+        # reconnect after a restart included) and every guard_interval seconds; a server
+        # that turned ephemeral after open is refused unless it was so (allowed) at open
+        self.verdict_at_open = "durable"
+        self._guard_due = 0.0
 
     def location(self) -> Location:
         return Location(url=self.url, path=None, remote=f"PostgreSQL {self.target.shown}")
@@ -90,11 +111,16 @@ class PgConnection:
     def _connect_pool(self) -> None:
         from psycopg_pool import ConnectionPool
 
-        options = f"-c search_path={self.target.schema}"
+        t = self.target.timeouts
+        options = (f"-c search_path={self.target.schema} "
+                   f"-c lock_timeout={int(t['lock_timeout'] * 1000)} "
+                   "-c idle_in_transaction_session_timeout="
+                   f"{int(t['idle_in_transaction_timeout'] * 1000)}")
         self._pool = ConnectionPool(
             self.target.conninfo, min_size=1, max_size=max(1, self.target.pool_size),
             kwargs={"options": options, "connect_timeout": 10}, open=False, num_workers=1,
-            name="chatstate", timeout=30)
+            name="chatstate", timeout=30, check=ConnectionPool.check_connection,
+            configure=self._new_connection)
         with self._errors("connect to"):
             self._pool.open(wait=True, timeout=30)
 
@@ -117,7 +143,22 @@ class PgConnection:
                 conn.transaction():
             if read_only:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            elif time.monotonic() >= self._guard_due:
+                self.recheck_server(conn)
             yield conn
+
+    def _new_connection(self, conn: Any) -> None:
+        self._guard_due = 0.0  # a new (or reconnected) session: check before its first write
+
+    def recheck_server(self, conn: Any) -> None:
+        """The durability guard on ``conn``'s server; raise the guard's error once it is unsafe."""
+        from chatstate.stores import refuse_ephemeral
+        from chatstate.stores.postgres._guard import server_report
+
+        report = server_report(conn, self.target.shown, self.url)
+        if report.verdict == "ephemeral" and self.verdict_at_open != "ephemeral":
+            refuse_ephemeral(self.url, report)  # and again on every write until it is safe
+        self._guard_due = time.monotonic() + self.target.timeouts["guard_interval"]
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -133,7 +174,19 @@ class PgConnection:
             raise ConflictError(self.target.scrub(
                 f"{self.url}: could not {action} the store: another writer got there first "
                 f"({exc.diag.constraint_name}); reload and retry")) from None
-        except (pge.ReadOnlySqlTransaction, pge.AdminShutdown, pge.CannotConnectNow) as exc:
+        except pge.LockNotAvailable as exc:
+            raise ConversationInUse(self.target.scrub(
+                f"{self.url}: could not {action} the store: a conversation it needs is in use "
+                f"by another writer's open transaction ({_first_line(exc)} after "
+                f"lock_timeout={self.target.timeouts['lock_timeout']:g} s); nothing was "
+                "written. Try again when it finishes, or raise lock_timeout in the URL"
+            )) from None
+        except (pge.AdminShutdown, pge.CannotConnectNow) as exc:
+            raise StoreUnavailable(self.target.scrub(
+                f"could not {action} {self.url}: the server restarted or is shutting down "
+                f"({_first_line(exc)}). The outcome of a write is unknown; retrying the same "
+                "append is safe once it is back")) from None
+        except pge.ReadOnlySqlTransaction as exc:
             raise StoreUnavailable(self.target.scrub(
                 f"could not {action} {self.url}: the server is read-only or shutting down "
                 f"({_first_line(exc)}); point the URL at the primary")) from None
