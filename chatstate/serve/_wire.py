@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from chatstate.adapter.dialects.chat_completions import parse_usage
+from chatstate.core.redact import scrub
 from chatstate.serve._history import ROLES
 
 CONVERSATION_HEADER = "X-Chatstate-Conversation"
@@ -81,3 +82,17 @@ def passthrough(resp: httpx2.Response, headers: Mapping[str, str]) -> Response:
     kept = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_BY_HOP
             and not k.lower().startswith("set-cookie")}
     return Response(resp.content, resp.status_code, headers={**kept, **headers})
+
+
+def upstream_error(content: bytes, status: int, headers: Mapping[str, str],
+                   upstream_headers: Mapping[str, str], *secrets: str | None
+                   ) -> tuple[str, Response]:
+    """An upstream error body through the one redactor: (what is stored, what is relayed).
+
+    Providers echo the key in a 401; the redacted text keeps JSON valid (a key inside a
+    string becomes ``[redacted]``), so the client still gets the provider's error shape.
+    """
+    text = scrub(content.decode("utf-8", "replace"), *secrets, limit=None)
+    kept = {k: v for k, v in upstream_headers.items() if k.lower() not in _HOP_BY_HOP
+            and not k.lower().startswith("set-cookie")}
+    return text, Response(text.encode(), status, headers={**kept, **headers})

@@ -50,11 +50,13 @@ from chatstate.serve._replay import replay_response
 from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
 from chatstate.serve._wire import (
     CONVERSATION_HEADER,
+    bearer,
     check_request,
     openai_error,
     passthrough,
     read_body,
     reply_fields,
+    upstream_error,
 )
 from chatstate.stores.base import Store
 
@@ -214,9 +216,11 @@ class Proxy:
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
                                 "upstream_error")
         if resp.status_code >= 400:
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code,
-                                    resp.text)
-            return passthrough(resp, headers)
+            stored, relayed = upstream_error(resp.content, resp.status_code, headers,
+                                             resp.headers, self.config.api_key,
+                                             bearer(request.headers.get("authorization", "")))
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
+            return relayed
         try:
             reply = reply_fields(resp.json())
         except ValueError as exc:
@@ -244,11 +248,12 @@ class Proxy:
                 content = await resp.aread()
             finally:
                 await resp.aclose()
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code,
-                                    content.decode("utf-8", "replace"))
+            stored, relayed = upstream_error(content, resp.status_code, headers,
+                                             resp.headers, self.config.api_key,
+                                             bearer(request.headers.get("authorization", "")))
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
             await end()
-            return Response(content, resp.status_code, headers=headers,
-                            media_type=resp.headers.get("content-type"))
+            return relayed
         writer = self.writer
         relay = StreamRelay(
             resp.aiter_lines(),

@@ -575,3 +575,20 @@ def test_streamed_tool_calls_reach_the_client_only_once_stored(proxy: ServeProce
     assert "".join(pieces) == call["function"]["arguments"]
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
     assert len(pieces) > 5  # it really came in pieces
+
+
+@pytest.mark.invariant(9)
+def test_upstream_error_bodies_are_redacted_relayed_and_stored(proxy: ServeProcess,
+                                                               fake: FakeModel) -> None:
+    echoed = f"Incorrect API key provided: Bearer {CANARY} (sk-otherkey0123456789)"
+    for stream in (False, True):
+        cid = f"e401-{int(stream)}"
+        fake.fail_next(401, message=echoed)
+        r = post(proxy, {"model": "m", "messages": USER, "stream": stream},
+                 **{"X-Chatstate-Conversation": cid})
+        assert r.status_code == 401
+        assert CANARY not in r.text and "otherkey0123456789" not in r.text
+        assert "Incorrect API key provided" in r.json()["error"]["message"]
+        stored = load(proxy.store_url, cid).metadata["last_upstream_error"]  # type: ignore
+        assert CANARY not in stored["detail"] and "otherkey0123456789" not in stored["detail"]
+        assert "[redacted]" in stored["detail"]
