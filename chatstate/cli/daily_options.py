@@ -23,19 +23,22 @@ class Daily:
     context_window: int | None = None
     raw: bool = False
     quiet: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
 
     def resolve(self, system: str | None, model: str | None
                 ) -> tuple[str | None, str | None, dict[str, Any]]:
-        """(system, model, params) after the template; explicit --system/--model win."""
+        """(system, model, params) after the template; explicit --system/--model and the
+        model options (--temperature, --max-tokens, -o) win over the template's."""
         if self.template is None:
             if self.values:
                 raise click.UsageError("-p fills a template's placeholders: add -t NAME")
-            return system, model, {}
+            return system, model, dict(self.options)
         from chatstate.ops import templates
 
         tpl = templates.load(self.template)
-        return (system if system is not None else tpl.render(self.values),
-                model or tpl.model, dict(tpl.params))
+        rendered = tpl.render(self.values) or None  # a template may have no system prompt
+        return (system if system is not None else rendered,
+                model or tpl.model, {**tpl.params, **self.options})
 
     def configure(self, chat: Any, params: dict[str, Any]) -> None:
         chat.context_window = self.context_window
@@ -51,13 +54,34 @@ def use_markdown(raw: bool) -> bool:
             and os.environ.get("TERM", "") != "dumb")
 
 
+def model_options(temperature: float | None, max_tokens: int | None,
+                  pairs: Any) -> dict[str, Any]:
+    """The request parameters the command line sets; -o KEY VALUE for any other one."""
+    from chatstate.ops.templates import parse_value
+
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if not key or key in {"model", "messages", "stream"}:
+            shown = key or "''"
+            raise click.UsageError(f"-o {shown} is not a model parameter: use "
+                                   "--model for the model, and a KEY such as top_p or seed")
+        out[key] = parse_value(value)
+    if temperature is not None:
+        out["temperature"] = temperature
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    return out
+
+
 def daily_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def command(*args: Any, **kwargs: Any) -> Any:
         kwargs["daily"] = Daily(
             template=kwargs.pop("template"), values=dict(kwargs.pop("values")),
             context_window=kwargs.pop("context_window"), raw=kwargs.pop("raw"),
-            quiet=kwargs.pop("quiet"))
+            quiet=kwargs.pop("quiet"),
+            options=model_options(kwargs.pop("temperature"), kwargs.pop("max_tokens"),
+                                  kwargs.pop("option")))
         return f(*args, **kwargs)
 
     for decorator in reversed([
@@ -70,6 +94,13 @@ def daily_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "CHATSTATE_CONTEXT_WINDOW, else learned from the provider, else a "
                           "built-in table). Older turns are left out of the request, never "
                           "out of the store."),
+        click.option("--temperature", type=float, metavar="T",
+                     help="Sampling temperature (stored with the turn)."),
+        click.option("--max-tokens", type=click.IntRange(min=1), metavar="N",
+                     help="The most tokens the reply may have (stored with the turn)."),
+        click.option("-o", "--option", nargs=2, multiple=True, metavar="KEY VALUE",
+                     help="Any other model parameter, as llm's -o: VALUE is read as JSON "
+                          "when it parses (0.5, true, [\"END\"]), else as text."),
         click.option("--raw", is_flag=True, help="Print replies as plain text (no Markdown)."),
         click.option("--quiet", "-q", is_flag=True, help="No token and speed line after "
                      "a reply."),

@@ -53,7 +53,7 @@ class Template:
         return PLACEHOLDER.sub(lambda m: values[m.group(1)], self.system)
 
     def to_toml(self) -> str:
-        lines = [f"system = {_toml_value(self.system)}"]
+        lines = [f"system = {_toml_value(self.system)}"] if self.system else []
         if self.model:
             lines.append(f"model = {_toml_value(self.model)}")
         if self.params:
@@ -104,11 +104,12 @@ def load(name: str) -> Template:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise TemplateError(f"{path}: not valid TOML ({exc}); fix or remove the file "
                             f"(`chatstate templates rm {name}`)") from exc
-    system, model, params = data.get("system"), data.get("model"), data.get("params", {})
+    # a template may hold only a model and parameters: no system prompt
+    system, model, params = data.get("system", ""), data.get("model"), data.get("params", {})
     unknown = sorted(set(data) - {"system", "model", "params"})
     if (not isinstance(system, str) or not (model is None or isinstance(model, str))
             or not isinstance(params, dict) or unknown):
-        raise TemplateError(f"{path}: expected `system` (text), optional `model` (text) and "
+        raise TemplateError(f"{path}: expected optional `system` and `model` (text) and "
                             f"an optional [params] table{'; unknown keys ' if unknown else ''}"
                             f"{', '.join(unknown)}; fix the file or save it again")
     return Template(name, system, model, params)
@@ -132,11 +133,15 @@ def parse_param(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise TemplateError(f"--param {item!r}: expected key=value, e.g. temperature=0.2")
+    return key.strip(), parse_value(raw)
+
+
+def parse_value(raw: str) -> Any:
+    """A parameter's value as typed: JSON when it parses (0.2, true, ["END"]), else text."""
     try:
-        value: Any = json.loads(raw)
+        return json.loads(raw)
     except ValueError:
-        value = raw
-    return key.strip(), value
+        return raw
 
 
 def _toml_key(key: str) -> str:

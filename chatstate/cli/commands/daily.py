@@ -19,8 +19,9 @@ def templates() -> None:
 
 @templates.command("save")
 @click.argument("name")
-@click.option("--system", required=True, metavar="TEXT",
-              help="The system prompt; {key} placeholders are filled by -p key value.")
+@click.option("--system", default="", metavar="TEXT",
+              help="The system prompt (none if left out); {key} placeholders are filled "
+                   "by -p key value.")
 @click.option("--model", "-m", metavar="M", help="Model to use with it.")
 @click.option("--param", "params", multiple=True, metavar="K=V",
               help="A request parameter, e.g. temperature=0.2 (repeatable).")
