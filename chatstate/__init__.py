@@ -16,8 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from chatstate import _moved
-
-__version__ = "0.3.0.dev0"
+from chatstate._version import __version__ as __version__
 
 _moved.install()  # the 0.2 module paths (chatstate.content, ...) still import
 

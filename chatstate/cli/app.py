@@ -10,7 +10,7 @@ import importlib
 
 import click
 
-from chatstate import __version__
+from chatstate._version import __version__
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {

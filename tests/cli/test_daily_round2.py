@@ -64,7 +64,7 @@ def test_a_short_key_for_a_local_server_is_not_warned_about(tmp_path: Path) -> N
 def test_the_version_agrees_with_pyproject_and_the_changelog() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["dynamic"] == ["version"]
-    assert pyproject["tool"]["hatch"]["version"]["path"] == "chatstate/__init__.py"
+    assert pyproject["tool"]["hatch"]["version"]["path"] == "chatstate/_version.py"
     project = chatstate.__version__
     assert importlib.metadata.version("chatstate") == project  # what pip installed
     shown = invoke(["--version"]).out
