@@ -11,6 +11,10 @@ client's stream move in larger steps, not fall behind.
 Tool calls are not text: the partial reply holds text only, so once a tool-call
 delta arrives, that event and every later one is held back and written after the
 commit, which stores the calls whole.
+
+The queue between the two is bounded (``RELAY_QUEUE`` events): the relay moves at
+the client's pace, and a slow reader holds the upstream back rather than making
+the proxy buffer its reply.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from chatstate.adapter.dialects.chat_completions import StreamAccumulator
 log = logging.getLogger("chatstate.serve")
 
 _END = object()
+RELAY_QUEUE = 256
+"""Upstream events read ahead of the client at most (one group commit takes them all)."""
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -64,16 +70,18 @@ class StreamRelay:
         self.held: list[bytes] = []
 
     async def events(self) -> AsyncIterator[bytes]:
-        queue: asyncio.Queue[object] = asyncio.Queue()
+        # Bounded: a client that reads slowly makes the reader wait, and so the upstream
+        # (TCP backpressure), instead of the proxy buffering the whole reply.
+        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=RELAY_QUEUE)
 
         async def read() -> None:
             try:
                 async for data in sse_data(self._lines):
-                    queue.put_nowait(data)
+                    await queue.put(data)
+                end: object = _END
             except Exception as exc:  # the upstream connection broke mid-stream
-                queue.put_nowait(exc)
-            finally:
-                queue.put_nowait(_END)
+                end = exc
+            await queue.put(end)
 
         reader = asyncio.create_task(read())
         try:
