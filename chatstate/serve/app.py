@@ -34,7 +34,7 @@ from chatstate.errors import (
     ConversationNotFound,
     InvalidConversationId,
 )
-from chatstate.serve._history import HistoryIndex
+from chatstate.serve._index import StoreIndex
 from chatstate.serve._limits import ConversationLocks, NamespaceLimits, namespace_of
 from chatstate.serve._metrics import CountRequests, Metrics, clock, first_chunk_timed
 from chatstate.serve._offload import (
@@ -106,7 +106,8 @@ class Proxy:
         self.config = config
         self.upstream = config.upstream.rstrip("/")
         self.metrics = Metrics()
-        self.writer = Writer(self.metrics.store(config.store), HistoryIndex(),
+        self.index = StoreIndex(config.store)
+        self.writer = Writer(self.metrics.store(config.store), self.index,
                              lease_wait=config.lease_wait)
         self.locks = ConversationLocks()
         self.limits = NamespaceLimits(config.max_concurrent, config.rate)
@@ -124,9 +125,9 @@ class Proxy:
         limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
         self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout, connect=connect),
                                          limits=limits)
-        # In the background: serving starts at once; only a request that may continue a
-        # stored conversation without naming it waits for the index (see ``_target``).
-        self.indexing = asyncio.ensure_future(asyncio.to_thread(self.writer.build_index))
+        # The store's summaries, in the background: serving starts at once, and only a
+        # request that may continue a stored conversation without naming it waits.
+        self.indexing = asyncio.ensure_future(asyncio.to_thread(self.index.start))
         self.indexing.add_done_callback(_indexed)
 
     async def shutdown(self) -> None:
@@ -193,7 +194,7 @@ class Proxy:
         if self.indexing is not None and not self.indexing.done():
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.indexing)
-        return await asyncio.to_thread(self.writer.index.find, messages)
+        return await asyncio.to_thread(self.index.find, messages)
 
     async def _chat(self, request: Request, namespace: str, slot: list[bool]) -> Response:
         body = await read_body(request, self.config.max_body)
@@ -426,7 +427,8 @@ def _indexed(task: asyncio.Future[int]) -> None:
     if task.exception() is not None:
         log.error("serve: indexing the stored conversations failed: %s", task.exception())
     else:
-        log.info("serve: indexed %d stored conversations", task.result())
+        log.info("serve: %d stored conversations, indexed as requests need them",
+                 task.result())
 
 
 def create_app(config: ServeConfig) -> Starlette:

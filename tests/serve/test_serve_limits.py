@@ -276,3 +276,24 @@ def test_metrics_are_prometheus_text_behind_the_token(tmp_path: Path, fake: Fake
                          "chatstate_serve_store_write_seconds_count",
                          "chatstate_serve_lease_conflicts_total"):
             assert expected in names, expected
+
+
+# -- item 6: the index is looked up in the store, not loaded whole at start-up ---------------
+def test_start_up_loads_no_conversation_and_a_lookup_only_its_candidates(
+        tmp_path: Path, fake: FakeModel) -> None:
+    url = local_url("json", tmp_path)
+    with ServeProcess(url, fake.base_url, serve_env(tmp_path)) as first:
+        r = ask(first, "remember me")
+        cid, reply = r.headers[HEADER], r.json()["choices"][0]["message"]["content"]
+        other = ask(first, "unrelated").headers[HEADER]
+    damaged = tmp_path / "store" / f"{other}.json"  # its hash chain no longer verifies
+    damaged.write_bytes(damaged.read_bytes().replace(b"Echo: unrelated", b"Echo: Unrelated"))
+    with ServeProcess(url, fake.base_url, serve_env(tmp_path)) as second:
+        history = [{"role": "user", "content": "remember me"},
+                   {"role": "assistant", "content": reply},
+                   {"role": "user", "content": "and now?"}]
+        again = httpx2.post(second.base_url + "/chat/completions", timeout=30,
+                            json={"model": "m", "messages": history})
+        assert again.status_code == 200
+        assert again.headers[HEADER] == cid  # found in the store, header-less
+    assert other not in second.stderr  # never loaded: neither at start nor by the lookup
