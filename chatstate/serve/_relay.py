@@ -12,9 +12,11 @@ Tool calls are not text: the partial reply holds text only, so once a tool-call
 delta arrives, that event and every later one is held back and written after the
 commit, which stores the calls whole.
 
-The queue between the two is bounded (``RELAY_QUEUE`` events): the relay moves at
-the client's pace, and a slow reader holds the upstream back rather than making
-the proxy buffer its reply.
+What the reader may hold ahead of the client is bounded (``RELAY_BUFFER`` bytes of
+event data): the relay moves at the client's pace, and a slow reader holds the
+upstream back rather than making the proxy buffer its reply. The bound is in bytes
+and large enough that a fast stream's group commits stay few (each partial save
+writes the reply so far).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from chatstate.adapter.dialects.chat_completions import StreamAccumulator
 log = logging.getLogger("chatstate.serve")
 
 _END = object()
-RELAY_QUEUE = 256
-"""Upstream events read ahead of the client at most (one group commit takes them all)."""
+RELAY_BUFFER = 8 * 1024 * 1024
+"""Bytes of upstream events read ahead of the client at most (one group commit takes
+them all)."""
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -58,7 +61,8 @@ class StreamRelay:
     def __init__(self, lines: AsyncIterator[str], *,
                  save_partial: Callable[[str, str | None], Any],
                  commit: Callable[[Mapping[str, Any]], Any],
-                 fail: Callable[[str], Any]) -> None:
+                 fail: Callable[[str], Any], buffer: int = RELAY_BUFFER) -> None:
+        self._buffer = buffer
         self._lines = lines
         self._save_partial = save_partial  # blocking store calls, run in a thread
         self._commit = commit
@@ -72,16 +76,22 @@ class StreamRelay:
     async def events(self) -> AsyncIterator[bytes]:
         # Bounded: a client that reads slowly makes the reader wait, and so the upstream
         # (TCP backpressure), instead of the proxy buffering the whole reply.
-        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=RELAY_QUEUE)
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        held = [0]  # bytes in the queue
+        drained = asyncio.Event()
 
         async def read() -> None:
             try:
                 async for data in sse_data(self._lines):
-                    await queue.put(data)
+                    while held[0] >= self._buffer:
+                        drained.clear()
+                        await drained.wait()
+                    held[0] += len(data)
+                    queue.put_nowait(data)
                 end: object = _END
             except Exception as exc:  # the upstream connection broke mid-stream
                 end = exc
-            await queue.put(end)
+            queue.put_nowait(end)
 
         reader = asyncio.create_task(read())
         try:
@@ -90,6 +100,8 @@ class StreamRelay:
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
+                held[0] = 0
+                drained.set()
                 out: list[bytes] = []
                 done = False
                 for item in batch:
