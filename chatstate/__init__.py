@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatstate import _moved
 
-__version__ = "0.1.0"
+__version__ = "0.3.0.dev0"
 
 _moved.install()  # the 0.2 module paths (chatstate.content, ...) still import
 

@@ -81,6 +81,22 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
     return RetryingAdapter(backend, model=settings.model, policy=policy)
 
 
+def _warn_if_key_looks_wrong(key: str | None, base_url: str) -> None:
+    """A key too short to be real is a typo or a placeholder; a local server takes any."""
+    from urllib.parse import urlsplit
+
+    from chatstate.core.redact import MIN_SECRET, looks_too_short, redact_url
+
+    host = (urlsplit(base_url).hostname or "").lower()
+    if looks_too_short(key) and host not in ("localhost", "127.0.0.1", "::1"):
+        import logging
+
+        logging.getLogger("chatstate.adapter").warning(
+            "the API key for %s is shorter than %d characters, which no provider issues: "
+            "check CHATSTATE_API_KEY / OPENAI_API_KEY (a key this short is not hidden from "
+            "messages)", redact_url(base_url), MIN_SECRET)
+
+
 def _backend(settings: Any, client: Any, api: Dialect, *, explicit_timeout: bool,
              conflicting: bool) -> Backend:
     if client is None:
@@ -94,6 +110,7 @@ def _backend(settings: Any, client: Any, api: Dialect, *, explicit_timeout: bool
                 f"no API key for {settings.base_url}: set OPENAI_API_KEY (or "
                 "CHATSTATE_API_KEY, or put it in .env), point CHATSTATE_BASE_URL at a local "
                 "OpenAI-compatible server, or try chatstate offline with --model fake")
+        _warn_if_key_looks_wrong(key, settings.base_url)
         return WireBackend(settings.base_url, key, timeout=settings.timeout,
                            connect_timeout=settings.connect_timeout, dialect=api)
     import openai

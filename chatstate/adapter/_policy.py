@@ -8,6 +8,7 @@ malformed replies (a proxy or a non-compatible server; waiting does not help).
 from __future__ import annotations
 
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -33,7 +34,8 @@ class AttemptFailed(Exception):
     def __init__(self, kind: str, detail: str, *, status: int | None = None,
                  provider_message: str | None = None, retryable: bool = False,
                  retry_after: float | None = None,
-                 overflow: tuple[int | None, int | None] | None = None) -> None:
+                 overflow: tuple[int | None, int | None] | None = None,
+                 refused: str | None = None) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
@@ -43,10 +45,33 @@ class AttemptFailed(Exception):
         self.retry_after = retry_after
         self.overflow = overflow
         """(context window, prompt tokens) when the provider said the prompt does not fit."""
+        self.refused = refused
+        """"images" or "files": the model does not take that input (see refused_input)."""
 
 
 def is_retryable_status(status: int) -> bool:
     return status in RETRYABLE_STATUS or status >= 500
+
+
+# A model that does not take a kind of input says so, some with a 500 (llama.cpp: "image
+# input is not supported"; "unsupported content[].type"); the same request always fails.
+_REFUSED_IMAGES = re.compile(
+    r"image input is not supported|does not support (?:image|vision)|"
+    r"image_url is only supported|not a multimodal model|multimodal is not supported|"
+    r"vision is not supported", re.I)
+_REFUSED_PARTS = re.compile(r"unsupported content\[\]\.type|file input is not supported|"
+                            r"does not support (?:file|document)s?\b", re.I)
+
+
+def refused_input(provider_message: str | None) -> str | None:
+    """"images" or "files" when the provider says the model does not take that input."""
+    if not provider_message:
+        return None
+    if _REFUSED_IMAGES.search(provider_message):
+        return "images"
+    if _REFUSED_PARTS.search(provider_message):
+        return "files"
+    return None
 
 
 @dataclass
@@ -118,6 +143,12 @@ def advice(failure: AttemptFailed, timeout: float | None) -> str:
         limit = f" of {window} tokens" if window else ""
         return (f"the conversation{size} does not fit the model's context window{limit}: "
                 "start a new conversation (--new), or use a model with a larger window")
+    if failure.refused == "images":
+        return ("the model does not take images: send the message without the image, or "
+                "pick a model with vision (--model, CHATSTATE_MODEL)")
+    if failure.refused == "files":
+        return ("the model does not take file parts: attach text files as text (-a sends "
+                "them so), or pick a model that reads documents (--model, CHATSTATE_MODEL)")
     if status == 401:
         return "check the API key (CHATSTATE_API_KEY or OPENAI_API_KEY)"
     if status == 403:
@@ -182,6 +213,7 @@ def to_model_error(failure: AttemptFailed, *, attempts: int, endpoint: str,
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     cut = (f"; the stream was cut after {shown_chars} characters"
            if shown_chars else "")
+    what = what.rstrip(". ")  # an httpx2 or provider text may end with its own stop
     message = (f"model request to {endpoint} failed: {what}{tries}{cut}. "
                f"{sentence(advice(failure, timeout))}")
     return ModelError(

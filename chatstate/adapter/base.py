@@ -226,7 +226,7 @@ class RetryingAdapter:
         return ModelError(
             f"model stream from {self.backend.endpoint} was cut after {chars} characters and "
             "the retried request produced a different reply, so it was not continued; "
-            "retry the turn to get a fresh reply",
+            "retry the turn to get a fresh reply.",
             retryable=True,
         )
 

@@ -5,6 +5,10 @@ slot claims the next record while a writer thread lands the reply: hash
 recorded as "being written", atomic write, ``done`` with the hash. The record
 stays ``running`` under this worker until it has landed, so a kill in between
 is recovered like any other.
+
+With transcripts, a record whose conversation another live writer holds (its
+lease) is set aside: it stays this worker's, untried, until the run ends and hands
+it back as ``pending`` with the reason (``Batch._set_aside``); the run goes on.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from chatstate.batch._work import (
 from chatstate.batch.inputs import fill
 from chatstate.batch.ledger import Claim
 from chatstate.batch.workers import Worker
-from chatstate.errors import ModelError
+from chatstate.errors import ConversationInUse, LeaseLost, ModelError
 
 if TYPE_CHECKING:
     from chatstate.batch._api import LedgerAPI
@@ -77,6 +81,12 @@ def call(batch: Batch, ledger: LedgerAPI, worker: Worker, claim: Claim, base: An
         if fatal:
             raise
         return status or "lost"
+    except (ConversationInUse, LeaseLost) as exc:  # another writer has its conversation
+        who = (f"in use by host {exc.host}, pid {exc.pid}" if isinstance(exc, ConversationInUse)
+               else f"taken over by another writer ({exc})")
+        batch._set_aside[claim.id] = (f"its transcript, conversation {cid!r}, is {who}; left "
+                                      "pending for a later run")
+        return "set aside"
     return Reply(claim, text, cid)
 
 

@@ -83,4 +83,7 @@ class Summary:
         if c["failed"] > len(self.failures):
             out.append(f"... {c['failed'] - len(self.failures)} more failed; see "
                        "`chatstate batch status`")
+        if c["failed"]:
+            out.append("a failed record is not tried again by a plain rerun: once the cause is "
+                       "fixed, rerun the same command with --retry-failed")
         return out

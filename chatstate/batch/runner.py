@@ -112,6 +112,8 @@ class Batch:
         self._model_args = {"model": model, "base_url": base_url, "api_key": api_key}
         self._adapter = adapter
         self._store = SerialisedStore(transcripts) if transcripts is not None else None
+        self._set_aside: dict[str, str] = {}
+        """Records whose conversation another writer held this run: record id -> why."""
         self.allow_ephemeral = allow_ephemeral
         self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
         self._ledger: LedgerAPI | None = None
@@ -314,9 +316,13 @@ class Batch:
         worker = Worker.current(self.host_id)
         ledger.add_worker(worker)
         pool = Pool(self, ledger, worker, limit)
+        self._set_aside.clear()
         try:
             pool.run(progress, interval, started)
         finally:
+            for rid, why in self._set_aside.items():  # held by another writer: not tried
+                ledger.fail(rid, worker.id, why, final=False, max_attempts=self.max_attempts)
+                self.echo(f"record {rid!r}: {why}")
             ledger.release(worker.id, self.max_attempts, "the run stopped while it held this "
                            "record")
             ledger.end_worker(worker.id)

@@ -10,6 +10,8 @@ import importlib
 
 import click
 
+from chatstate import __version__
+
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "chat": ("chatstate.cli.repl.chat", "chat", "The chat REPL."),
@@ -78,7 +80,7 @@ class LazyGroup(click.Group):
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="Format of log lines (always on stderr).")
-@click.version_option(package_name="chatstate")
+@click.version_option(version=__version__, package_name="chatstate")
 @click.pass_context
 def cli(ctx: click.Context, store_url: str | None, allow_ephemeral: bool, debug: bool,
         log_format: str) -> None:

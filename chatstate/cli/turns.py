@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 FAKE_MODELS = {"fake", "offline"}
 FAKE_WORDS_ENV = "CHATSTATE_FAKE_REPLY_WORDS"
+FAKE_DELAY_ENV = "CHATSTATE_FAKE_CHUNK_DELAY"
 
 
 def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,6 +78,22 @@ def fake_reply_words() -> int:
     return int(raw)
 
 
+def fake_chunk_delay() -> float:
+    """Seconds the built-in fake waits between chunks: none unless asked (a pasted 90 KB
+    message would otherwise take minutes to echo back)."""
+    raw = os.environ.get(FAKE_DELAY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        delay = float(raw)
+    except ValueError:
+        delay = -1.0
+    if not 0 <= delay <= 10:
+        fail(f"{FAKE_DELAY_ENV}={raw!r} is not a delay in seconds from 0 to 10; unset it or "
+             "use e.g. 0.02", code=2)
+    return delay
+
+
 @contextlib.contextmanager
 def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
               model: str | None, offline: bool, base_url: str | None,
@@ -93,7 +110,7 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
         if offline or (model or "").lower() in FAKE_MODELS:
             from chatstate.testing import FakeModel
 
-            fake = stack.enter_context(FakeModel(chunk_delay=0.01,
+            fake = stack.enter_context(FakeModel(chunk_delay=fake_chunk_delay(),
                                                  reply_words=fake_reply_words()))
             base_url, model, api_key = fake.base_url, "fake", "offline"
         chat = Chat(store, conversation_id=cid, model=model, base_url=base_url,
@@ -103,8 +120,9 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
 
 attach_option = click.option(
     "-a", "--attach", "attach", multiple=True, metavar="PATH_OR_URL",
-    help="Attach an image or file (repeatable): a path, or an image's http(s) URL. Large "
-         "ones are stored once in the store's blob area.")
+    help="Attach an image or file (repeatable): a path, or an image's http(s) URL. A UTF-8 "
+         "text file goes as text naming the file; large images and files are stored once in "
+         "the store's blob area.")
 
 
 def attachments(sources: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:

@@ -69,8 +69,20 @@ def file(source: str | Path | bytes | None = None, *, base64: str | None = None,
     return {"type": "file", "file": inner}
 
 
+TEXT_ATTACHMENT_LIMIT = 1024 * 1024
+"""A text file up to this size is sent as text; a larger one as a file part (a blob)."""
+_TEXTUAL = ("application/json", "application/xml", "application/toml", "application/yaml",
+            "application/x-yaml", "application/javascript", "application/x-sh",
+            "application/sql", "application/x-python-code")
+
+
 def attachment(source: str | Path | bytes | Part) -> Part:
-    """An image or file part, by media type (a URL is taken as an image)."""
+    """An image, text or file part, by media type (a URL is taken as an image).
+
+    A UTF-8 text file (source code, notes, JSON...) becomes a text part that names the
+    file, as llm's fragments do: every chat server takes text, while file parts are
+    refused by most local ones (llama.cpp: "unsupported content[].type").
+    """
     if isinstance(source, dict):
         return source
     if isinstance(source, str) and source.startswith(("http://", "https://")):
@@ -81,7 +93,28 @@ def attachment(source: str | Path | bytes | Part) -> Part:
         media = guess_type(source) if isinstance(source, (str, Path)) else None
     if media and media.startswith("image/"):
         return image(source)
+    if isinstance(source, (str, Path)) and not str(source).startswith("data:") \
+            and (media is None or media.startswith("text/") or media in _TEXTUAL):
+        as_text = text_file(Path(source))
+        if as_text is not None:
+            return as_text
     return file(source)
+
+
+def text_file(path: Path) -> Part | None:
+    """``path`` as a text part naming the file, or None when it is not UTF-8 text."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(TEXT_ATTACHMENT_LIMIT + 1)
+    except OSError:
+        return None  # file() reports the path and the problem
+    if len(data) > TEXT_ATTACHMENT_LIMIT or b"\0" in data:
+        return None
+    try:
+        body = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text(f'<file name="{path.name}">\n{body.removesuffix(chr(10))}\n</file>')
 
 
 def content(message: str | Sequence[Part] | None,

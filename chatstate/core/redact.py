@@ -17,11 +17,13 @@ import os
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-__all__ = ["REDACTED", "SECRET_NAME", "redact_url", "scrub"]
+__all__ = ["MIN_SECRET", "REDACTED", "SECRET_NAME", "looks_too_short", "redact_url", "scrub"]
 
 REDACTED = "[redacted]"
 SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL|AUTH|PRIVATE", re.I)
-MIN_SECRET = 6  # shorter values are flags and names; replacing them would garble output
+# A value shorter than this is no secret worth hiding: replacing it letter by letter (a key
+# "e") garbles every message. make_adapter warns about such a key instead.
+MIN_SECRET = 8
 LIMIT = 2000  # no single message needs more; a dump longer than this is noise
 
 # Providers echo keys in 401 texts ("Incorrect API key provided: sk-ab***yz").
@@ -36,16 +38,26 @@ def scrub(text: str, *secrets: str | None, limit: int | None = LIMIT) -> str:
     """``text`` with every secret removed (see the module docstring); clipped to ``limit``."""
     text = text.split(_DEBUG_TAIL, 1)[0].strip() if _DEBUG_TAIL in text else text
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
+        if secret and len(secret) >= MIN_SECRET and secret in text:
+            text = _as_token(secret).sub(REDACTED, text)
     for name, value in os.environ.items():
         if len(value) >= MIN_SECRET and SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, REDACTED)
+            text = _as_token(value).sub(REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
     text = _KEY_PATTERN.sub(lambda m: f"{m.group(1)}-{REDACTED}", text)
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
     return text
+
+
+def _as_token(secret: str) -> re.Pattern[str]:
+    """``secret`` where it stands as a token: not inside a longer word or number."""
+    return re.compile(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])")
+
+
+def looks_too_short(secret: str | None) -> bool:
+    """True for a key too short to be real (and so too short to redact)."""
+    return secret is not None and 0 < len(secret.strip()) < MIN_SECRET
 
 
 def redact_url(url: str) -> str:

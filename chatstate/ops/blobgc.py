@@ -8,10 +8,19 @@ stored again) for ``grace`` seconds; the grace protects a writer that has put a
 blob but not yet appended the message naming it. Every conversation is loaded
 first, so a damaged one stops the sweep before anything is removed (its
 references cannot be known).
+
+A message committed during the sweep is never left without its blob: the
+references are read again after the candidates are chosen and just before
+anything is removed, and a blob stored (or stored again) after the sweep began
+is never removed, whatever the grace (``remove_blob`` checks its age under the
+store's own lock). A writer puts its blobs before the message naming them, so
+it either renewed the blob after the sweep began or committed in time for the
+second reading.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from chatstate.errors import Unsupported
@@ -19,6 +28,10 @@ from chatstate.stores.base import CollectsBlobs, Store
 from chatstate.stores.blobs import named_blobs
 
 DEFAULT_GRACE = 3600.0
+MIN_GRACE = 600.0
+"""The shortest grace ``chatstate gc`` takes without --force: a turn puts its blobs,
+then waits for the model (minutes with retries and a slow provider) before the
+message naming them is stored; ten minutes covers that with room."""
 
 
 @dataclass
@@ -43,20 +56,31 @@ def collect_blobs(store: Store, *, grace: float = DEFAULT_GRACE,
     """Remove blobs no message names and nobody stored for ``grace`` seconds."""
     if not isinstance(store, CollectsBlobs):
         raise Unsupported(f"the store {store.url} cannot sweep its blobs")
+    began = time.time()
     listed = store.list_blobs()  # before the references: a blob stored later is young
-    names: set[str] = set()
-    for summary in store.list_conversations():
-        conv = store.load(summary.id)  # a damaged one raises: nothing is removed
-        names.update(named_blobs([*conv.messages, *([conv.partial] if conv.partial else [])]))
+    names = _names(store)
     sweep = BlobSweep(held=len(listed), dry_run=dry_run)
+    if not dry_run and any(sha256 not in names and age >= grace
+                           for sha256, _, age in listed):
+        names |= _names(store)  # again: a message committed during the sweep is seen
     for sha256, size, age in sorted(listed):
         if sha256 in names:
             sweep.named += 1
         elif age < grace:
             sweep.young.append(sha256)
-        elif dry_run or store.remove_blob(sha256, idle_for=grace):
+        elif dry_run or store.remove_blob(
+                sha256, idle_for=max(grace, time.time() - began)):
             sweep.removed.append(sha256)
             sweep.freed += size
         else:
             sweep.young.append(sha256)  # stored again since it was listed
     return sweep
+
+
+def _names(store: Store) -> set[str]:
+    """Every digest a stored message or partial reply names."""
+    names: set[str] = set()
+    for summary in store.list_conversations():
+        conv = store.load(summary.id)  # a damaged one raises: nothing is removed
+        names.update(named_blobs([*conv.messages, *([conv.partial] if conv.partial else [])]))
+    return names

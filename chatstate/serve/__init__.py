@@ -9,7 +9,9 @@ store holds. Needs the ``serve`` extra (uvicorn, Starlette).
 from __future__ import annotations
 
 from chatstate.serve._access_log import with_access_log
+from chatstate.serve._auth import check_tokens
 from chatstate.serve._wire import CONVERSATION_HEADER
 from chatstate.serve.app import ServeConfig, create_app
 
-__all__ = ["CONVERSATION_HEADER", "ServeConfig", "create_app", "with_access_log"]
+__all__ = ["CONVERSATION_HEADER", "ServeConfig", "check_tokens", "create_app",
+           "with_access_log"]

@@ -7,16 +7,23 @@ the rest is appended; when they diverge (an edited or regenerated turn), the
 request continues in a new conversation forked at the divergence.
 
 Without an explicit id, the conversation is found by the history itself: each
-stored conversation is indexed by a digest of its visible messages, and a
-request continues the conversation whose digest matches its longest prefix.
+stored conversation is indexed by a digest of its visible messages, per namespace
+(``_auth``), and a request continues the conversation whose digest matches its
+longest prefix, but only when exactly one does: two conversations with the same
+history (two users who asked the same question at temperature 0) are never merged
+by a guess, the request starts a new one that records what it matched.
+
+Tool-call arguments are compared as parsed JSON: clients (LangChain, llm,
+pydantic-ai) send back the arguments they received re-serialised.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chatstate.core.transcript import Conversation, Message, canonical_json
@@ -32,7 +39,22 @@ def wire_form(message: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("tool_calls", "tool_call_id", "name"):
         if message.get(key) is not None:
             out[key] = message[key]
+    if isinstance(out.get("tool_calls"), list):
+        out["tool_calls"] = [_call_form(call) for call in out["tool_calls"]]
     return out
+
+
+def _call_form(call: Any) -> Any:
+    """A tool call with its arguments parsed (when they are JSON), so that ``{"a":1}``
+    and ``{"a": 1}`` are the same call."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": {"json": arguments}}}
 
 
 def stored_form(message: Message) -> dict[str, Any]:
@@ -60,30 +82,101 @@ def history_digest(forms: Sequence[Mapping[str, Any]]) -> str:
     return digest
 
 
+def namespace_of(conv: Conversation) -> str:
+    """The namespace a conversation belongs to ("" for the default one)."""
+    namespace = conv.metadata.get("namespace", "")
+    return namespace if isinstance(namespace, str) else ""
+
+
+class Ambiguous(Exception):
+    """More than one conversation of the namespace has the request's history."""
+
+    def __init__(self, matched: list[str]) -> None:
+        super().__init__(f"the history matches {len(matched)} conversations")
+        self.matched = matched
+
+
 class HistoryIndex:
-    """Digest of each conversation's visible history -> its id (newest wins)."""
+    """Per namespace: the digest of each conversation's visible history -> its ids; the
+    fork each conversation was last followed by; each request key's (id, turn id)."""
 
     def __init__(self) -> None:
-        self._ids: dict[str, str] = {}
+        self._ids: dict[tuple[str, str], list[str]] = {}
+        self._namespaces: dict[str, str] = {}
+        self._follows: dict[str, tuple[str, str]] = {}  # source -> (created_at, fork id)
+        self._requests: dict[tuple[str, str], tuple[str, str]] = {}
         self._lock = threading.Lock()
 
     def add(self, conv: Conversation) -> None:
+        namespace = namespace_of(conv)
         forms = [stored_form(m) for m in visible(conv)]
-        if forms:
-            with self._lock:
-                self._ids[history_digest(forms)] = conv.id
+        source = (conv.metadata.get("forked_from") or {}).get("id")
+        with self._lock:
+            self._namespaces[conv.id] = namespace
+            if forms:
+                ids = self._ids.setdefault((namespace, history_digest(forms)), [])
+                if conv.id not in ids:
+                    ids.append(conv.id)
+            if isinstance(source, str) and (source not in self._follows or
+                                            self._follows[source] < (conv.created_at, conv.id)):
+                self._follows[source] = (conv.created_at, conv.id)
+            for m in conv.messages:
+                key = (m.params or {}).get("request")
+                if isinstance(key, str) and (source is None  # a fork's copies: its source's
+                                             or (namespace, key) not in self._requests):
+                    self._requests[(namespace, key)] = (conv.id, m.turn_id)
 
-    def find(self, incoming: Sequence[Mapping[str, Any]]) -> str | None:
-        """The conversation whose history is the longest proper prefix of ``incoming``."""
+    def forget(self, conversation_id: str) -> None:
+        with self._lock:
+            self._namespaces.pop(conversation_id, None)
+            for ids in self._ids.values():
+                if conversation_id in ids:
+                    ids.remove(conversation_id)
+            for key, (cid, _) in list(self._requests.items()):
+                if cid == conversation_id:
+                    del self._requests[key]
+            for source, (_, fork) in list(self._follows.items()):
+                if conversation_id in (source, fork):
+                    del self._follows[source]
+
+    def namespace(self, conversation_id: str) -> str | None:
+        """The namespace of an indexed conversation; None: not indexed (yet)."""
+        return self._namespaces.get(conversation_id)
+
+    def note(self, namespace: str, conv: Conversation) -> None:
+        """Remember a conversation's namespace before its first reply is committed."""
+        with self._lock:
+            self._namespaces.setdefault(conv.id, namespace)
+
+    def find(self, namespace: str, incoming: Sequence[Mapping[str, Any]]) -> str | None:
+        """The conversation whose history is the longest proper prefix of ``incoming``;
+        Ambiguous when more than one conversation has that history."""
         digests, digest = [], ""
         for message in incoming[:-1]:
             digest = _step(digest, wire_form(message))
             digests.append(digest)
         with self._lock:
             for digest in reversed(digests):
-                if digest in self._ids:
-                    return self._ids[digest]
+                ids = self._ids.get((namespace, digest))
+                if ids and len(ids) > 1:
+                    raise Ambiguous(list(ids))
+                if ids:
+                    return ids[0]
         return None
+
+    def follower(self, conversation_id: str) -> str | None:
+        """The newest fork of a conversation (a fixed id follows it)."""
+        found = self._follows.get(conversation_id)
+        return found[1] if found else None
+
+    def request(self, namespace: str, key: str) -> tuple[str, str] | None:
+        """(conversation id, turn id) a request key was stored under."""
+        return self._requests.get((namespace, key))
+
+    def remember_request(self, namespace: str, key: str, conversation_id: str,
+                         turn_id: str) -> None:
+        with self._lock:
+            self._requests[(namespace, key)] = (conversation_id, turn_id)
 
 
 @dataclass
@@ -98,6 +191,8 @@ class Plan:
     fork_of: Conversation | None = None
     common: int = 0
     """With ``fork_of``: how many of its visible messages the fork starts with."""
+    matched: list[str] = field(default_factory=list)
+    """A new conversation's history matched these (more than one): none was guessed."""
 
 
 def reconcile(conv: Conversation | None, conversation_id: str, fork_id: str,

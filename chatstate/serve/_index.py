@@ -9,8 +9,13 @@ titled; a fork keeps the title of the history it copies), each loaded once and t
 kept like a conversation this process wrote. A damaged transcript is reported when
 a request would have needed it, and never indexed over.
 
-The same ``HistoryIndex`` API (``add``, ``find``): ``find`` loads the candidates,
-then looks them up.
+The same ``HistoryIndex`` API (``add``, ``find``, ``follower``, ``request``...):
+``find`` loads the candidates, then looks them up in the request's namespace (a
+loaded conversation's namespace is its own ``metadata.namespace``). A fork keeps the
+title of the history it copies, so ``follower`` loads the title group of the
+conversation it is asked about, and ``prime`` (called before a request is planned)
+loads the groups a request could name: its own title's and its conversation id's,
+which also brings in the request keys a retried request is replayed from.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class StoreIndex(HistoryIndex):
         super().__init__()
         self.store = store
         self._pending: dict[str, list[str]] = {}  # title -> ids not loaded yet
+        self._titles: dict[str, str] = {}  # id -> title, from the summaries
         self._loading: dict[str, threading.Event] = {}
         self._guard = threading.Lock()
 
@@ -42,14 +48,39 @@ class StoreIndex(HistoryIndex):
         for summary in reversed(summaries):  # oldest first: the newest is added last, wins
             pending.setdefault(summary.title, []).append(summary.id)
         with self._guard:
+            self._titles.update({s.id: s.title for s in summaries})
             for title, ids in pending.items():
                 self._pending.setdefault(title, [])[:0] = ids
         return len(summaries)
 
-    def find(self, incoming: Sequence[Mapping[str, Any]]) -> str | None:
+    def find(self, namespace: str, incoming: Sequence[Mapping[str, Any]]) -> str | None:
         if len(incoming) > 1:
             self._load(title_of(incoming))
-        return super().find(incoming)
+        return super().find(namespace, incoming)
+
+    def follower(self, conversation_id: str) -> str | None:
+        self._load_of(conversation_id)
+        return super().follower(conversation_id)
+
+    def prime(self, conversation_id: str | None, incoming: Sequence[Mapping[str, Any]]
+              ) -> None:
+        """Load what planning this request could look up (blocking: store reads)."""
+        self._load(title_of(incoming))
+        if conversation_id is not None:
+            self._load_of(conversation_id)
+
+    def forget(self, conversation_id: str) -> None:
+        with self._guard:
+            title = self._titles.pop(conversation_id, None)
+            if title is not None and conversation_id in self._pending.get(title, []):
+                self._pending[title].remove(conversation_id)
+        super().forget(conversation_id)
+
+    def _load_of(self, conversation_id: str) -> None:
+        with self._guard:
+            title = self._titles.get(conversation_id)
+        if title is not None:
+            self._load(title)
 
     def _load(self, title: str) -> None:
         with self._guard:

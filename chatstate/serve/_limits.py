@@ -28,12 +28,11 @@ _GONE_POLL = 0.25
 
 
 def namespace_of(request: Request) -> str:
-    """The namespace a request belongs to, for limits and metric labels.
-
-    MERGE POINT: a placeholder until the identity work (``chatstate.serve._identity``)
-    lands; then this returns its namespace of the request (one line).
-    """
-    return "default"
+    """The namespace a request belongs to, for limits and metric labels: the one
+    ``chatstate.serve._auth`` gave it ("default" for the shared default namespace, and
+    for a request refused before it had one)."""
+    namespace = getattr(request.state, "namespace", None)
+    return namespace if isinstance(namespace, str) and namespace else "default"
 
 
 class ConversationLocks:

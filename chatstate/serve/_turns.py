@@ -13,6 +13,14 @@ it waits or is told who holds the conversation.
 Every write goes through the session's turn writer (``Turn.writer``, a
 ``TurnWriter``), which orders them and fences each with the lease: this module
 only decides what the request's new messages are.
+
+Each request is planned within the caller's namespace (``_auth``): a conversation
+of another namespace is never loaded for it. A request the proxy has seen (the same
+``Idempotency-Key``, or the same body within ``REPLAY_WINDOW``) answers the turn it
+stored: with the stored reply when there is one (``Replay``), else by sending that
+turn upstream again. Its key is kept in ``params["request"]`` of the request's last
+message, so a proxy restarted after ``kill -9`` knows it too. A fixed conversation
+id whose history diverged once follows the fork it made.
 """
 
 from __future__ import annotations
@@ -21,18 +29,43 @@ import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id
 from chatstate.errors import ConflictError, ConversationInUse, ConversationNotFound, LeaseLost
-from chatstate.serve._history import HistoryIndex, Plan, message_fields, reconcile, visible
+from chatstate.serve._history import (
+    Ambiguous,
+    HistoryIndex,
+    Plan,
+    message_fields,
+    namespace_of,
+    reconcile,
+    visible,
+)
 from chatstate.session.turn_writer import TurnWriter
 from chatstate.stores.base import LEASE_TERM, Store
 
 log = logging.getLogger("chatstate.serve")
 
+REPLAY_WINDOW = 600.0
+"""Seconds within which the same body again is a retry (an ``Idempotency-Key`` has no
+limit): after that, the same question asked again gets a new answer."""
+
 SEAL_FIELDS = ("role", "content", "created_at", "turn_id", "status", "model", "usage", "params",
                "tool_calls", "tool_call_id", "name", "extra")
+
+
+class ForeignConversation(Exception):
+    """The conversation id names a conversation of another namespace."""
+
+
+@dataclass
+class Replay:
+    """A request seen before whose reply is stored: answer with that reply."""
+
+    conversation: Conversation
+    reply: Message
 
 
 @dataclass
@@ -59,39 +92,109 @@ class Writer:
         self.index = index
         self.lease_wait, self.lease_term = lease_wait, lease_term
 
-    def _load(self, conversation_id: str | None) -> Conversation | None:
+    def _load(self, namespace: str, conversation_id: str | None) -> Conversation | None:
+        """The conversation, if it exists; ForeignConversation if another namespace's."""
         if conversation_id is None:
             return None
         try:
             conv: Conversation = self.store.load(conversation_id)
         except ConversationNotFound:
             return None
+        if namespace_of(conv) != namespace:
+            raise ForeignConversation(conversation_id)
         return conv
 
-    def begin(self, conversation_id: str | None, incoming: Sequence[Mapping[str, Any]]) -> Turn:
+    def begin(self, conversation_id: str | None, incoming: Sequence[Mapping[str, Any]], *,
+              namespace: str = "", key: str | None = None, keyed: bool = False
+              ) -> Turn | Replay:
         """Make the request's new messages durable; returns the turn to answer, holding
-        the lease of the conversation it writes (``end`` gives it up).
+        the lease of the conversation it writes (``end`` gives it up), or the Replay of
+        a request (``key``; ``keyed``: the client's Idempotency-Key) already answered.
 
-        ConversationInUse if another live writer holds it for longer than ``lease_wait``.
+        ConversationInUse if another live writer holds it for longer than ``lease_wait``;
+        ForeignConversation if ``conversation_id`` is another namespace's.
         """
         for attempt in (1, 2):
-            cid = conversation_id or self.index.find(incoming)
-            conv = self._load(cid)
-            plan = reconcile(conv, cid or new_id("p"), new_id("p"), incoming)
-            writer = self._writer_for(plan, incoming)
+            seen = self._seen(namespace, key, keyed)
+            if isinstance(seen, Replay):
+                return seen
+            plan = self._plan(namespace, conversation_id, incoming, seen)
+            writer = self._writer_for(plan, incoming, namespace)
             held = writer.hold()
             try:
-                turn = self._write(writer, plan)
+                turn = self._write(writer, plan, key)
             except BaseException as exc:
                 writer.release(held)
                 if attempt == 2 or not isinstance(exc, ConflictError) \
                         or isinstance(exc, ConversationInUse | LeaseLost):
                     raise  # another writer keeps moving this conversation on
                 continue  # it moved between our load and our lease: plan again
+            self.index.note(namespace, turn.conversation)
+            if key is not None:
+                self.index.remember_request(namespace, key, turn.id, turn.turn_id)
             return turn
         raise AssertionError("unreachable")
 
-    def _writer_for(self, plan: Plan, incoming: Sequence[Mapping[str, Any]]) -> TurnWriter:
+    def _seen(self, namespace: str, key: str | None, keyed: bool
+              ) -> Replay | Conversation | None:
+        """For a request seen before: the Replay of its reply, or the conversation its
+        unanswered turn is in. None for a new request."""
+        known = self.index.request(namespace, key) if key is not None else None
+        if known is None:
+            return None
+        try:
+            conv = self._load(namespace, known[0])
+        except ForeignConversation:
+            return None
+        turn = [m for m in conv.messages if m.turn_id == known[1]] if conv else []
+        if conv is None or not turn or (not keyed and _age(turn[0]) > REPLAY_WINDOW):
+            return None
+        replies = [m for m in turn if m.role == "assistant" and m.status == "complete"]
+        return Replay(conv, replies[-1]) if replies else conv
+
+    def _plan(self, namespace: str, conversation_id: str | None,
+              incoming: Sequence[Mapping[str, Any]], seen: Conversation | None) -> Plan:
+        if seen is not None:  # the same request again: the conversation it went to
+            plan = reconcile(seen, seen.id, new_id("p"), incoming)
+            if plan.fork_of is None:
+                return plan
+        matched: list[str] = []
+        cid = conversation_id
+        if cid is None:
+            try:
+                cid = self.index.find(namespace, incoming)
+            except Ambiguous as exc:
+                matched = exc.matched
+        plan = reconcile(self._load(namespace, cid), cid or new_id("p"), new_id("p"),
+                         incoming)
+        plan.matched = matched
+        return self._follow(namespace, plan, incoming)
+
+    def _follow(self, namespace: str, plan: Plan, incoming: Sequence[Mapping[str, Any]]
+                ) -> Plan:
+        """A history that forked once continues in its fork, not in a fork per turn."""
+        seen: set[str] = set()
+        while plan.fork_of is not None:
+            follower = self.index.follower(plan.fork_of.id)
+            if follower is None or follower in seen:
+                break
+            seen.add(follower)
+            try:
+                conv = self._load(namespace, follower)
+            except ForeignConversation:
+                break
+            if conv is None:
+                break
+            candidate = reconcile(conv, follower, plan.conversation_id, incoming)
+            if candidate.fork_of is None:
+                return candidate
+            if candidate.common < plan.common:
+                break
+            plan = candidate
+        return plan
+
+    def _writer_for(self, plan: Plan, incoming: Sequence[Mapping[str, Any]],
+                    namespace: str = "") -> TurnWriter:
         """The turn writer of the conversation the plan writes (new ones are created by
         ``_write``), with a fresh owner token: two turns of this process never share a
         lease."""
@@ -104,10 +207,13 @@ class Writer:
             # the title is the history's first user message (the index's lookup key)
             title = source.title if any(m.role == "user" for m in kept) else title_of(incoming)
             conv = Conversation(id=plan.conversation_id, title=title,
-                                metadata={"via": "serve", "forked_from": forked_from})
+                                metadata={**_header(namespace), "forked_from": forked_from})
         elif plan.stored is None:
+            metadata = _header(namespace)
+            if plan.matched:
+                metadata["ambiguous_history"] = {"matched": plan.matched}
             conv = Conversation(id=plan.conversation_id, title=title_of(incoming),
-                                metadata={"via": "serve"})
+                                metadata=metadata)
         else:
             conv = plan.stored
         return TurnWriter(self.store, conv, created=plan.stored is not None
@@ -118,7 +224,7 @@ class Writer:
         """The turn is over: give its lease up (it lapses by itself if this fails)."""
         turn.writer.release()
 
-    def _write(self, writer: TurnWriter, plan: Plan) -> Turn:
+    def _write(self, writer: TurnWriter, plan: Plan, key: str | None = None) -> Turn:
         forked_from = None
         if plan.fork_of is not None:
             forked_from = self._fork(writer, plan)
@@ -135,9 +241,11 @@ class Writer:
         turn = Turn(writer, turn_id, forked_from)
         if plan.new:
             sealed: list[Message] = []
-            for raw in plan.new:
+            for i, raw in enumerate(plan.new):
                 prev = sealed[-1] if sealed else conv.last
-                sealed.append(Message.seal(prev, turn_id=turn.turn_id, **message_fields(raw)))
+                params = {"request": key} if key and i == len(plan.new) - 1 else None
+                sealed.append(Message.seal(prev, turn_id=turn.turn_id, params=params,
+                                           **message_fields(raw)))
             writer.append(sealed)
         return turn
 
@@ -172,10 +280,27 @@ class Writer:
         turn.writer.note_upstream_error(turn.turn_id, status, detail)
 
 
+def _header(namespace: str) -> dict[str, Any]:
+    return {"via": "serve", "namespace": namespace} if namespace else {"via": "serve"}
+
+
+def _age(message: Message) -> float:
+    try:
+        at = datetime.fromisoformat(message.created_at.replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    return (datetime.now(timezone.utc) - at).total_seconds()
+
+
 def title_of(incoming: Sequence[Mapping[str, Any]]) -> str:
     """A new conversation's title: its first user message, as far as it is text."""
     for message in incoming:
         content = message.get("content")
-        if message.get("role") == "user" and isinstance(content, str):
+        if message.get("role") != "user":
+            continue
+        if isinstance(content, list):  # content parts: the text ones
+            content = " ".join(str(p.get("text", "")) for p in content
+                               if isinstance(p, dict) and p.get("type") == "text")
+        if isinstance(content, str) and content.strip():
             return " ".join(content.split())[:60]
     return ""

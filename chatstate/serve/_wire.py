@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from chatstate.adapter.dialects.chat_completions import parse_usage
-from chatstate.core.transcript import validate_id
 from chatstate.serve._history import ROLES
 
 CONVERSATION_HEADER = "X-Chatstate-Conversation"
@@ -52,27 +51,6 @@ def check_request(data: object) -> str | None:
         if content is not None and not isinstance(content, (str, list)):
             return f"messages[{i}].content must be a string or a list of parts"
     return None
-
-
-def conversation_id(request: Request, data: Mapping[str, Any]) -> str | None:
-    cid = request.headers.get(CONVERSATION_HEADER)
-    metadata = data.get("metadata")
-    if cid is None and isinstance(metadata, dict):
-        cid = metadata.get("conversation_id")
-    return None if cid is None else validate_id(cid)
-
-
-def forward_body(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The request as the client sent it, less chatstate's own routing field."""
-    forward = dict(data)
-    metadata = forward.get("metadata")
-    if isinstance(metadata, dict) and "conversation_id" in metadata:
-        rest = {k: v for k, v in metadata.items() if k != "conversation_id"}
-        if rest:
-            forward["metadata"] = rest
-        else:
-            del forward["metadata"]
-    return forward
 
 
 def reply_fields(data: object) -> dict[str, Any]:

@@ -5,14 +5,16 @@ with every field as the client sent it; the request's new messages are durable
 before it leaves, and the reply is durable before the client sees it.
 ``GET /v1/models`` passes through. ``/healthz`` says the process is up,
 ``/readyz`` writes, reads back and deletes a probe in the store, and
-``/v1/chatstate/conversations[/{id}]`` lists and replays what is stored.
+``/v1/chatstate/conversations[/{id}]`` lists (pages, searches), replays and deletes
+what is stored, all within the caller's namespace (``_auth``). ``/c/<id>/v1/...`` is
+``/v1/...`` naming conversation ``<id>`` (``_identity``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,14 +27,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from chatstate.core.transcript import validate_id
 from chatstate.durable.guard import boot_id
 from chatstate.errors import (
     ChatstateError,
     ConflictError,
     ConversationInUse,
-    ConversationNotFound,
     InvalidConversationId,
+)
+from chatstate.serve._auth import Auth, BrowserGuard
+from chatstate.serve._conversations import Conversations
+from chatstate.serve._history import Ambiguous
+from chatstate.serve._identity import (
+    IDEMPOTENCY_HEADER,
+    ConversationPath,
+    conversation_id,
+    forward_body,
+    request_key,
 )
 from chatstate.serve._index import StoreIndex
 from chatstate.serve._limits import ConversationLocks, NamespaceLimits, namespace_of
@@ -47,13 +57,11 @@ from chatstate.serve._offload import (
 )
 from chatstate.serve._readiness import Readiness
 from chatstate.serve._relay import RelayResponse, StreamRelay
-from chatstate.serve._turns import Turn, Writer
+from chatstate.serve._replay import replay_response
+from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
 from chatstate.serve._wire import (
     CONVERSATION_HEADER,
-    bearer,
     check_request,
-    conversation_id,
-    forward_body,
     openai_error,
     passthrough,
     read_body,
@@ -82,6 +90,7 @@ class ServeConfig:
     max_concurrent: int | None = None  # turns in flight per namespace, then 429
     rate: float | None = None  # requests per second per namespace, then 429
     ready_cache: float = 1.0  # seconds /readyz reuses its last store probe
+    allowed_hosts: list[str] = field(default_factory=list)  # beyond loopback and IP literals
 
 
 class _TurnEnd:
@@ -109,6 +118,8 @@ class Proxy:
         self.index = StoreIndex(config.store)
         self.writer = Writer(self.metrics.store(config.store), self.index,
                              lease_wait=config.lease_wait)
+        self.auth = Auth(config.tokens, config.pass_client_key)
+        self.listing = Conversations(config.store, self.index)
         self.locks = ConversationLocks()
         self.limits = NamespaceLimits(config.max_concurrent, config.rate)
         self.readiness = Readiness(config.store, config.ready_cache, self.metrics.probes.inc)
@@ -141,14 +152,9 @@ class Proxy:
         return self.client
 
     # -- auth ------------------------------------------------------------------------------
-    def authorized(self, request: Request) -> bool:
-        if not self.config.tokens:
-            return True
-        if self.config.pass_client_key:
-            given = request.headers.get("x-chatstate-token", "")
-        else:
-            given = bearer(request.headers.get("authorization", ""))
-        return any(hmac.compare_digest(given.encode(), t.encode()) for t in self.config.tokens)
+    def namespace(self, request: Request) -> str | None:
+        """The caller's namespace ("": the default one); None: not authorized."""
+        return self.auth.namespace(request)
 
     def upstream_headers(self, request: Request) -> dict[str, str]:
         headers = {"User-Agent": "chatstate-serve"}
@@ -187,14 +193,20 @@ class Proxy:
                 return Refusal(400, problem)
         return data
 
-    async def _target(self, cid: str | None, messages: list[dict[str, Any]]) -> str | None:
-        """The stored conversation the request continues, if any (None: a new one)."""
-        if cid is not None or len(messages) < 2:  # a first turn continues nothing
-            return cid
+    async def _target(self, namespace: str, cid: str | None,
+                      messages: list[dict[str, Any]]) -> str | None:
+        """The stored conversation the request continues, if any (None: a new one, or a
+        history more than one conversation has: it starts a new one)."""
         if self.indexing is not None and not self.indexing.done():
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.indexing)
-        return await asyncio.to_thread(self.index.find, messages)
+        await asyncio.to_thread(self.index.prime, cid, messages)
+        if cid is not None or len(messages) < 2:  # a first turn continues nothing
+            return cid
+        try:
+            return await asyncio.to_thread(self.index.find, namespace, messages)
+        except Ambiguous:
+            return None
 
     async def _chat(self, request: Request, namespace: str, slot: list[bool]) -> Response:
         body = await read_body(request, self.config.max_body)
@@ -208,24 +220,39 @@ class Proxy:
         except InvalidConversationId as exc:
             return openai_error(400, str(exc))
         messages: list[dict[str, Any]] = data["messages"]
-        # Only turns of one stored conversation wait for each other; a new conversation
-        # waits for nobody. A client that left while waiting is not sent upstream.
-        key = await self._target(cid, messages)
+        # Only turns of one stored conversation wait for each other (the lock key: the
+        # namespace and the conversation); a new conversation waits for nobody. A client
+        # that left while waiting is not sent upstream.
+        forward = forward_body(data)
+        rkey = request_key(request, namespace, forward, cid)
+        target = await self._target(namespace, cid, messages)
+        key = None if target is None else namespace + "\n" + target
         if not await self._hold(key, request):
             return openai_error(499, "the client went away before the request was sent "
                                 "upstream", "client_closed")
         try:
-            turn = await asyncio.to_thread(self.writer.begin, cid, messages)
-            if turn.id != key:  # a new conversation or a fork: hold it instead
-                await self._hold(turn.id, request, wait_gone=False)
+            turn = await asyncio.to_thread(functools.partial(
+                self.writer.begin, cid, messages, namespace=namespace, key=rkey,
+                keyed=IDEMPOTENCY_HEADER in request.headers))
+            if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
-                key = turn.id
+                return replay_response(turn.reply, bool(data.get("stream")),
+                                       {CONVERSATION_HEADER: turn.conversation.id})
+            turn_key = namespace + "\n" + turn.id
+            if turn_key != key:  # a new conversation or a fork: hold it instead
+                await self._hold(turn_key, request, wait_gone=False)
+                if key is not None:
+                    self.locks.release(key)
+                key = turn_key
         except BaseException as exc:
             if key is not None:
                 self.locks.release(key)
             if isinstance(exc, ConflictError):
                 self.metrics.lease_conflicts.labels(namespace).inc()
+            if isinstance(exc, ForeignConversation):
+                return openai_error(404, f"conversation {exc} is not this client's: name "
+                                    "another id", "not_found")
             if isinstance(exc, ConversationInUse):
                 return openai_error(409, str(exc), "conversation_in_use")
             if isinstance(exc, ConflictError):
@@ -238,7 +265,6 @@ class Proxy:
                 return openai_error(400, f"a message could not be stored: {exc}")
             raise
         headers = {CONVERSATION_HEADER: turn.id}
-        forward = forward_body(data)
         held = key
 
         def release() -> None:
@@ -365,7 +391,7 @@ class Proxy:
 
     async def readyz(self, request: Request) -> Response:
         report = await self.readiness.check()
-        if self.config.tokens and not self.authorized(request):
+        if self.config.tokens and self.namespace(request) is None:
             # no token, no details (the store's path, its probe, the pid): the status only
             ok = report.ok and (not self.config.ready_upstream
                                 or (await self._upstream_ready(request))["ok"])
@@ -398,23 +424,10 @@ class Proxy:
         return getattr(report, "verdict", None)
 
     async def conversations(self, request: Request) -> Response:
-        rows = await asyncio.to_thread(self.config.store.list_conversations)
-        return JSONResponse({"object": "list", "data": [r.model_dump() for r in rows]})
+        return await self.listing.page(request)
 
     async def conversation(self, request: Request) -> Response:
-        from chatstate.ops.transfer import render
-
-        try:
-            cid = validate_id(request.path_params["cid"])
-            conv = await asyncio.to_thread(self.config.store.load, cid)
-        except InvalidConversationId as exc:
-            return openai_error(400, str(exc))
-        except ConversationNotFound:
-            return openai_error(404, "no such conversation", "not_found")
-        except ChatstateError as exc:
-            return openai_error(500, str(exc), "storage_error")
-        rendered = await asyncio.to_thread(render, conv, "json")  # a long one takes a while
-        return Response(rendered, media_type="application/json")
+        return await self.listing.one(request)
 
     async def metrics_text(self, request: Request) -> Response:
         content, media_type = self.metrics.render()
@@ -438,8 +451,10 @@ def create_app(config: ServeConfig) -> Starlette:
                "/v1/chatstate/conversations": proxy.conversations,
                "/v1/chatstate/conversations/{cid}": proxy.conversation,
                "/metrics": proxy.metrics_text}
-    routes = [Route(path, _authorize(proxy, handler), methods=["GET"] if "completions"
-                    not in path else ["POST"]) for path, handler in guarded.items()]
+    methods = {"/v1/chat/completions": ["POST"],
+               "/v1/chatstate/conversations/{cid}": ["GET", "DELETE"]}
+    routes = [Route(path, _authorize(proxy, handler), methods=methods.get(path, ["GET"]))
+              for path, handler in guarded.items()]
     routes += [Route("/healthz", proxy.healthz), Route("/readyz", proxy.readyz)]
 
     @contextlib.asynccontextmanager
@@ -452,7 +467,9 @@ def create_app(config: ServeConfig) -> Starlette:
 
     counted = Middleware(CountRequests, metrics=proxy.metrics,
                          namespace=lambda scope: namespace_of(Request(scope)))
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[counted])
+    middleware = [counted, Middleware(BrowserGuard, allowed_hosts=config.allowed_hosts),
+                  Middleware(ConversationPath)]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.proxy = proxy
     return app
 
@@ -460,8 +477,10 @@ def create_app(config: ServeConfig) -> Starlette:
 def _authorize(proxy: Proxy, handler: Callable[[Request], Awaitable[Response]]
                ) -> Callable[[Request], Awaitable[Response]]:
     async def guarded(request: Request) -> Response:
-        if not proxy.authorized(request):
+        namespace = proxy.namespace(request)
+        if namespace is None:
             return openai_error(401, "missing or wrong chatstate token", "authentication_error")
+        request.state.namespace = namespace
         return await handler(request)
 
     return guarded

@@ -1,7 +1,8 @@
 """Holding a store's writer lease for the length of a turn (the session's one hook).
 
 ``hold`` takes the conversation's lease before anything of the turn is written
-and renews it from a daemon thread every third of its term, so a slow model
+and renews it from a daemon thread every third of its term (timed by the monotonic
+clock, as takers judge its expiry: a wall clock step changes neither), so a slow model
 (no chunk for a while) does not let it lapse; ``release`` gives it up when the
 turn ends. When a renewal finds another writer holding the lease, ``lost`` says
 so and the turn writer stops the turn (``LeaseLost``); a renewal that failed for

@@ -138,6 +138,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.script.record(self._entry(body, status=400, behaviour="strict"))
             self._json(400, error_body(400, STRICT_ROLES_ERROR))
             return
+        refusal = (_non_text_refusal(messages) if self.server.script.options.text_only
+                   else None)
+        if refusal is not None:
+            self.server.script.record(self._entry(body, status=refusal[0],
+                                                  behaviour="text_only"))
+            self._json(refusal[0], error_body(refusal[0], refusal[1]))
+            return
         last_user = next((str(m.get("content")) for m in reversed(messages)
                           if m.get("role") == "user"), "")
         if self._over_window(body, messages):
@@ -350,3 +357,17 @@ def _alternate(messages: list[dict[str, Any]]) -> bool:
     """After any system messages: user, assistant, user, ... (the strict templates' rule)."""
     roles = [m.get("role") for m in messages if m.get("role") != "system"]
     return all(role == ("user" if i % 2 == 0 else "assistant") for i, role in enumerate(roles))
+
+
+def _non_text_refusal(messages: list[Any]) -> tuple[int, str] | None:
+    """llama.cpp's answer to a part a text-only model cannot take, else None."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url":
+                return 500, "image input is not supported - hint: if this is unexpected, " \
+                    "you may need to provide the mmproj"
+            if kind not in ("text", None):
+                return 400, f"unsupported content[].type: {kind}"
+    return None

@@ -81,6 +81,10 @@ class Options:
     OpenAI-style 400 "maximum context length is N tokens"; None: no limit."""
     arg_chunk: int = 0
     """Streamed tool call arguments come in pieces of this many characters (0: whole)."""
+    text_only: bool = False
+    """Refuse content parts other than text as llama.cpp's server does for a model without
+    a vision projector: images with a 500 "image input is not supported", file parts with a
+    400 "unsupported content[].type"."""
 
 
 @dataclass

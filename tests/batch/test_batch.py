@@ -335,3 +335,48 @@ def test_a_changed_prompt_on_the_same_output_directory_is_refused(
                   "--out", str(tmp_path / "out2"), "--base-url", fake.base_url, "--model", "m"])
     assert odd.code == 0
     assert "{title} in the prompt is not a placeholder" in odd.err
+
+
+def test_a_record_whose_conversation_another_writer_holds_waits_for_a_later_run(
+        tmp_path: Path, fake: FakeModel) -> None:
+    """With transcripts, another live writer (another process) on one record's conversation
+    does not end the worker: the other records finish, that one is left pending saying
+    why, and a run after the other writer lets go completes it."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from support import SUPPORT
+
+    from chatstate.batch._work import conversation_id
+    from chatstate.stores import open_store
+
+    out, url = tmp_path / "out", f"json://{tmp_path}/store"
+    notes: list[str] = []
+    with Batch(out, prompt=PROMPT, base_url=fake.base_url, model="fake-model", concurrency=2,
+               transcripts=open_store(url), echo=notes.append) as batch:
+        batch.add([{"id": rid, "text": rid} for rid in ("a", "b", "c")])
+        ledger = Ledger.open(out / ".chatstate-batch.db", create=False)
+        cid = conversation_id(str(ledger.meta("batch_id")), "b")
+        ledger.close()
+        holder = subprocess.Popen([sys.executable, str(SUPPORT / "lease_holder.py"), url, cid,
+                                   "300"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().startswith("held ")
+            first = batch.run()
+            assert (first.done_now, first.counts["pending"], first.counts["failed"]) == \
+                (2, 1, 0)
+            row = ledger_rows(out / ".chatstate-batch.db")["b"]
+            assert row["status"] == "pending"
+            assert f"in use by host {socket.gethostname()}, pid {holder.pid}" in \
+                row["last_error"], row
+            assert any("'b'" in n and "pending" in n for n in notes), notes
+            assert not (out / output_name("b")).exists()
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(30)
+        second = batch.run()  # the holder is gone (its pid is dead on this host)
+        assert second.counts == {"pending": 0, "running": 0, "done": 3, "failed": 0}
+        assert (out / output_name("b")).read_text()

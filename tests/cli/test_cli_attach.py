@@ -40,19 +40,23 @@ def test_ask_attaches_an_image_stored_once(tmp_path: Path) -> None:
         in replay.out.splitlines()
 
 
-def test_ask_attaches_a_url_and_a_small_file(tmp_path: Path) -> None:
+def test_ask_attaches_a_url_a_text_file_as_text_and_a_binary_file(tmp_path: Path) -> None:
     s = f"json://{tmp_path}/s"
     notes = tmp_path / "notes.txt"
-    notes.write_text("hello file")
+    notes.write_text("hello file\n")
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"\x00\x01binary")
     result = invoke(["ask", "read", "-a", "https://example.invalid/cat.jpg", "--attach",
-                     str(notes), "--model", "fake", "--id", "u"], store=s)
+                     str(notes), "-a", str(data), "--model", "fake", "--id", "u"], store=s)
     assert result.code == 0, result.err
-    assert "Echo: read [https://example.invalid/cat.jpg] [text/plain 10 bytes]" in result.out
+    assert ('Echo: read [https://example.invalid/cat.jpg] <file name="notes.txt">\nhello file\n'
+            '</file> [application/octet-stream 8 bytes]') in result.out
     parts = replay_json(s, "u")["messages"][0]["content"]
     assert parts[1] == {"type": "image_url", "image_url": {"url": "https://example.invalid/"
                                                                   "cat.jpg"}}
-    assert parts[2]["file"]["filename"] == "notes.txt"
-    assert "blob" not in parts[2]
+    assert parts[2] == {"type": "text", "text": '<file name="notes.txt">\nhello file\n</file>'}
+    assert parts[3]["file"]["filename"] == "data.bin"
+    assert "blob" not in parts[3]
 
 
 def test_a_bad_attachment_stores_nothing(tmp_path: Path) -> None:

@@ -119,3 +119,27 @@ def test_an_old_single_document_sidecar_still_loads(tmp_path: Path, tail: bytes)
     loaded = open_store(url).load("c1").partial
     assert loaded is not None
     assert loaded.content == "from 0.1"
+
+
+@pytest.mark.parametrize("torn", [
+    b'{"schema":1,"conversation":"c1","mess\n',  # the newline landed, the middle did not
+    b"\0" * 40 + b"\n",  # a tail of zeros (a power cut after the size grew)
+    b'{"schema":1,"conversation":"c1","message":{"role":"assis\0\0\0\0\0\0\n',
+], ids=["cut", "zeros", "cut-then-zeros"])
+def test_a_torn_last_record_falls_back_to_the_last_whole_one(tmp_path: Path,
+                                                              torn: bytes) -> None:
+    """A torn append that still ends in a newline (a filesystem tears an unsynced write)
+    was never acknowledged: the record before it is the partial reply, and reading does
+    not rewrite the file."""
+    url, user, sidecar = setup_store(tmp_path)
+    store = open_store(url)
+    store.save_partial("c1", partial_after(user, "one"))
+    store.save_partial("c1", partial_after(user, "one two"))
+    with open(sidecar, "ab") as fh:
+        fh.write(torn)
+    before = sidecar.read_bytes()
+    loaded = open_store(url).load("c1")
+    assert [m.content for m in loaded.messages] == ["hi"]
+    assert loaded.partial is not None
+    assert loaded.partial.content == "one two"
+    assert sidecar.read_bytes() == before

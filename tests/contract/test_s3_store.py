@@ -98,7 +98,7 @@ def test_guard_says_durable_and_check_probes(url: str) -> None:
     assert store.guard_report.verdict == "durable"
     report = store.check()
     assert report.ok, report.error
-    assert [s.split(" ")[0] for s in report.steps] == ["wrote", "read", "deleted"]
+    assert [s.split(" ")[0] for s in report.steps] == ["wrote", "read", "deleted", "refused:"]
     assert store.io.keys("_probe") == []
     assert len(store.opens()) == 1
 

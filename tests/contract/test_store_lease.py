@@ -8,6 +8,7 @@ taken over (at once on its own host, after its term from elsewhere).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -92,8 +93,8 @@ def test_a_lapsed_lease_is_taken_over_and_its_holder_told(store_url: str) -> Non
     second.release_lease(taken)
 
 
-def _holder(store_url: str, term: float, *host: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, str(HOLDER), store_url, "c1", str(term), *host],
+def _holder(store_url: str, term: float, *args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, str(HOLDER), store_url, "c1", str(term), *args],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -124,6 +125,44 @@ def test_killed_writer_on_another_host_lapses_after_its_term(store_url: str) -> 
     started = time.monotonic()
     store.release_lease(store.acquire_lease("c1", wait=30))
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.invariant(5)
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+@pytest.mark.parametrize(("holder_skew", "taker_skew", "host"), [
+    (120.0, 0.0, ()), (0.0, 120.0, ("another-host",))],
+    ids=["holder-ahead-same-host", "taker-ahead-other-host"])
+def test_a_clock_step_does_not_expire_a_live_lease(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, holder_skew: float,
+        taker_skew: float, host: tuple[str, ...]) -> None:
+    """Expiry is judged by renewals, never by comparing two writers' wall clocks: with
+    either writer's clock 120 s ahead, a live (renewing) holder in another process keeps
+    its lease, and the "in use" message tells its age by one clock; once the holder stops
+    renewing (SIGSTOP: alive, silent) the lease is taken after one term, not 120 s late."""
+    from chatstate.stores import leases
+
+    term = 3.0  # renewed every second: slack for a loaded machine
+    url = f"json://{tmp_path}/j" if kind == "json" else f"sqlite://{tmp_path}/s.db"
+    open_store(url).close()
+    proc = _holder(url, term, *host, "--skew", str(holder_skew), "--renew")
+    monkeypatch.setattr(leases, "wall_clock", lambda: time.time() + taker_skew)
+    store = open_store(url)
+    try:
+        with pytest.raises(ConversationInUse) as info:
+            store.acquire_lease("c1", wait=1.5 * term)
+        message = str(info.value)
+        assert f"pid {proc.pid}" in message
+        renewed = re.search(r"renewed ([0-9.]+) s ago", message)
+        assert renewed is not None, message
+        assert float(renewed.group(1)) <= term, message
+        proc.send_signal(signal.SIGSTOP)
+        with pytest.raises(ConversationInUse):
+            store.acquire_lease("c1")  # stopped just now: still within its term
+        store.release_lease(store.acquire_lease("c1", wait=3 * term))
+    finally:
+        proc.kill()
+        proc.wait(30)
+        store.close()
 
 
 def _live_writer_of(store: Any, cid: str, partial: str) -> tuple[Any, Any]:

@@ -7,7 +7,15 @@ ack after each append returns; it is SIGKILLed with its store open; then the
 power is cut (the filesystem process is SIGKILLed and the mount dropped) and
 the backing directory, which holds only what was made durable, is mounted
 again. Every acknowledged message must be there, the chain valid, and a fresh
-open must leave no temp file.
+open must leave no temp file. Under ``tear`` the cut keeps part of each unsynced write instead of
+dropping it whole (a torn prefix, on a page boundary, with a zeroed tail, or
+pages out of order: ``tests/support/lazyfs.py``), and the same checks hold.
+
+The streaming test cuts the power while a real child process
+(``tests/support/stream_child.py``) streams a reply from the fake model over
+HTTP into the store: every message acknowledged before the cut loads, the
+stored reply holds everything that was shown and is a prefix of the model's
+reply (a whole record, never garbage), and the next send completes.
 
 SIGKILL alone cannot tell a store that fsyncs from one that does not: the page
 cache survives a killed process. This tier can, and the last test proves it:
@@ -17,13 +25,16 @@ the same run with the JSON store's directory fsync switched off, or SQLite at
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.faultlib import (
@@ -35,17 +46,25 @@ from support.faultlib import (
     populate,
     require_tool,
     run,
+    turn_problems,
 )
-from support.stores import parse_acks
+from support.stores import fresh_load, parse_acks
+from support.stream_child import latest_replies
 from support.tiers import need
 
 from chatstate.core.transcript import Conversation, Message
 from chatstate.stores import open_store
+from chatstate.testing import FakeModel
+from chatstate.testing._replies import FILLER
 
 pytestmark = pytest.mark.slow
 
 LAZYFS = TESTS_DIR / "lazyfs.py"
+STREAMER = TESTS_DIR / "stream_child.py"
 ROUNDS = 4
+CUTS = 6  # power cuts per streaming run
+WORDS = 40  # words per fake reply: at 10 ms a chunk, a cut can land mid-stream
+TEARS = ("drop", "prefix", "page", "zero", "scatter")  # lazyfs.TEARS (it imports libfuse)
 
 
 def fuse_unavailable() -> str | None:
@@ -63,15 +82,19 @@ def fuse_unavailable() -> str | None:
 class LazyMount:
     """A lazyfs mount of ``tmp/disk`` at ``tmp/mnt`` that can lose power."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, tear: str = "drop", seed: int | None = None) -> None:
         self.disk, self.mnt, self.log = tmp / "disk", tmp / "mnt", tmp / "lazyfs.log"
         self.disk.mkdir()
         self.mnt.mkdir()
+        self.tear = tear
+        self.rng = random.Random(seed)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def mount(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([PYTHON, str(LAZYFS), str(self.disk), str(self.mnt)],
+            self.proc = subprocess.Popen([PYTHON, str(LAZYFS), str(self.disk), str(self.mnt),
+                                          "--tear", self.tear,
+                                          "--seed", str(self.rng.randrange(1 << 30))],
                                          stdout=log, stderr=log)
         deadline = time.monotonic() + 20
         while not os.path.ismount(self.mnt):
@@ -82,7 +105,9 @@ class LazyMount:
     def cut_power(self) -> None:
         """Drop everything not yet durable: kill the filesystem, unmount, mount the disk again."""
         assert self.proc is not None
-        os.stat(self.mnt)  # answered after every earlier request: the disk is consistent now
+        # Answered after every earlier request: the disk holds the (torn) durable state now.
+        with pytest.raises(FileNotFoundError):
+            os.stat(self.mnt / ".lazyfs-power-cut")
         self.proc.kill()
         self.proc.wait()
         run("fusermount3", "-u", "-z", self.mnt)
@@ -99,11 +124,18 @@ class LazyMount:
 
 
 @pytest.fixture
-def lazy(tmp_path: Path) -> Iterator[LazyMount]:
+def tear() -> str:
+    """How a power cut treats unsynced writes; tests parametrize it over TEARS."""
+    return "drop"
+
+
+@pytest.fixture
+def lazy(tmp_path: Path, tear: str) -> Iterator[LazyMount]:
     reason = fuse_unavailable()
     need("FUSE power-loss", reason is None, reason or "")
     require_tool("fusermount3", tier="FUSE power-loss")
-    mount = LazyMount(tmp_path)
+    seed = os.environ.get("CHATSTATE_POWERLOSS_SEED")
+    mount = LazyMount(tmp_path, tear, int(seed) if seed else None)
     mount.mount()
     try:
         yield mount
@@ -145,6 +177,7 @@ def stored(url: str) -> list[Message]:
 
 
 @pytest.mark.invariant(3)
+@pytest.mark.parametrize("tear", TEARS)
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 def test_acknowledged_messages_survive_power_loss(lazy: LazyMount, kind: str) -> None:
     """Round 0 kills a writer idling with its store open; later rounds kill it mid-append."""
@@ -165,8 +198,8 @@ def test_acknowledged_messages_survive_power_loss(lazy: LazyMount, kind: str) ->
         prev = stored(url)
         total += len(acks)
     assert total >= ROUNDS * 2
-    print(f"{kind}: {total} acknowledged messages survived {ROUNDS} power cuts; "
-          f"{len(prev)} stored")
+    print(f"{kind} ({lazy.tear}): {total} acknowledged messages survived {ROUNDS} power "
+          f"cuts; {len(prev)} stored")
 
 
 @pytest.mark.invariant(3)
@@ -184,3 +217,138 @@ def test_the_check_catches_a_store_that_skips_fsync(lazy: LazyMount, kind: str,
     verdict = after_fault(url, CID, prev, acks)
     assert any("missing" in p for p in verdict.problems), verdict.problems
     assert stored(url) == prev  # what was durable before the writer started is still there
+
+
+class Streamer:
+    """tests/support/stream_child.py: a fork server whose children stream one reply each."""
+
+    def __init__(self, url: str, base_url: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CHATSTATE_", "OPENAI_"))}
+        self.proc = subprocess.Popen([PYTHON, str(STREAMER), url, base_url],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.early: list[dict[str, Any]] = []
+        assert self.next() == "ready", self.proc.communicate()[1][-2000:]
+
+    def next(self) -> Any:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, f"stream_child exited: {self.proc.communicate()[1][-2000:]}"
+        return json.loads(line)
+
+    def go(self, mode: str) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"go {CID} {mode}\n")
+        self.proc.stdin.flush()
+        while "pid" not in (item := self.next()):
+            self.early.append(item)  # the forked writer may speak before its parent does
+        return int(item["pid"])
+
+    def until(self, done: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+        """The writer's lines, read until ``done`` says so (or it stopped talking)."""
+        out, self.early = self.early, []
+        while not done(out) and not any("error" in x or x.get("end") for x in out):
+            out.append(self.next())
+        return out
+
+    def reaped(self, pid: int) -> list[dict[str, Any]]:
+        out = []
+        while (item := self.next()).get("reaped") != pid:
+            out.append(item)
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def model_text(conv: Conversation, turn: str, text: str) -> bool:
+    """``text`` is a prefix of a fake reply to ``turn``: "Echo: <its question>" and then
+    whole or cut-off filler words, nothing else (no bytes of a torn record)."""
+    question = next(m.content for m in conv.messages if m.role == "user" and m.turn_id == turn)
+    head = f"Echo: {question}"
+    if len(text) <= len(head):
+        return head.startswith(text)
+    if not text.startswith(head + " "):
+        return False
+    *words, last = text[len(head) + 1:].split(" ")
+    return all(w in FILLER for w in words) and any(w.startswith(last) for w in FILLER)
+
+
+def check_after_cut(conv: Conversation, before: list[str], lines: list[dict[str, Any]]) -> str:
+    """The checks after one cut; returns where in the turn the cut landed."""
+    errors = [x["error"] for x in lines if "error" in x]
+    turn = next((x["turn"] for x in lines if "turn" in x), None)
+    printed = "".join(x["d"] for x in lines if "d" in x)
+    ended = any(x.get("end") for x in lines)
+    assert conv.verify() is None, "the hash chain is broken after the cut"
+    assert [m.hash for m in conv.messages][:len(before)] == before, \
+        "a message durable before this round has gone"
+    assert not turn_problems(conv.messages), turn_problems(conv.messages)
+    if turn is None:
+        return f"before the turn ({errors[0][:60] if errors else 'open'})"
+    # The user message is acknowledged once stream() returns (persist before call).
+    assert any(m.role == "user" and m.turn_id == turn for m in conv.messages), \
+        f"the acknowledged user message of {turn} is gone"
+    stored = latest_replies(conv).get(turn, "")
+    assert stored.startswith(printed), (
+        f"{turn}: {len(printed)} chars were shown but only {len(stored)} survived the cut "
+        f"(stored {stored!r})")
+    assert model_text(conv, turn, stored), f"{turn}: the stored reply is not the model's: " \
+        f"{stored!r}"
+    if ended:
+        reply = [m for m in conv.messages if m.turn_id == turn and m.role == "assistant"][-1]
+        assert (reply.status, reply.content) == ("complete", printed)
+        return "after the reply"
+    return "mid-stream" if printed else "before the first delta"
+
+
+@pytest.mark.invariant(2)
+@pytest.mark.parametrize("tear", TEARS)
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_power_cut_mid_stream(lazy: LazyMount, kind: str, tear: str) -> None:
+    """Cut the power after a random number of shown deltas (none, some, all), then SIGKILL
+    the writer; CUTS times, then one send runs to the end on what the cuts left."""
+    url = store_url(kind, lazy)
+    rng = random.Random(lazy.rng.random())
+    phases: Counter[str] = Counter()
+    before: list[str] = []
+    with FakeModel(chunk_delay=0.01, reply_words=WORDS) as fake:
+        server = Streamer(url, fake.base_url)
+        try:
+            for rnd in range(CUTS):
+                pid = server.go("retry" if rng.random() < 0.5 else "new")
+                shown = rng.choice([0, rng.randrange(1, WORDS), WORDS + 10])
+                lines = server.until(lambda out, k=shown: sum("d" in x for x in out) >= k
+                                     and any("turn" in x for x in out))
+                time.sleep(rng.uniform(0, 0.02))  # the writer goes on meanwhile
+                lazy.cut_power()  # the disk stops first: later fsyncs fail with EIO
+                os.kill(pid, signal.SIGKILL)
+                lines += server.reaped(pid)
+                conv = fresh_load(url, CID)
+                try:
+                    phases[check_after_cut(conv, before, lines)] += 1
+                except AssertionError as exc:
+                    raise AssertionError(f"cut {rnd} ({tear}): {exc}\n"
+                                         f"{lazy.log.read_text()[-1500:]}") from exc
+                before = [m.hash for m in conv.messages]
+            pid = server.go("retry")  # the next send works
+            lines = server.until(lambda out: False)
+            os.kill(pid, signal.SIGKILL)
+            lines += server.reaped(pid)
+        finally:
+            server.close()
+    assert not [x for x in lines if "error" in x], lines
+    assert next(x["found"] for x in lines if "found" in x)["verify"] is None
+    conv = fresh_load(url, CID)
+    assert check_after_cut(conv, before, lines) == "after the reply"
+    assert conv.partial is None
+    print(f"{kind} ({tear}): {CUTS} power cuts at {dict(phases)}; {len(conv.messages)} "
+          "messages stored")
+    assert phases["mid-stream"] >= 1 or phases["before the first delta"] >= 1, phases

@@ -9,6 +9,7 @@ damaged conversation stops the sweep before anything is removed.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -139,13 +140,81 @@ def test_the_cli_is_a_dry_run_unless_yes(tmp_path: Path) -> None:
         store.delete("b")
     finally:
         store.close()
-    dry = invoke(["gc", "--grace", "0s"], store=store_url)
+    dry = invoke(["gc", "--grace", "0s", "--force"], store=store_url)
     assert dry.code == 0, dry.err
     assert f"would remove blob {sha(picture('b'))}" in dry.out
     assert "1 of 2 blob(s) unnamed" in dry.err
     assert "add --yes" in dry.err
-    done = invoke(["gc", "--grace", "0s", "--yes"], store=store_url)
+    done = invoke(["gc", "--grace", "0s", "--force", "--yes"], store=store_url)
     assert f"removed blob {sha(picture('b'))}" in done.out
-    again = invoke(["gc", "--grace", "0s", "--yes"], store=store_url)
+    again = invoke(["gc", "--grace", "0s", "--force", "--yes"], store=store_url)
     assert "0 of 1 blob(s) removed" in again.err
     assert "1 named by a message" in again.err
+
+
+class WriterDuringSweep:
+    """The real store, with a second thread committing a message that names a blob
+    (stored just before the sweep) while the sweep reads the conversations."""
+
+    def __init__(self, store: Any, data: bytes) -> None:
+        self._store, self._data, self._done = store, data, False
+        self.content = store_parts(store, [image(data, name="late.png")])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def list_conversations(self) -> Any:
+        listing = self._store.list_conversations()
+        if not self._done:
+            self._done = True
+            writer = threading.Thread(target=lambda: with_content(self._store, self.content))
+            writer.start()
+            writer.join()
+        return listing
+
+
+def with_content(store: Any, content: Any) -> None:
+    store.create(Conversation(id="late"))
+    store.append("late", [Message.seal(None, role="user", content=content, turn_id="t-1")])
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_a_message_committed_during_the_sweep_keeps_its_blob(tmp_path: Path, kind: str) -> None:
+    url = f"json://{tmp_path}/store" if kind == "json" else f"sqlite://{tmp_path}/s.db"
+    store = open_store(url)
+    try:
+        with_image(store, "gone", picture("gone"))
+        store.delete("gone")
+        racing = WriterDuringSweep(store, picture("late"))
+        sweep = collect_blobs(racing, grace=0)
+        assert sha(picture("late")) in held(store)
+        assert sha(picture("late")) not in sweep.removed
+        assert sweep.removed == [sha(picture("gone"))]
+        assert store.load("late").messages  # the conversation loads
+        assert collect_blobs(store, grace=0).removed == []  # and gc runs again
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("grace", ["0", "0s", "5m", "599s"])
+def test_the_cli_refuses_a_grace_shorter_than_a_turn_unless_forced(tmp_path: Path,
+                                                                   grace: str) -> None:
+    store_url = f"sqlite://{tmp_path}/s.db"
+    refused = invoke(["gc", "--grace", grace], store=store_url)
+    assert refused.code == 2
+    assert "--grace" in refused.err and "--force" in refused.err
+    forced = invoke(["gc", "--grace", grace, "--force"], store=store_url)
+    assert forced.code == 0, forced.err
+
+
+@pytest.mark.parametrize("grace", ["10m", "1h", "2d", "600s"])
+def test_the_cli_takes_a_grace_of_a_turn_or_more(tmp_path: Path, grace: str) -> None:
+    done = invoke(["gc", "--grace", grace], store=f"sqlite://{tmp_path}/s.db")
+    assert done.code == 0, done.err
+
+
+@pytest.mark.parametrize("grace", ["ten", "1x", "-1h", "5"])
+def test_the_cli_names_a_grace_it_cannot_read(tmp_path: Path, grace: str) -> None:
+    bad = invoke(["gc", "--grace", grace, "--force"], store=f"sqlite://{tmp_path}/s.db")
+    assert bad.code == 2
+    assert "--grace" in bad.err and repr(grace) in bad.err

@@ -222,7 +222,8 @@ def test_every_streamed_chunk_is_stored_before_the_client_gets_it(
     shown = ""
     checks = 0
     with httpx2.stream("POST", proxy.base_url + "/chat/completions", timeout=30,
-                       json={"model": "m", "stream": True, "messages": USER}) as resp:
+                       json={"model": "m", "stream": True, "messages": [
+                           {"role": "user", "content": "stored before shown"}]}) as resp:
         cid = resp.headers["x-chatstate-conversation"]
         for line in resp.iter_lines():
             if not line.startswith("data: {"):
@@ -285,8 +286,9 @@ def test_upstream_error_reaches_the_client_and_the_transcript(proxy: ServeProces
     assert [m.role for m in conv.messages] == ["user"]  # stored before the call; no reply
     assert conv.metadata["last_upstream_error"]["status"] == 400
     fake.fail_next(503)
-    with httpx2.stream("POST", proxy.base_url + "/chat/completions", timeout=30,
-                       json={"model": "m", "stream": True, "messages": USER}) as resp:
+    with httpx2.stream("POST", proxy.base_url + "/chat/completions", timeout=30, json={
+            "model": "m", "stream": True,  # a request not seen before (that one is replayed)
+            "messages": [{"role": "user", "content": "streamed into a 503"}]}) as resp:
         assert resp.status_code == 503
 
 
@@ -337,7 +339,8 @@ def test_tools_and_content_parts_pass_through_and_are_stored(proxy: ServeProcess
 
 @pytest.mark.invariant(9)
 def test_keys_stay_out_of_the_store_and_the_logs(proxy: ServeProcess, fake: FakeModel) -> None:
-    post(proxy, {"model": "m", "messages": USER}, Authorization="Bearer client-secret-1")
+    post(proxy, {"model": "m", "messages": [{"role": "user", "content": "keys stay out"}]},
+         Authorization="Bearer client-secret-1")
     assert fake.request_log[-1]["authorization_fingerprint"] == tag(f"Bearer {CANARY}")
     base: Path = proxy.base  # type: ignore[attr-defined]
     for path in base.rglob("*"):

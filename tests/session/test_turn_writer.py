@@ -89,10 +89,11 @@ def test_writes_outside_a_turn_are_unfenced(store: FenceLog) -> None:
 
 def test_the_proxy_writes_through_the_turn_writer_fenced(store: FenceLog) -> None:
     from chatstate.serve._history import HistoryIndex
-    from chatstate.serve._turns import Writer
+    from chatstate.serve._turns import Turn, Writer
 
     writer = Writer(store, HistoryIndex())
     turn = writer.begin(None, [{"role": "user", "content": "hi"}])
+    assert isinstance(turn, Turn)
     writer.save_partial(turn, "Hel", "m")
     writer.commit(turn, {"content": "Hello", "model": "m"})
     writer.note_failure(turn, 500, "a later failure, noted")

@@ -40,7 +40,7 @@ RAW_CONTROLS = ("\x1b]0;pwned", "\x1b[2J", "\x07", "\x00", "\x9b", "C\rD", "\x1b
 """Pieces of HOSTILE that must never reach a terminal raw."""
 CLEARED = ("CHATSTATE_STORE", "CHATSTATE_ALLOW_EPHEMERAL", "CHATSTATE_API_KEY",
            "CHATSTATE_BASE_URL", "CHATSTATE_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL",
-           "CHATSTATE_FAKE_REPLY_WORDS", "DEPLOY_ID")
+           "CHATSTATE_FAKE_REPLY_WORDS", "CHATSTATE_FAKE_CHUNK_DELAY", "DEPLOY_ID")
 
 
 @dataclass
@@ -64,7 +64,10 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env.update(HOME=str(home), XDG_STATE_HOME=str(home / "state"),
                XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"),
                PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", COLUMNS="200", LINES="50",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1",
+               # the pace the REPL and interrupt tests were written for: slow enough to
+               # press Ctrl-C mid-reply
+               CHATSTATE_FAKE_CHUNK_DELAY="0.01")
     env.update(extra)
     return env
 

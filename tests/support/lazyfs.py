@@ -1,6 +1,7 @@
 """A test-only FUSE filesystem that loses whatever was not fsynced when the power is cut.
 
-    python tests/support/lazyfs.py BACKING MOUNTPOINT      (foreground; SIGKILL it to cut the power)
+    python tests/support/lazyfs.py BACKING MOUNTPOINT [--tear MODE] [--seed N]
+                                   (foreground; stat CUT, then SIGKILL it, to cut the power)
 
 Jepsen's LazyFS idea, small: every file and directory lives in this process's
 memory, in two versions. The *live* version is what processes see; the
@@ -21,6 +22,26 @@ disk) only while a fsync is being answered, and the process is single-threaded,
 so once a later request (a ``stat`` of the mount) has been answered, BACKING is
 consistent and the process may be killed.
 
+Tearing. A real disk does not always drop an unsynced write whole: a cut can
+leave part of it. ``stat`` of ``MOUNTPOINT/.lazyfs-power-cut`` (``CUT``) is the
+power cut: every file that a durable directory entry points at and whose live
+data differs from its durable data keeps a torn version of the unsynced write,
+as ``--tear`` says (``drop``, the default, keeps nothing):
+
+- ``prefix``: the durable data overwritten by the live data up to a random byte;
+- ``page``:   the same, the tear on a 4096-byte boundary (or at either end);
+- ``zero``:   the file has its live size, but the live data only up to a random
+  byte and zeros after it (the size reached the disk, the data did not);
+- ``scatter``: each 4096-byte page of the unsynced range independently the live
+  page or the old one (zeros past the old size), the size either: pages written
+  out of order, so a later page (say the one holding a record's newline) can
+  land while an earlier one does not.
+
+Each file draws its own tear point, from ``--seed``, so a tear may also keep
+nothing or everything. The ``stat`` fails with ENOENT once BACKING holds the
+torn state; after it every fsync fails with EIO (the power is off: nothing more
+reaches BACKING) and the process is to be SIGKILLed.
+
 POSIX and flock locks are left to the kernel (local locks), which is what a
 single-machine store needs. Hard links and symlinks are refused.
 """
@@ -30,6 +51,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import random
 import shutil
 import stat
 import sys
@@ -38,6 +60,36 @@ from pathlib import Path
 from typing import Any
 
 import mfusepy as fuse
+
+CUT = "/.lazyfs-power-cut"
+PAGE = 4096
+TEARS = ("drop", "prefix", "page", "zero", "scatter")
+
+
+def tear(durable: bytes, live: bytes, mode: str, rng: random.Random) -> bytes:
+    """What a power cut leaves of a file whose data is ``live`` and last fsynced ``durable``."""
+    start = next((i for i, (a, b) in enumerate(zip(durable, live, strict=False)) if a != b),
+                 min(len(durable), len(live)))
+    end = len(live)
+    if mode == "drop" or start >= end:
+        return durable
+    if mode == "scatter":
+        size = rng.choice([len(durable), end])
+        old = durable.ljust(max(size, end), b"\0")
+        out = bytearray(old[:start])
+        for page in range(start // PAGE * PAGE, max(size, end), PAGE):
+            lo, hi = max(page, start), page + PAGE
+            out += (live if rng.random() < 0.5 else old)[lo:hi].ljust(
+                min(hi, max(size, end)) - lo, b"\0")
+        return bytes(out[:size])
+    if mode == "page":
+        cuts = [start, *range((start // PAGE + 1) * PAGE, end, PAGE), end]
+        k = rng.choice(cuts)
+    else:
+        k = rng.randint(start, end)
+    if mode == "zero":
+        return live[:k] + b"\0" * (end - k)
+    return live[:k] + durable[k:]
 
 
 class Node:
@@ -84,8 +136,12 @@ def load(path: Path) -> Node:
 class LazyFS(fuse.Operations):  # type: ignore[misc]  # mfusepy is untyped
     use_ns = True
 
-    def __init__(self, backing: Path) -> None:
+    def __init__(self, backing: Path, mode: str = "drop", seed: int | None = None) -> None:
         self.backing = backing
+        self.mode = mode
+        self.rng = random.Random(seed)
+        self.off = False  # after the power cut
+        self.torn: list[str] = []  # the files a cut left torn, for the log
         self.root = load(backing)
         self.root.ino = 1
         self.handles: dict[int, Node] = {}
@@ -129,7 +185,34 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]  # mfusepy is untyped
         parent.mtime = time.time_ns()
 
     # -- durability ----------------------------------------------------------------------
+    def power_cut(self) -> None:
+        """Leave in BACKING what the tear mode says of every unsynced write, then go dark."""
+        seen: set[int] = set()
+
+        def walk(node: Node, where: str) -> None:
+            for name, child in sorted(node.durable_entries.items()):
+                if child.ino in seen:
+                    continue
+                seen.add(child.ino)
+                if child.is_dir:
+                    walk(child, f"{where}/{name}")
+                    continue
+                kept = tear(child.durable_data, bytes(child.data), self.mode, self.rng)
+                if kept != child.durable_data:
+                    self.torn.append(f"{where}/{name}: kept {len(kept)} of {len(child.data)} "
+                                     f"bytes (durable {len(child.durable_data)})")
+                    child.durable_data = kept
+                    child.version += 1
+
+        walk(self.root, "")
+        self._mirror(self.root, self.backing)
+        self.off = True
+        print(f"power cut ({self.mode}): " + ("; ".join(self.torn) or "nothing torn"),
+              file=sys.stderr, flush=True)
+
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
+        if self.off:
+            raise fuse.FuseOSError(errno.EIO)
         node = self._node(path, fh)
         node.durable_data = bytes(node.data)
         node.durable_mode = node.mode
@@ -138,6 +221,8 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]  # mfusepy is untyped
         return 0
 
     def fsyncdir(self, path: str | None, datasync: int, fh: int) -> int:
+        if self.off:
+            raise fuse.FuseOSError(errno.EIO)
         node = self._node(path, fh)
         node.durable_entries = dict(node.entries)
         self._mirror(self.root, self.backing)
@@ -166,6 +251,9 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]  # mfusepy is untyped
 
     # -- namespace -----------------------------------------------------------------------
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
+        if path == CUT:
+            self.power_cut()
+            raise fuse.FuseOSError(errno.ENOENT)
         return self._node(path, fh).attrs()
 
     def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
@@ -275,8 +363,16 @@ class LazyFS(fuse.Operations):  # type: ignore[misc]  # mfusepy is untyped
 
 
 def main(argv: list[str]) -> None:
-    backing, mountpoint = Path(argv[0]).resolve(), argv[1]
-    fuse.FUSE(LazyFS(backing), mountpoint, foreground=True, nothreads=True, fsname="lazyfs",
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="lazyfs.py")
+    parser.add_argument("backing", type=Path)
+    parser.add_argument("mountpoint")
+    parser.add_argument("--tear", choices=TEARS, default="drop")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    fs = LazyFS(args.backing.resolve(), args.tear, args.seed)
+    fuse.FUSE(fs, args.mountpoint, foreground=True, nothreads=True, fsname="lazyfs",
               use_ino=True, hard_remove=True, attr_timeout=0, entry_timeout=0,
               negative_timeout=0)
 

@@ -17,7 +17,8 @@ tests that stop the server, ``start_moto()`` gives a dedicated one.
 
 ``FaultProxy`` sits between the store and moto and answers chosen requests
 with 500/503 (before or after forwarding them), and logs every request, so
-tests can inject transient failures and count requests per operation.
+tests can inject transient failures and count requests per operation; with
+``strip=`` it drops request headers (a proxy that loses conditional writes).
 
 ``read_object``, ``write_object`` and ``object_keys`` give raw access to a
 store's objects (keys relative to its prefix; the layout is in
@@ -235,6 +236,9 @@ class FaultProxy:
     server: ThreadingHTTPServer | None = None
     conns: list[socket.socket] = field(default_factory=list)
     stopped: bool = False
+    strip: tuple[str, ...] = ()
+    """Request headers dropped on the way upstream (``("If-None-Match", "If-Match")``: a
+    proxy that silently turns conditional writes into plain ones)."""
 
     @property
     def endpoint(self) -> str:
@@ -333,6 +337,8 @@ class FaultProxy:
         parts = urlsplit(self.upstream)
         conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port,
                                           timeout=30)
+        dropped = {name.lower() for name in self.strip}
+        headers = {k: v for k, v in headers.items() if k.lower() not in dropped}
         try:
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()

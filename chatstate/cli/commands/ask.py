@@ -103,10 +103,36 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
             click.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
         # like $(...) in a shell: the newline that ends the piped text is not part of it
         prompt = sys.stdin.read().removesuffix("\n")
+    else:
+        piped = piped_text()
+        if piped:  # `cat notes.md | chatstate ask "Summarise:"`: the prompt, then the text
+            prompt = f"{prompt}\n\n{piped}"
     text = valid_text(prompt, "the prompt")
     if not text.strip():
         raise click.UsageError("empty prompt: pass PROMPT or pipe text on stdin")
     return text
+
+
+PIPED_LIMIT = 1024 * 1024  # more than any model's window takes in one message
+
+
+def piped_text() -> str:
+    """Text piped or redirected into stdin beside a PROMPT; "" for a terminal or /dev/null."""
+    import os
+    import stat
+
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError):  # no real stdin (closed, or replaced in-process)
+        return ""
+    if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
+        return ""
+    data = sys.stdin.buffer.read(PIPED_LIMIT + 1)
+    if len(data) > PIPED_LIMIT:
+        raise click.UsageError(
+            f"the text piped on stdin is over {PIPED_LIMIT // 1024 // 1024} MiB; nothing was "
+            "sent or stored: split it, or attach the file with -a PATH")
+    return data.decode("utf-8", "surrogateescape").removesuffix("\n")
 
 
 def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,

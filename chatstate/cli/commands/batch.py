@@ -29,8 +29,40 @@ def _where(f: Callable[..., Any]) -> Callable[..., Any]:
                         "s3://bucket/prefix?endpoint_url=… shared by many hosts.")(f)
 
 
+_live: list[Any] = []  # the rich console of the progress bar on screen, if one is
+
+
 def _echo(line: str) -> None:
-    click.echo(line, err=True)
+    if _live:  # above the bar, which rich then redraws below: no glued or stale lines
+        _live[0].print(line, markup=False, highlight=False, soft_wrap=True)
+    else:
+        click.echo(line, err=True)
+
+
+class _ThroughBar:
+    """A stream for the log handlers while the bar is up: each line goes above it."""
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            _echo(text.rstrip("\n"))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _logs_through_bar() -> Iterator[None]:
+    import logging
+
+    handlers = [h for h in logging.getLogger("chatstate").handlers
+                if isinstance(h, logging.StreamHandler)]
+    streams = [h.setStream(_ThroughBar()) for h in handlers]
+    try:
+        yield
+    finally:
+        for handler, stream in zip(handlers, streams, strict=True):
+            handler.setStream(stream)
 
 
 @click.group()
@@ -122,15 +154,20 @@ def _progress() -> Iterator[Callable[[Any], None]]:
     from rich.progress import BarColumn, TextColumn
     from rich.progress import Progress as Bar
 
+    console = Console(stderr=True)
     bar = Bar(TextColumn("batch"), BarColumn(), TextColumn("{task.fields[line]}"),
-              console=Console(stderr=True), transient=True)
+              console=console, transient=True)
     task = bar.add_task("batch", total=None, line="starting")
-    with bar:
+    with bar, _logs_through_bar():
         def show(p: Any) -> None:
             bar.update(task, completed=p.counts["done"] + p.counts["failed"], total=p.total,
                        line=p.line().removeprefix("batch: "))
 
-        yield show
+        _live.append(console)
+        try:
+            yield show
+        finally:
+            _live.clear()
 
 
 @batch.command()

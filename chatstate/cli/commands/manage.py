@@ -143,9 +143,11 @@ def rm(env: Env, conversation_id: str, yes: bool) -> None:
 
 
 def parse_age(text: str) -> timedelta:
-    match = re.fullmatch(r"(\d+)\s*([smhdw])", text.strip())
-    if not match:
-        raise click.BadParameter(f"{text!r}: use a number and a unit, e.g. 30d, 12h, 2w")
+    match = re.fullmatch(r"(\d+)\s*([smhdw]?)", text.strip())
+    if not match or (not match.group(2) and int(match.group(1)) != 0):
+        raise click.BadParameter(f"{text!r}: use a number and a unit, e.g. 30d, 12h, 2w, 10m")
+    if not match.group(2):
+        return timedelta(0)
     unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
     return timedelta(**{unit[match.group(2)]: int(match.group(1))})
 
@@ -173,20 +175,30 @@ def prune(env: Env, older_than: str, yes: bool) -> None:
 
 @click.command()
 @click.option("--grace", default="1h", show_default=True, metavar="AGE",
-              help="Keep blobs stored (or stored again) more recently than this.")
+              help="Keep blobs stored (or stored again) more recently than this "
+              "(at least 10m unless --force).")
+@click.option("--force", is_flag=True, help="Accept a grace shorter than 10m.")
 @click.option("--yes", is_flag=True, help="Really remove (otherwise a dry run).")
 @click.pass_obj
-def gc(env: Env, grace: str, yes: bool) -> None:
+def gc(env: Env, grace: str, force: bool, yes: bool) -> None:
     """Remove images and files that no message or partial reply names any more.
 
     Deleting or pruning a conversation leaves its attachments in the blob area (another
     conversation may name the same one). Every conversation is read first: a damaged one
     stops gc before anything is removed. A dry run unless --yes.
     """
-    from chatstate.ops.blobgc import collect_blobs
+    from chatstate.ops.blobgc import MIN_GRACE, collect_blobs
 
-    sweep = collect_blobs(env.store(), grace=parse_age(grace).total_seconds(),
-                          dry_run=not yes)
+    try:
+        seconds = parse_age(grace).total_seconds()
+    except click.BadParameter as exc:
+        exc.param_hint = "--grace"
+        raise
+    if seconds < MIN_GRACE and not force:
+        raise click.BadParameter(
+            f"{grace!r} is shorter than a turn can take (a turn stores its blobs before the "
+            f"message naming them); use at least 10m, or add --force", param_hint="--grace")
+    sweep = collect_blobs(env.store(), grace=seconds, dry_run=not yes)
     for sha256 in sweep.removed:
         click.echo(f"{'removed' if yes else 'would remove'} blob {sha256}")
     size = f"{sweep.freed / (1 << 20):.1f} MiB" if sweep.freed >= 1 << 20 else \

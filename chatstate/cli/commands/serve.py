@@ -6,6 +6,7 @@ import ipaddress
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import click
@@ -38,7 +39,14 @@ def _size(text: str) -> int:
 @click.option("--upstream", metavar="URL", help="The provider's base URL (default: the "
               "configured base URL). 'fake' runs the built-in fake model.")
 @click.option("--token", "tokens", multiple=True, metavar="TOKEN",
-              help="A client token (repeatable; also CHATSTATE_SERVE_TOKENS, comma-separated).")
+              help="A client token (repeatable; also CHATSTATE_SERVE_TOKENS, comma-separated, "
+              "or --token-file). Each token is a namespace of its own.")
+@click.option("--token-file", "token_files", multiple=True, metavar="PATH",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Read client tokens from a file, one a line (not shown in ps).")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests whose Host header is NAME (repeatable; loopback "
+              "names, the bound host and IP addresses are always answered; '*' any).")
 @click.option("--pass-client-key", is_flag=True, help="Forward the client's Authorization "
               "header upstream (tokens are then read from X-Chatstate-Token).")
 @click.option("--ready-upstream", is_flag=True, help="/readyz also checks GET /models upstream.")
@@ -68,16 +76,16 @@ def _size(text: str) -> int:
               metavar="SECONDS", help="How long /readyz reuses its last store probe.")
 @click.pass_obj
 def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[str, ...],
-          pass_client_key: bool, ready_upstream: bool, max_body: str, drain: int,
-          lease_wait: float, max_messages: int, max_depth: int, max_concurrent: int | None,
-          rate: str | None, idle_timeout: int, header_timeout: float,
-          ready_cache: float) -> None:
+          token_files: tuple[Path, ...], allow_hosts: tuple[str, ...], pass_client_key: bool,
+          ready_upstream: bool, max_body: str, drain: int, lease_wait: float,
+          max_messages: int, max_depth: int, max_concurrent: int | None, rate: str | None,
+          idle_timeout: int, header_timeout: float, ready_cache: float) -> None:
     """Run an OpenAI-compatible proxy that stores every conversation before a byte reaches
     the client. Point a client's base URL at http://HOST:PORT/v1."""
     try:
         import uvicorn
 
-        from chatstate.serve import ServeConfig, create_app, with_access_log
+        from chatstate.serve import ServeConfig, check_tokens, create_app, with_access_log
         from chatstate.serve._limits import parse_rate
         from chatstate.serve._timeouts import h11_protocol
     except ModuleNotFoundError as exc:
@@ -85,7 +93,10 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
              "pip install 'chatstate[serve]'")
     from chatstate.adapter.settings import DEFAULT_BASE_URL, ModelSettings
 
-    all_tokens = [*tokens, *_env_tokens()]
+    try:
+        all_tokens = check_tokens([*tokens, *_file_tokens(token_files), *_env_tokens()])
+    except ValueError as exc:
+        fail(str(exc), 2)
     if not _loopback(host) and not all_tokens:
         fail(f"refusing to listen on {host} without client tokens: anyone who can reach it "
              "could spend your API key. Pass --token (or CHATSTATE_SERVE_TOKENS), or bind "
@@ -113,7 +124,7 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
                          connect_timeout=settings.connect_timeout, lease_wait=lease_wait,
                          max_messages=max_messages, max_depth=max_depth,
                          max_concurrent=max_concurrent, rate=per_second,
-                         ready_cache=ready_cache)
+                         ready_cache=ready_cache, allowed_hosts=[host, *allow_hosts])
     logging.getLogger("chatstate.serve").setLevel(logging.INFO)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -124,7 +135,9 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
         with_access_log(create_app(config)), log_level="warning", access_log=False,
         timeout_graceful_shutdown=max(1, drain), lifespan="on",
         http=h11_protocol(header_timeout), timeout_keep_alive=idle_timeout))
-    click.echo(f"serving on http://{host}:{bound}/v1 (upstream {_shown(base)})", err=True)
+    shown_host = f"[{host}]" if ":" in host else host
+    click.echo(f"serving on http://{shown_host}:{bound}/v1 (upstream {_shown(base)})",
+               err=True)
     try:
         server.run(sockets=[sock])
     finally:
@@ -133,8 +146,28 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
 
 
 def _env_tokens() -> list[str]:
-    raw = os.environ.get("CHATSTATE_SERVE_TOKENS", "")
+    raw = os.environ.get("CHATSTATE_SERVE_TOKENS")
+    if raw is None:
+        return []
+    if not raw.strip():  # set but empty: an unset variable in a deploy file, say so
+        return [raw]
     return [t.strip() for t in raw.replace(",", " ").split() if t.strip()]
+
+
+def _file_tokens(paths: tuple[Path, ...]) -> list[str]:
+    out: list[str] = []
+    for path in paths:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"--token-file {path}: cannot read it ({exc}): give a readable text file "
+                 "with one token a line", 2)
+        found = [line.strip() for line in lines
+                 if line.strip() and not line.lstrip().startswith("#")]
+        if not found:
+            fail(f"--token-file {path}: no token in it: put one token a line", 2)
+        out += found
+    return out
 
 
 def _shown(url: str) -> str:

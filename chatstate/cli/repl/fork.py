@@ -15,16 +15,20 @@ class ForkCommands:
     def render(self, streamer: Any, sender: Any) -> None: ...  # pragma: no cover
 
     def do_compact(self, _: str) -> None:
-        from chatstate.session.compact import compact
+        from chatstate.session.compact import compact, plan
 
+        if plan(self.chat.conversation, 2) is None:  # before saying it will summarise
+            self.say("nothing to compact yet: the last turns are always sent word for word")
+            return
         self.say("summarising the older turns…")
         summary = compact(self.chat)
-        if summary is None:
+        if summary is None:  # another writer compacted meanwhile
             self.say("nothing to compact yet: the last turns are always sent word for word")
             return
         covers = (summary.params or {})["summary"]["covers_to_seq"]
         self.say(f"summary stored at seq {summary.seq}; it stands in for seqs up to {covers} "
-                 "in later requests (they stay in the store)")
+                 "in later requests (they stay in the store):")
+        self.say(summary.text)
 
     def do_fork(self, _: str) -> None:
         self._switch_to_fork(None)

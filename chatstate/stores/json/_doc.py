@@ -111,15 +111,28 @@ def stored_lines(raw: bytes, count: int) -> list[str] | None:
 
 
 def decode_partial(raw: bytes, where: str) -> Message:
-    """The partial reply in a sidecar: the last complete line of an append-only log.
+    """The partial reply in a sidecar: the last whole record of an append-only log.
 
-    Each flush appends one whole record and its newline; a last line without its
-    newline is a write that a crash cut off before it was acknowledged, so the
-    record before it stands. A file of one line without a newline is the older
-    single-document sidecar.
+    Each flush appends one whole record and its newline, fsynced before the next
+    flush starts; a last line without its newline is a write that a crash cut off
+    before it was acknowledged, so the record before it stands. A filesystem may
+    also tear an unsynced append so that its newline lands but its middle does not
+    (zeros, or a cut record): an unreadable last record falls back to the one before
+    it, which was whole and acknowledged. Only the last record can be torn so: an
+    unreadable one before it is damage, and is reported. A file of one line without
+    a newline is the older single-document sidecar.
     """
     lines = raw.split(b"\n")
-    record = lines[-2] if len(lines) > 1 else lines[0]
+    records = lines[:-1] if len(lines) > 1 else lines
+    try:
+        return _partial_record(records[-1], where)
+    except CorruptTranscriptError:
+        if len(records) < 2:
+            raise
+    return _partial_record(records[-2], where)
+
+
+def _partial_record(record: bytes, where: str) -> Message:
     try:
         doc = json.loads(record)
         check_schema(doc.get("schema"), where)

@@ -22,6 +22,7 @@ from chatstate.errors import (
 from chatstate.stores.base import CheckReport, Location
 from chatstate.stores.s3 import _chain as chain
 from chatstate.stores.s3 import _doc as doc
+from chatstate.stores.s3 import _server as server
 from chatstate.stores.s3._transport import S3IO, Exists, S3Target, scrub
 
 STORE_KIND = "chatstate-s3-store"
@@ -67,9 +68,11 @@ class S3StoreBase:
         """Check (or create) the store marker, and remove probes a killed check() left."""
         self._io = S3IO(self.target)
         self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="chatstate-s3")
+        honoured = self.pool.submit(server.ensure, self.io)  # before anything is written
         pending = self.pool.submit(self.io.get, doc.MARKER, "open the store at")
         probes = self.io.keys(doc.PROBES)
         blob = pending.result()
+        honoured.result()
         if blob is None:
             marker = doc.encode({"kind": STORE_KIND, "created_at": now_iso()})
             try:
@@ -165,6 +168,10 @@ class S3StoreBase:
                 raise StoreUnavailable(f"{self._where(key)}: the probe is still there after "
                                        "delete")
             report.steps.append("deleted it")
+            server.recheck(self.io)
+            report.steps.append("refused: a second create-only PUT (If-None-Match: *) and a "
+                                f"PUT with a wrong If-Match ({self.target.endpoint_shown} "
+                                "honours conditional writes)")
             report.ok = True
         except Exception as exc:  # check() reports, it never raises
             report.error = scrub(str(exc))

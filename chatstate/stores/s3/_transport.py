@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import parse_qs, urlsplit
@@ -163,6 +163,8 @@ def _credential_provider() -> Any:
 class Blob:
     data: bytes
     etag: str | None
+    modified: datetime | None = None
+    """The server's Last-Modified: its clock (whole seconds) when the object was written."""
 
 
 class S3IO:
@@ -223,7 +225,8 @@ class S3IO:
         with self._call(action, key):
             try:
                 result = obstore.get(self.client, key)
-                return Blob(bytes(result.bytes()), result.meta.get("e_tag"))
+                return Blob(bytes(result.bytes()), result.meta.get("e_tag"),
+                            result.meta.get("last_modified"))
             except FileNotFoundError as exc:
                 if "NoSuchBucket" in str(exc):
                     raise
@@ -241,6 +244,11 @@ class S3IO:
             except PreconditionError:
                 raise (Exists(key) if create else Stale(key)) from None
             return result.get("e_tag")
+
+    def modified(self, key: str, action: str = "read") -> datetime:
+        """The object's Last-Modified (the server's clock when it was written)."""
+        with self._call(action, key):
+            return obstore.head(self.client, key)["last_modified"]
 
     def delete(self, keys: Sequence[str], action: str = "delete") -> None:
         """Delete keys (missing ones are fine), in the order given, in batches of 1000."""

@@ -31,8 +31,15 @@ conversation this process has neither created nor loaded first reads and
 verifies its chain (a load's worth of requests, once): nothing is written onto
 a chain that does not verify or falls short of the head the index records.
 
-The store assumes what AWS S3, MinIO and R2 give: strong read-after-write and
-list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
+The store assumes what AWS S3, MinIO, R2 and SeaweedFS give: strong read-after-write
+and list-after-write consistency, and conditional PUTs (If-None-Match: *, If-Match).
+The conditional PUTs it proves before it writes (``_server``: once per process per
+endpoint and bucket at open, 4 requests and a delete; every ``check()``), and refuses
+a server, or a proxy, that drops them.
+
+An append is committed when its segment is: a failure of what follows (the index,
+the delete of the partial reply it kept, a snapshot) is logged and repaired by the
+next load or append, never reported as a failed append of a stored message.
 
 A write is acknowledged by the object store before a method returns. The
 partial reply is flushed at most every ``partial_flush_interval`` seconds by
@@ -41,6 +48,7 @@ the session (a flush is a network round trip; rendering waits for it).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +60,12 @@ from chatstate.core.transcript import (
     now_iso,
     validate_id,
 )
-from chatstate.errors import ConflictError, ConversationNotFound, CorruptTranscriptError
+from chatstate.errors import (
+    ConflictError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+    StoreUnavailable,
+)
 from chatstate.stores.base import check_append, check_partial_commit
 from chatstate.stores.blobs import check_stored_blobs, named_blobs, refuse_unheld_blobs
 from chatstate.stores.s3 import _chain as chain
@@ -60,6 +73,8 @@ from chatstate.stores.s3 import _doc as doc
 from chatstate.stores.s3._blobs import S3Blobs
 from chatstate.stores.s3._lease import S3Lease
 from chatstate.stores.s3._transport import Exists, S3Target, Stale, parse_url
+
+log = logging.getLogger("chatstate.stores")
 
 
 @dataclass
@@ -235,18 +250,33 @@ class S3Store(S3Lease, S3Blobs):
             end, tail = stored[-1], (len(stored), stored[-1].hash)
         else:
             return
+        # the segment is the commit point: what follows is derived data, and a failure
+        # there is logged and repaired later (load and the next append move the index
+        # forward; a stale partial of a stored seq is ignored and replaced), never
+        # reported as a failed append of a message that is stored
         mine = self._partials.get(cid)
         cleared = None
         if mine is not None and mine.seq <= end.seq:  # overlaps the index update
             cleared = self.pool.submit(self.io.delete, [doc.partial_key(cid)],
                                        "clear the partial reply at")
             self._partials.pop(cid, None)
-        header = None if state.exists else self._header(cid)
-        chain.update_index(self.io, cid, state, header, tail=tail)
+
+        def index() -> None:
+            header = None if state.exists else self._header(cid)
+            chain.update_index(self.io, cid, state, header, tail=tail)
+
+        self._derived(cid, "move the listing index forward", index)
         if cleared is not None:
-            cleared.result()
+            self._derived(cid, "delete the partial reply it kept", cleared.result)
         if fresh and chain.crosses_snapshot(fresh[0].seq, end.seq):
-            self._snapshot(cid, end)
+            self._derived(cid, "write a snapshot", lambda: self._snapshot(cid, end))
+
+    def _derived(self, cid: str, what: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except StoreUnavailable as exc:
+            log.warning("%s: the append is stored, but could not %s (repaired at the next "
+                        "load or append): %s", self._where(doc.conv_dir(cid)), what, exc)
 
     def _snapshot(self, cid: str, end: Message) -> None:
         cached = self._chains.get(cid)

@@ -1,31 +1,32 @@
-"""The sqlite store's writer lease: a ``leases`` row (migration ``m006_leases``), one upsert."""
+"""The sqlite store's writer lease: a ``leases`` row (migrations ``m006_leases``,
+``m008_lease_stamps``), read and written in one ``BEGIN IMMEDIATE`` transaction.
+
+Whether the row has lapsed is ``holder_of``'s call (by renewals, not wall clocks),
+so it is read, judged and written under the write lock instead of in one upsert.
+"""
 
 from __future__ import annotations
 
-import time
-
 from chatstate.core.transcript import validate_id
-from chatstate.stores.leases import Holder, Lease, LeaseMethods, lease_record
+from chatstate.stores.leases import Holder, Lease, LeaseMethods, holder_of, lease_record
 from chatstate.stores.sqlite._conn import SqliteConnection
+
+COLUMNS = ("owner", "host", "pid", "until", "stamp", "boot", "mono", "term")
 
 
 class SqliteLease(LeaseMethods, SqliteConnection):
     def _try_lease(self, lease: Lease) -> Holder | None:
-        rec = lease_record(lease)
+        cid = validate_id(lease.conversation_id)
         with self._tx("take the writer lease in") as db:
-            taken = db.execute(
-                "INSERT INTO leases AS l (conversation_id, owner, host, pid, until) VALUES "
-                "(?, ?, ?, ?, ?) ON CONFLICT (conversation_id) DO UPDATE SET "
-                "owner=excluded.owner, host=excluded.host, pid=excluded.pid, "
-                "until=excluded.until WHERE l.owner=excluded.owner OR l.until < ? "
-                "OR (l.host=? AND l.pid=?)",
-                (validate_id(lease.conversation_id), lease.owner, lease.host, lease.pid,
-                 rec["until"], time.time(), *(lease.dead or ("", -1)))).rowcount
-            if taken:
-                return None
-            row = db.execute("SELECT host, pid, until FROM leases WHERE conversation_id=?",
-                             (lease.conversation_id,)).fetchone()
-        return Holder(row[0], row[1], row[2])
+            row = db.execute(f"SELECT {', '.join(COLUMNS)} FROM leases WHERE "
+                             "conversation_id=?", (cid,)).fetchone()
+            holder = holder_of(dict(zip(COLUMNS, row, strict=True)) if row else None, lease)
+            if holder is None:
+                rec = lease_record(lease)
+                db.execute(f"INSERT OR REPLACE INTO leases (conversation_id, {', '.join(COLUMNS)}) "
+                           f"VALUES (?{', ?' * len(COLUMNS)})",
+                           (cid, *(rec[c] for c in COLUMNS)))
+            return holder
 
     def _drop_lease(self, lease: Lease) -> None:
         with self._tx("release the writer lease in") as db:

@@ -99,6 +99,15 @@ def m007_blob_age(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE blobs ADD COLUMN stored_at REAL NOT NULL DEFAULT 0")
 
 
+def m008_lease_stamps(db: sqlite3.Connection) -> None:
+    # Lease expiry by renewals, not wall clocks (stores/leases.py): each write's random
+    # stamp, the writer's boot id and monotonic time, and its term. Rows from before
+    # have none, and are known by owner and until.
+    for column in ("stamp TEXT NOT NULL DEFAULT ''", "boot TEXT NOT NULL DEFAULT ''",
+                   "mono REAL", "term REAL"):
+        db.execute(f"ALTER TABLE leases ADD COLUMN {column}")
+
+
 MIGRATIONS: History[sqlite3.Connection] = history(
     m001_initial, m002_search, m003_search_lazily, m004_blobs, m005_append_at_the_floor,
-    m006_leases, m007_blob_age)
+    m006_leases, m007_blob_age, m008_lease_stamps)
