@@ -223,23 +223,24 @@ class Proxy:
         # Only turns of one stored conversation wait for each other (the lock key: the
         # namespace and the conversation); a new conversation waits for nobody. A client
         # that left while waiting is not sent upstream.
+        space: str = request.state.namespace  # the store's; ``namespace``: the label
         forward = forward_body(data)
-        rkey = request_key(request, namespace, forward, cid)
-        target = await self._target(namespace, cid, messages)
-        key = None if target is None else namespace + "\n" + target
+        rkey = request_key(request, space, forward, cid)
+        target = await self._target(space, cid, messages)
+        key = None if target is None else space + "\n" + target
         if not await self._hold(key, request):
             return openai_error(499, "the client went away before the request was sent "
                                 "upstream", "client_closed")
         try:
             turn = await asyncio.to_thread(functools.partial(
-                self.writer.begin, cid, messages, namespace=namespace, key=rkey,
+                self.writer.begin, cid, messages, namespace=space, key=rkey,
                 keyed=IDEMPOTENCY_HEADER in request.headers))
             if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
                 return replay_response(turn.reply, bool(data.get("stream")),
                                        {CONVERSATION_HEADER: turn.conversation.id})
-            turn_key = namespace + "\n" + turn.id
+            turn_key = space + "\n" + turn.id
             if turn_key != key:  # a new conversation or a fork: hold it instead
                 await self._hold(turn_key, request, wait_gone=False)
                 if key is not None:
