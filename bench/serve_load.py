@@ -1,6 +1,7 @@
 """Load on ``chatstate serve``: N concurrent streamed conversations, proxy vs. upstream alone.
 
     python bench/serve_load.py [--conversations 200] [--stores sqlite json] [--dir DIR]
+                               [--chatstate PATH]
 
 One fake upstream (its own process) streams every reply in ``--words`` chunks,
 ``--chunk-delay`` apart. The same asyncio client first talks to the upstream
@@ -8,7 +9,11 @@ directly, then through the proxy on each store, N streams at once, and records
 per request the time to the first content chunk and to the end. Afterwards
 every proxied conversation is loaded from the store: it must hold exactly the
 user message and one complete reply equal to the text the client received
-(anything else counts as lost or duplicated). Prints a markdown table.
+(anything else counts as lost or duplicated). Each store runs twice: with the
+conversation header (each request names its own conversation) and header-less
+(each is a first turn, so each starts a new conversation found by its history:
+the proxy must not serialise them). Prints a markdown table. ``--chatstate`` runs
+another build's ``chatstate`` (an older checkout's venv) for a before/after.
 """
 
 from __future__ import annotations
@@ -49,13 +54,15 @@ def start(argv: list[str], pattern: str, env: dict[str, str]) -> tuple[subproces
 
 
 async def one(client: httpx2.AsyncClient, url: str, n: int,
-              prefix: str = "load") -> tuple[float, float, str, str]:
+              prefix: str | None = "load") -> tuple[float, float, str, str]:
+    """One streamed first turn; ``prefix`` None: header-less (found by its history)."""
     body = {"model": "m", "stream": True,
-            "messages": [{"role": "user", "content": f"load {n}"}]}
+            "messages": [{"role": "user", "content": f"load {n} {prefix}"}]}
+    headers = {} if prefix is None else {"X-Chatstate-Conversation": f"{prefix}-{n}"}
     t0 = time.perf_counter()
     first, parts, cid = 0.0, [], ""
     async with client.stream("POST", url + "/chat/completions", json=body,
-                             headers={"X-Chatstate-Conversation": f"{prefix}-{n}"}) as resp:
+                             headers=headers) as resp:
         resp.raise_for_status()
         cid = resp.headers.get("x-chatstate-conversation", "")
         async for line in resp.aiter_lines():
@@ -74,7 +81,7 @@ async def one_at_a_time(url: str, count: int, prefix: str) -> list[tuple[float, 
         return [await one(client, url, n, prefix) for n in range(count)]
 
 
-async def wave(url: str, count: int, prefix: str = "load"
+async def wave(url: str, count: int, prefix: str | None = "load"
                ) -> list[tuple[float, float, str, str]]:
     limits = httpx2.Limits(max_connections=count + 10, max_keepalive_connections=count + 10)
     async with httpx2.AsyncClient(timeout=120, limits=limits) as client:
@@ -106,6 +113,8 @@ def main() -> None:
     parser.add_argument("--chunk-delay", type=float, default=0.02)
     parser.add_argument("--stores", nargs="+", default=["sqlite", "json"])
     parser.add_argument("--dir", default="bench/work/serve")
+    parser.add_argument("--chatstate", default=CHATSTATE,
+                        help="the chatstate executable to measure (default: this venv's)")
     parser.add_argument("--slow-fsync-ms", type=float, default=0,
                         help="delay every fsync of the proxy by this much (strace fault "
                         "injection): a laptop SSD or a network disk")
@@ -115,13 +124,15 @@ def main() -> None:
     work.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CHATSTATE_", "OPENAI_"))}
-    fake, base = start([CHATSTATE, "fake-server", "--reply-words", str(args.words),
+    fake, base = start([args.chatstate, "fake-server", "--reply-words", str(args.words),
                         "--chunk-delay", str(args.chunk_delay)], r"(http://\S+/v1)", env)
     rows = []
     try:
         runs: list[tuple[str, str | None]] = [("upstream alone", None),
                                               ("through a bare relay (floor)", "floor")]
-        runs += [(f"through serve ({kind})", kind) for kind in args.stores]
+        runs += [(f"through serve ({kind}{', header-less' if headerless else ''})",
+                  f"{kind}{'-headerless' if headerless else ''}")
+                 for kind in args.stores for headerless in (False, True)]
         direct: list[tuple[float, float, str, str]] = []
         serial: dict[str, list[float]] = {}
         for label, kind in runs:
@@ -131,19 +142,22 @@ def main() -> None:
                 proxy, url = start([sys.executable, str(Path(__file__).with_name(
                     "relay_floor.py")), "--upstream", base], r"serving on (http://\S+/v1)", env)
             elif kind is not None:
-                store_url = (f"sqlite://{work}/{kind}.db" if kind == "sqlite"
+                store_kind = kind.removesuffix("-headerless")
+                store_url = (f"sqlite://{work}/{kind}.db" if store_kind == "sqlite"
                              else f"json://{work}/{kind}")
                 slow = ["strace", "-f", "-o", "/dev/null", "--seccomp-bpf", "-e",
                         "trace=fsync,fdatasync", "-e", "inject=fsync,fdatasync:delay_enter="
                         f"{int(args.slow_fsync_ms * 1000)}"] if args.slow_fsync_ms else []
-                proxy, url = start([*slow, CHATSTATE, "--store", store_url, "serve",
+                proxy, url = start([*slow, args.chatstate, "--store", store_url, "serve",
                                     "--upstream", base, "--port", "0"],
                                    r"serving on (http://\S+/v1)", env)
             try:
                 asyncio.run(wave(url, 4, "warm"))  # imports and connections, not measured
                 serial[label] = [r[0] for r in asyncio.run(one_at_a_time(url, 20, "serial"))]
                 t0 = time.perf_counter()
-                results = asyncio.run(wave(url, args.conversations))
+                headerless = kind is not None and kind.endswith("-headerless")
+                results = asyncio.run(wave(url, args.conversations,
+                                           None if headerless else "load"))
                 wall = time.perf_counter() - t0
             finally:
                 if proxy is not None:

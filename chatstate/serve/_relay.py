@@ -11,6 +11,12 @@ client's stream move in larger steps, not fall behind.
 Tool calls are not text: the partial reply holds text only, so once a tool-call
 delta arrives, that event and every later one is held back and written after the
 commit, which stores the calls whole.
+
+What the reader may hold ahead of the client is bounded (``RELAY_BUFFER`` bytes of
+event data): the relay moves at the client's pace, and a slow reader holds the
+upstream back rather than making the proxy buffer its reply. The bound is in bytes
+and large enough that a fast stream's group commits stay few (each partial save
+writes the reply so far).
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from chatstate.adapter.dialects.chat_completions import StreamAccumulator
 log = logging.getLogger("chatstate.serve")
 
 _END = object()
+RELAY_BUFFER = 8 * 1024 * 1024
+"""Bytes of upstream events read ahead of the client at most (one group commit takes
+them all)."""
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -52,7 +61,8 @@ class StreamRelay:
     def __init__(self, lines: AsyncIterator[str], *,
                  save_partial: Callable[[str, str | None], Any],
                  commit: Callable[[Mapping[str, Any]], Any],
-                 fail: Callable[[str], Any]) -> None:
+                 fail: Callable[[str], Any], buffer: int = RELAY_BUFFER) -> None:
+        self._buffer = buffer
         self._lines = lines
         self._save_partial = save_partial  # blocking store calls, run in a thread
         self._commit = commit
@@ -64,16 +74,24 @@ class StreamRelay:
         self.held: list[bytes] = []
 
     async def events(self) -> AsyncIterator[bytes]:
+        # Bounded: a client that reads slowly makes the reader wait, and so the upstream
+        # (TCP backpressure), instead of the proxy buffering the whole reply.
         queue: asyncio.Queue[object] = asyncio.Queue()
+        held = [0]  # bytes in the queue
+        drained = asyncio.Event()
 
         async def read() -> None:
             try:
                 async for data in sse_data(self._lines):
+                    while held[0] >= self._buffer:
+                        drained.clear()
+                        await drained.wait()
+                    held[0] += len(data)
                     queue.put_nowait(data)
+                end: object = _END
             except Exception as exc:  # the upstream connection broke mid-stream
-                queue.put_nowait(exc)
-            finally:
-                queue.put_nowait(_END)
+                end = exc
+            queue.put_nowait(end)
 
         reader = asyncio.create_task(read())
         try:
@@ -82,6 +100,8 @@ class StreamRelay:
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
+                held[0] = 0
+                drained.set()
                 out: list[bytes] = []
                 done = False
                 for item in batch:

@@ -92,17 +92,6 @@ class Writer:
         self.index = index
         self.lease_wait, self.lease_term = lease_wait, lease_term
 
-    def build_index(self) -> int:
-        """Index every stored conversation's history (at startup). Returns how many."""
-        count = 0
-        for summary in self.store.list_conversations():
-            try:
-                self.index.add(self.store.load(summary.id))
-                count += 1
-            except Exception as exc:  # a damaged transcript is reported, never indexed over
-                log.warning("serve: not indexing %s: %s", summary.id, exc)
-        return count
-
     def _load(self, namespace: str, conversation_id: str | None) -> Conversation | None:
         """The conversation, if it exists; ForeignConversation if another namespace's."""
         if conversation_id is None:
@@ -215,13 +204,15 @@ class Writer:
             at = kept[-1] if kept else None
             forked_from = {"id": source.id, "seq": at.seq if at else -1,
                            "hash": at.hash if at else None}
-            conv = Conversation(id=plan.conversation_id, title=source.title,
+            # the title is the history's first user message (the index's lookup key)
+            title = source.title if any(m.role == "user" for m in kept) else title_of(incoming)
+            conv = Conversation(id=plan.conversation_id, title=title,
                                 metadata={**_header(namespace), "forked_from": forked_from})
         elif plan.stored is None:
             metadata = _header(namespace)
             if plan.matched:
                 metadata["ambiguous_history"] = {"matched": plan.matched}
-            conv = Conversation(id=plan.conversation_id, title=_title(incoming),
+            conv = Conversation(id=plan.conversation_id, title=title_of(incoming),
                                 metadata=metadata)
         else:
             conv = plan.stored
@@ -301,7 +292,8 @@ def _age(message: Message) -> float:
     return (datetime.now(timezone.utc) - at).total_seconds()
 
 
-def _title(incoming: Sequence[Mapping[str, Any]]) -> str:
+def title_of(incoming: Sequence[Mapping[str, Any]]) -> str:
+    """A new conversation's title: its first user message, as far as it is text."""
     for message in incoming:
         content = message.get("content")
         if message.get("role") != "user":

@@ -15,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +36,7 @@ from chatstate.errors import (
 )
 from chatstate.serve._auth import Auth, BrowserGuard
 from chatstate.serve._conversations import Conversations
-from chatstate.serve._history import HistoryIndex, history_digest, wire_form
+from chatstate.serve._history import Ambiguous
 from chatstate.serve._identity import (
     IDEMPOTENCY_HEADER,
     ConversationPath,
@@ -45,6 +44,18 @@ from chatstate.serve._identity import (
     forward_body,
     request_key,
 )
+from chatstate.serve._index import StoreIndex
+from chatstate.serve._limits import ConversationLocks, NamespaceLimits, namespace_of
+from chatstate.serve._metrics import CountRequests, Metrics, clock, first_chunk_timed
+from chatstate.serve._offload import (
+    JSON,
+    MAX_DEPTH,
+    MAX_MESSAGES,
+    Refusal,
+    encode_json,
+    parse_request,
+)
+from chatstate.serve._readiness import Readiness
 from chatstate.serve._relay import RelayResponse, StreamRelay
 from chatstate.serve._replay import replay_response
 from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
@@ -76,14 +87,19 @@ class ServeConfig:
     timeout: float | None = 60.0
     connect_timeout: float = 10.0
     lease_wait: float = 0.0  # seconds a turn waits for another live writer, then 409
+    max_messages: int = MAX_MESSAGES  # more in one request: 413
+    max_depth: int = MAX_DEPTH  # JSON nested deeper: 400
+    max_concurrent: int | None = None  # turns in flight per namespace, then 429
+    rate: float | None = None  # requests per second per namespace, then 429
+    ready_cache: float = 1.0  # seconds /readyz reuses its last store probe
     allowed_hosts: list[str] = field(default_factory=list)  # beyond loopback and IP literals
 
 
 class _TurnEnd:
     """Ends a turn once: its writer lease goes, then the next request on it may begin."""
 
-    def __init__(self, writer: Writer, turn: Turn, lock: asyncio.Lock) -> None:
-        self.writer, self.turn, self.lock = writer, turn, lock
+    def __init__(self, writer: Writer, turn: Turn, release: Callable[[], None]) -> None:
+        self.writer, self.turn, self.release = writer, turn, release
         self.done = False
 
     async def __call__(self) -> None:
@@ -93,18 +109,24 @@ class _TurnEnd:
         try:
             await asyncio.to_thread(self.writer.end, self.turn)
         finally:
-            self.lock.release()
+            self.release()
 
 
 class Proxy:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.upstream = config.upstream.rstrip("/")
-        self.writer = Writer(config.store, HistoryIndex(), lease_wait=config.lease_wait)
+        self.metrics = Metrics()
+        self.index = StoreIndex(config.store)
+        self.writer = Writer(self.metrics.store(config.store), self.index,
+                             lease_wait=config.lease_wait)
         self.auth = Auth(config.tokens, config.pass_client_key)
-        self.listing = Conversations(config.store, self.writer.index)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.listing = Conversations(config.store, self.index)
+        self.locks = ConversationLocks()
+        self.limits = NamespaceLimits(config.max_concurrent, config.rate)
+        self.readiness = Readiness(config.store, config.ready_cache, self.metrics.probes.inc)
         self.client: httpx2.AsyncClient | None = None
+        self.indexing: asyncio.Future[int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def startup(self) -> None:
@@ -116,10 +138,14 @@ class Proxy:
         limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
         self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout, connect=connect),
                                          limits=limits)
-        count = await asyncio.to_thread(self.writer.build_index)
-        log.info("serve: indexed %d stored conversations", count)
+        # The store's summaries, in the background: serving starts at once, and only a
+        # request that may continue a stored conversation without naming it waits.
+        self.indexing = asyncio.ensure_future(asyncio.to_thread(self.index.start))
+        self.indexing.add_done_callback(_indexed)
 
     async def shutdown(self) -> None:
+        if self.indexing is not None:
+            self.indexing.cancel()
         if self.client is not None:
             await self.client.aclose()
 
@@ -143,74 +169,148 @@ class Proxy:
 
     # -- endpoints ---------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
+        request.state.started = clock()
+        namespace = namespace_of(request)
+        refused = self.limits.enter(namespace)
+        if refused is not None:
+            message, wait, limit = refused
+            self.metrics.rejected.labels(namespace, limit).inc()
+            limited = openai_error(429, message, "rate_limit_error")
+            limited.headers["Retry-After"] = str(wait)
+            return limited
+        slot = [True]  # this request's slot, until a turn takes it over
+        try:
+            return await self._chat(request, namespace, slot)
+        finally:
+            if slot[0]:
+                self.limits.leave(namespace)
+
+    def _parse(self, body: bytes) -> Any:
+        """The checked request, or a Refusal (blocking: CPU in proportion to the body)."""
+        data = parse_request(body, max_messages=self.config.max_messages,
+                             max_depth=self.config.max_depth)
+        if not isinstance(data, Refusal):
+            problem = check_request(data)
+            if problem:
+                return Refusal(400, problem)
+        return data
+
+    async def _target(self, namespace: str, cid: str | None,
+                      messages: list[dict[str, Any]]) -> str | None:
+        """The stored conversation the request continues, if any (None: a new one, or a
+        history more than one conversation has: it starts a new one)."""
+        if self.indexing is not None and not self.indexing.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.indexing)
+        await asyncio.to_thread(self.index.prime, cid, messages)
+        if cid is not None or len(messages) < 2:  # a first turn continues nothing
+            return cid
+        try:
+            return await asyncio.to_thread(self.index.find, namespace, messages)
+        except Ambiguous:
+            return None
+
+    async def _chat(self, request: Request, namespace: str, slot: list[bool]) -> Response:
         body = await read_body(request, self.config.max_body)
         if isinstance(body, Response):
             return body
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            return openai_error(400, f"the request body is not JSON ({exc})")
-        problem = check_request(data)
-        if problem:
-            return openai_error(400, problem)
+        data = await asyncio.to_thread(self._parse, body)
+        if isinstance(data, Refusal):
+            return openai_error(data.status, data.message)
         try:
             cid = conversation_id(request, data)
         except InvalidConversationId as exc:
             return openai_error(400, str(exc))
         messages: list[dict[str, Any]] = data["messages"]
-        namespace: str = request.state.namespace
+        # Only turns of one stored conversation wait for each other (the lock key: the
+        # namespace and the conversation); a new conversation waits for nobody. A client
+        # that left while waiting is not sent upstream.
+        space: str = request.state.namespace  # the store's; ``namespace``: the label
         forward = forward_body(data)
-        key = request_key(request, namespace, forward, cid)
-        lock = self._lock(namespace + "\n" + (
-            cid or history_digest([wire_form(m) for m in messages[:-1]])))
-        await lock.acquire()
+        rkey = request_key(request, space, forward, cid)
+        target = await self._target(space, cid, messages)
+        key = None if target is None else space + "\n" + target
+        if not await self._hold(key, request):
+            return openai_error(499, "the client went away before the request was sent "
+                                "upstream", "client_closed")
         try:
             turn = await asyncio.to_thread(functools.partial(
-                self.writer.begin, cid, messages, namespace=namespace, key=key,
+                self.writer.begin, cid, messages, namespace=space, key=rkey,
                 keyed=IDEMPOTENCY_HEADER in request.headers))
-        except ForeignConversation as exc:
-            lock.release()
-            return openai_error(404, f"conversation {exc} is not this client's: name "
-                                "another id", "not_found")
-        except ConversationInUse as exc:
-            lock.release()
-            return openai_error(409, str(exc), "conversation_in_use")
-        except ConflictError as exc:
-            lock.release()
-            return openai_error(409, f"conversation changed by another writer: {exc}",
-                                "conflict")
-        except ChatstateError as exc:
-            lock.release()
-            return openai_error(500, f"the conversation could not be stored, so the request "
-                                f"was not sent: {exc}", "storage_error")
-        except ValueError as exc:  # pydantic: a message chatstate cannot hold
-            lock.release()
-            return openai_error(400, f"a message could not be stored: {exc}")
-        except BaseException:
-            lock.release()
+            if isinstance(turn, Replay):
+                if key is not None:
+                    self.locks.release(key)
+                return replay_response(turn.reply, bool(data.get("stream")),
+                                       {CONVERSATION_HEADER: turn.conversation.id})
+            turn_key = space + "\n" + turn.id
+            if turn_key != key:  # a new conversation or a fork: hold it instead
+                await self._hold(turn_key, request, wait_gone=False)
+                if key is not None:
+                    self.locks.release(key)
+                key = turn_key
+        except BaseException as exc:
+            if key is not None:
+                self.locks.release(key)
+            if isinstance(exc, ConflictError):
+                self.metrics.lease_conflicts.labels(namespace).inc()
+            if isinstance(exc, ForeignConversation):
+                return openai_error(404, f"conversation {exc} is not this client's: name "
+                                    "another id", "not_found")
+            if isinstance(exc, ConversationInUse):
+                return openai_error(409, str(exc), "conversation_in_use")
+            if isinstance(exc, ConflictError):
+                return openai_error(409, f"conversation changed by another writer: {exc}",
+                                    "conflict")
+            if isinstance(exc, ChatstateError):
+                return openai_error(500, f"the conversation could not be stored, so the "
+                                    f"request was not sent: {exc}", "storage_error")
+            if isinstance(exc, ValueError):  # pydantic: a message chatstate cannot hold
+                return openai_error(400, f"a message could not be stored: {exc}")
             raise
-        if isinstance(turn, Replay):
-            lock.release()
-            return replay_response(turn.reply, bool(data.get("stream")),
-                                   {CONVERSATION_HEADER: turn.conversation.id})
         headers = {CONVERSATION_HEADER: turn.id}
-        end = _TurnEnd(self.writer, turn, lock)
+        held = key
+
+        def release() -> None:
+            self.locks.release(held)
+            self.limits.leave(namespace)
+
+        end = _TurnEnd(self.writer, turn, release)
+        slot[0] = False
         if not data.get("stream"):
             try:
-                return await self._plain(request, turn, forward, headers)
+                return await self._plain(request, turn, forward, headers, namespace)
             finally:
                 await end()
         try:
-            return await self._stream(request, turn, forward, headers, end)
+            return await self._stream(request, turn, forward, headers, end, namespace)
         except BaseException:  # once the relay has begun, its cleanup ends the turn
             await end()
             raise
 
+    async def _hold(self, key: str | None, request: Request, wait_gone: bool = True) -> bool:
+        """Hold ``key``'s lock (None: none to hold); False if the client left meanwhile."""
+        if key is None:
+            return not await request.is_disconnected()
+
+        async def never() -> bool:
+            return False
+
+        return await self.locks.acquire(key, request.is_disconnected if wait_gone else never)
+
+    def _committed(self, turn: Turn, reply: Mapping[str, Any], namespace: str) -> Any:
+        message = self.writer.commit(turn, reply)
+        self.metrics.reply(reply, namespace)
+        return message
+
     async def _plain(self, request: Request, turn: Turn, forward: dict[str, Any],
-                     headers: dict[str, str]) -> Response:
+                     headers: dict[str, str], namespace: str) -> Response:
         try:
-            resp = await self._http().post(self.upstream + "/chat/completions", json=forward,
-                                           headers=self.upstream_headers(request))
+            content = await asyncio.to_thread(encode_json, forward)
+            started = clock()
+            resp = await self._http().post(self.upstream + "/chat/completions",
+                                           content=content, headers={
+                                               **self.upstream_headers(request), **JSON})
+            self.metrics.upstream.labels("/v1/chat/completions").observe(clock() - started)
         except httpx2.HTTPError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
@@ -227,17 +327,21 @@ class Proxy:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             return openai_error(502, f"the upstream reply is not a chat completion: {exc}",
                                 "upstream_error")
-        await asyncio.to_thread(self.writer.commit, turn, reply)
+        await asyncio.to_thread(self._committed, turn, reply, namespace)
         return passthrough(resp, headers)
 
     async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
-                      headers: dict[str, str], end: _TurnEnd) -> Response:
+                      headers: dict[str, str], end: _TurnEnd, namespace: str) -> Response:
         http = self._http()
         try:
+            content = await asyncio.to_thread(encode_json, forward)
             upstream_request = http.build_request(
-                "POST", self.upstream + "/chat/completions", json=forward,
-                headers={**self.upstream_headers(request), "Accept": "text/event-stream"})
+                "POST", self.upstream + "/chat/completions", content=content,
+                headers={**self.upstream_headers(request), **JSON,
+                         "Accept": "text/event-stream"})
+            started = clock()
             resp = await http.send(upstream_request, stream=True)
+            self.metrics.upstream.labels("/v1/chat/completions").observe(clock() - started)
         except httpx2.HTTPError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             await end()
@@ -258,7 +362,7 @@ class Proxy:
         relay = StreamRelay(
             resp.aiter_lines(),
             save_partial=lambda text, model: writer.save_partial(turn, text, model),
-            commit=lambda reply: writer.commit(turn, reply),
+            commit=lambda reply: self._committed(turn, reply, namespace),
             fail=lambda detail: writer.note_failure(turn, 502, detail))
 
         async def cleanup() -> None:
@@ -273,7 +377,9 @@ class Proxy:
             finally:
                 await end()
 
-        return RelayResponse(relay.events(), cleanup, headers=headers,
+        events = first_chunk_timed(relay.events(), request.state.started,
+                                   self.metrics.first_chunk)
+        return RelayResponse(events, cleanup, headers=headers,
                              media_type="text/event-stream")
 
     async def models(self, request: Request) -> Response:
@@ -290,7 +396,12 @@ class Proxy:
                              "durability": self._verdict()})
 
     async def readyz(self, request: Request) -> Response:
-        report = await asyncio.to_thread(self.config.store.check)
+        report = await self.readiness.check()
+        if self.config.tokens and self.namespace(request) is None:
+            # no token, no details (the store's path, its probe, the pid): the status only
+            ok = report.ok and (not self.config.ready_upstream
+                                or (await self._upstream_ready(request))["ok"])
+            return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
         body: dict[str, Any] = {"ready": report.ok, "boot_id": boot_id(),
                                 "store": {"durability": self._verdict(),
                                           "check": report.to_dict()}}
@@ -324,11 +435,19 @@ class Proxy:
     async def conversation(self, request: Request) -> Response:
         return await self.listing.one(request)
 
-    def _lock(self, key: str) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
+    async def metrics_text(self, request: Request) -> Response:
+        content, media_type = self.metrics.render()
+        return Response(content, headers={"Content-Type": media_type})
+
+
+def _indexed(task: asyncio.Future[int]) -> None:
+    if task.cancelled():
+        return
+    if task.exception() is not None:
+        log.error("serve: indexing the stored conversations failed: %s", task.exception())
+    else:
+        log.info("serve: %d stored conversations, indexed as requests need them",
+                 task.result())
 
 
 def create_app(config: ServeConfig) -> Starlette:
@@ -336,7 +455,8 @@ def create_app(config: ServeConfig) -> Starlette:
     proxy = Proxy(config)
     guarded = {"/v1/chat/completions": proxy.chat_completions, "/v1/models": proxy.models,
                "/v1/chatstate/conversations": proxy.conversations,
-               "/v1/chatstate/conversations/{cid}": proxy.conversation}
+               "/v1/chatstate/conversations/{cid}": proxy.conversation,
+               "/metrics": proxy.metrics_text}
     methods = {"/v1/chat/completions": ["POST"],
                "/v1/chatstate/conversations/{cid}": ["GET", "DELETE"]}
     routes = [Route(path, _authorize(proxy, handler), methods=methods.get(path, ["GET"]))
@@ -351,7 +471,9 @@ def create_app(config: ServeConfig) -> Starlette:
         finally:
             await proxy.shutdown()
 
-    middleware = [Middleware(BrowserGuard, allowed_hosts=config.allowed_hosts),
+    counted = Middleware(CountRequests, metrics=proxy.metrics,
+                         namespace=lambda scope: namespace_of(Request(scope)))
+    middleware = [counted, Middleware(BrowserGuard, allowed_hosts=config.allowed_hosts),
                   Middleware(ConversationPath)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.proxy = proxy

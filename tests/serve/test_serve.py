@@ -435,7 +435,7 @@ def test_request_body_limit(tmp_path: Path, fake: FakeModel) -> None:
 
 def test_readyz_fails_when_the_store_cannot_be_written(tmp_path: Path, fake: FakeModel) -> None:
     with ServeProcess(local_url("json", tmp_path), fake.base_url, serve_env(tmp_path),
-                      "--ready-upstream") as p:
+                      "--ready-upstream", "--ready-cache", "0") as p:
         assert httpx2.get(p.root + "/readyz", timeout=10).status_code == 200
         store_dir = tmp_path / "store"
         store_dir.rename(tmp_path / "moved")

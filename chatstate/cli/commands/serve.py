@@ -57,16 +57,37 @@ def _size(text: str) -> int:
               metavar="SECONDS",
               help="How long a request waits for another live writer of its conversation "
               "(another proxy, a REPL) before it is answered 409 conversation_in_use.")
+@click.option("--max-messages", default=10_000, show_default=True,
+              type=click.IntRange(min=1), help="Messages one request may carry (413).")
+@click.option("--max-depth", default=64, show_default=True, type=click.IntRange(min=2),
+              help="How deep a request's JSON may nest (400).")
+@click.option("--max-concurrent", type=click.IntRange(min=1), metavar="N",
+              help="Requests in flight per client token; more are answered 429 "
+              "[default: no limit].")
+@click.option("--rate", metavar="N[/s|/min|/h]",
+              help="Requests per client token (e.g. 120/min); more are answered 429 with "
+              "Retry-After [default: no limit].")
+@click.option("--idle-timeout", default=5, show_default=True, type=click.IntRange(min=1),
+              metavar="SECONDS", help="Close a connection idle this long (no request).")
+@click.option("--header-timeout", default=10.0, show_default=True,
+              type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="Close a connection whose request headers take longer than this.")
+@click.option("--ready-cache", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              metavar="SECONDS", help="How long /readyz reuses its last store probe.")
 @click.pass_obj
 def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[str, ...],
           token_files: tuple[Path, ...], allow_hosts: tuple[str, ...], pass_client_key: bool,
-          ready_upstream: bool, max_body: str, drain: int, lease_wait: float) -> None:
+          ready_upstream: bool, max_body: str, drain: int, lease_wait: float,
+          max_messages: int, max_depth: int, max_concurrent: int | None, rate: str | None,
+          idle_timeout: int, header_timeout: float, ready_cache: float) -> None:
     """Run an OpenAI-compatible proxy that stores every conversation before a byte reaches
     the client. Point a client's base URL at http://HOST:PORT/v1."""
     try:
         import uvicorn
 
         from chatstate.serve import ServeConfig, check_tokens, create_app, with_access_log
+        from chatstate.serve._limits import parse_rate
+        from chatstate.serve._timeouts import h11_protocol
     except ModuleNotFoundError as exc:
         fail(f"chatstate serve needs the serve extra ({exc.name} is missing): "
              "pip install 'chatstate[serve]'")
@@ -80,6 +101,10 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
         fail(f"refusing to listen on {host} without client tokens: anyone who can reach it "
              "could spend your API key. Pass --token (or CHATSTATE_SERVE_TOKENS), or bind "
              "127.0.0.1.", 2)
+    try:
+        per_second = None if rate is None else parse_rate(rate)
+    except ValueError as exc:
+        fail(str(exc), 2)
     settings = ModelSettings()
     fake: Any = None
     if upstream == "fake":
@@ -97,7 +122,9 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
                          pass_client_key=pass_client_key, max_body=_size(max_body),
                          ready_upstream=ready_upstream, timeout=settings.timeout,
                          connect_timeout=settings.connect_timeout, lease_wait=lease_wait,
-                         allowed_hosts=[host, *allow_hosts])
+                         max_messages=max_messages, max_depth=max_depth,
+                         max_concurrent=max_concurrent, rate=per_second,
+                         ready_cache=ready_cache, allowed_hosts=[host, *allow_hosts])
     logging.getLogger("chatstate.serve").setLevel(logging.INFO)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -106,7 +133,8 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
     bound = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(
         with_access_log(create_app(config)), log_level="warning", access_log=False,
-        timeout_graceful_shutdown=max(1, drain), lifespan="on"))
+        timeout_graceful_shutdown=max(1, drain), lifespan="on",
+        http=h11_protocol(header_timeout), timeout_keep_alive=idle_timeout))
     shown_host = f"[{host}]" if ":" in host else host
     click.echo(f"serving on http://{shown_host}:{bound}/v1 (upstream {_shown(base)})",
                err=True)
