@@ -204,6 +204,7 @@ def inspect(path: str | os.PathLike[str], *, probe: bool = True) -> Report:
                              f"{mount.mount_point}: a container's writable layer, discarded "
                              "when the container is replaced.")
         elif mount.fstype in EPHEMERAL_FSTYPES:
+            ephemeral[:] = []  # the same reason as a path rule, said once, with the filesystem
             ephemeral.append(f"The path {real} is on {mount.fstype} ({mount.mount_point}), "
                              "which lives in memory and is lost on reboot.")
     if rep.shares_tmp_device:

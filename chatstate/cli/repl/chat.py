@@ -74,6 +74,8 @@ def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: st
         repl = Repl(session, stream=not no_stream, daily=daily, tools=tools)
         repl.pending = parts
         repl.run()
+    if repl.failed and not sys.stdin.isatty():
+        raise SystemExit(1)  # scripted input: a line that failed fails the command
 
 
 class Repl(ForkCommands):
@@ -88,6 +90,7 @@ class Repl(ForkCommands):
         session.on_tool = tool_printer(self.tool_line)
         self.read = make_reader()
         self.pending: list[dict[str, Any]] = []  # /attach: parts for the next message
+        self.failed = False  # a line was refused or failed (the exit status, for piped input)
         # A shell starts background jobs with SIGINT ignored, and that is inherited; the
         # REPL's Ctrl-C (cancel the reply in flight, keep the partial) needs it back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -130,6 +133,7 @@ class Repl(ForkCommands):
         except KeyboardInterrupt:
             self.say("[interrupted]")
         except (ChatstateError, click.UsageError, OSError) as exc:
+            self.failed = True
             self.say(f"error: {exc.format_message() if isinstance(exc, click.UsageError) else exc}")
         return None
 
