@@ -77,3 +77,20 @@ def test_a_code_block_taller_than_the_screen_streams_whole(tmp_path: Path, where
     rows = [i for i, line in enumerate(lines) if "code line" in line and i >= start]
     assert len(rows) == 60, "\n".join(lines)
     assert rows == list(range(start, start + 60)), lines[start:start + 70]
+
+
+def test_edit_keeps_the_attachments_of_the_message_it_replaces(tmp_path: Path) -> None:
+    from support.cli_helpers import invoke
+
+    s = f"json://{tmp_path}/s"
+    png = tmp_path / "chart.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    result = invoke(["chat", "--model", "fake", "--id", "e"], store=s,
+                    input=f"/attach {png}\nlook\n/edit look closer\n")
+    assert result.code == 0, result.err
+    assert "keeps its 1 attachment" in result.err
+    assert f"Echo: look closer [image/png {png.stat().st_size} bytes]" in result.out
+    fork = [m for m in result.err.split() if m.startswith("c-")][-1]
+    edited = replay_json(s, fork)["messages"][-2]
+    assert edited["content"][0] == {"type": "text", "text": "look closer"}
+    assert edited["content"][1]["type"] == "image_url"
