@@ -94,3 +94,20 @@ def test_edit_keeps_the_attachments_of_the_message_it_replaces(tmp_path: Path) -
     edited = replay_json(s, fork)["messages"][-2]
     assert edited["content"][0] == {"type": "text", "text": "look closer"}
     assert edited["content"][1]["type"] == "image_url"
+
+
+def test_ctrl_x_ctrl_e_writes_the_message_in_the_editor(tmp_path: Path) -> None:
+    editor = tmp_path / "editor.sh"
+    editor.write_text("#!/bin/sh\nprintf 'from the editor' > \"$1\"\n")
+    editor.chmod(0o755)
+    env = cli_env(tmp_path, EDITOR=str(editor), VISUAL=str(editor))
+
+    def during(tmux: Callable[..., str]) -> None:
+        wait_for(tmux, "you>")
+        tmux("send-keys", "C-x", "C-e")
+        wait_for(tmux, "tokens/s")
+        tmux("send-keys", "/exit", "Enter")
+
+    screen_of(_chat(tmp_path), tmp_path, env=env, during=during)
+    stored = replay_json(f"json://{tmp_path}/s", "k")["messages"]
+    assert stored[0]["content"] == "from the editor"

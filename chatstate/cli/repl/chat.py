@@ -45,10 +45,11 @@ HELP = """commands:
   /export FILE     write the conversation as JSON
   /compact         summarise the older turns (they stay stored; requests send the summary)
   /fork            continue in a copy of this conversation (this one stays as it is)
-  /edit TEXT       ask again with TEXT instead of your last message, in a fork
+  /edit TEXT       ask again with TEXT instead of your last message (same attachments), in a fork
   /attach PATH     attach an image or file (or an image URL) to your next message
   /exit            leave (or Ctrl-D)
-Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
+Enter sends; Esc then Enter (or Alt-Enter) inserts a newline; Ctrl-X Ctrl-E edits the
+message in $EDITOR."""
 
 
 @click.command()
