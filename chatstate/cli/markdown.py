@@ -97,7 +97,8 @@ class ReplyPrinter:
         fence = scan(self.text[:upto])[1]
         marker = _FENCE.match(fence) if fence else None
         self._commit(self._reopen + self.text[self._done:upto] + (marker.group(1) if marker
-                                                                   else ""))
+                                                                   else ""),
+                     cut=marker is not None)
         self._done, self._reopen = upto, fence or ""
 
     def close(self) -> None:
@@ -115,10 +116,15 @@ class ReplyPrinter:
         if live is not None:
             live.stop()  # leaves the last render on screen and shows the cursor again
 
-    def _view(self, block: str) -> Any:
+    def _view(self, block: str, *, cut: bool = False) -> Any:
+        """The block rendered; a code block split because it was too tall loses the padding
+        line rich puts at the split (its end, ``cut``; its start, when reopened), so the
+        pieces join up as one block on screen and in what is copied from it."""
         from rich.markdown import Markdown
 
-        return Markdown(neutralise(block), code_theme="monokai")
+        view = Markdown(neutralise(block), code_theme="monokai")
+        top = bool(self._reopen)
+        return _Trimmed(view, top=top, bottom=cut) if top or cut else view
 
     def _show(self, block: str) -> None:
         """(Re-)render the growing block in place."""
@@ -135,7 +141,7 @@ class ReplyPrinter:
                           redirect_stderr=False)
         self._live.start(refresh=True)
 
-    def _commit(self, block: str) -> None:
+    def _commit(self, block: str, *, cut: bool = False) -> None:
         """Print a finished block for good. Its live render (if any) is erased first, and
         the block printed plainly, so a block of any height is never redrawn in place."""
         live, self._live = self._live, None
@@ -145,7 +151,7 @@ class ReplyPrinter:
         elif self._printed and not self._reopen:
             self.console.line()
         self._printed = True
-        self.console.print(self._view(block))
+        self.console.print(self._view(block, cut=cut))
 
     def stats(self, usage: dict[str, int] | None) -> str | None:
         """"42 tokens · 118.3 tokens/s" when the provider reported usage, else None."""
@@ -155,6 +161,22 @@ class ReplyPrinter:
         spent = time.monotonic() - self.started  # from the request to the end of the reply
         speed = f" · {tokens / spent:.1f} tokens/s" if spent > 0 and tokens else ""
         return f"{tokens} tokens{speed}"
+
+
+class _Trimmed:
+    """A renderable minus its first line (``top``) and/or its last (``bottom``)."""
+
+    def __init__(self, inner: Any, *, top: bool, bottom: bool) -> None:
+        self.inner, self.top, self.bottom = inner, top, bottom
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.segment import Segment
+
+        lines = console.render_lines(self.inner, options, pad=False)
+        lines = lines[1 if self.top else 0:len(lines) - 1 if self.bottom else len(lines)]
+        for line in lines:
+            yield from line
+            yield Segment.line()
 
 
 def print_stats(line: str | None) -> None:

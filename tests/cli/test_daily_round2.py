@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from support import ROOT, tiers
+from support import ROOT
 from support.cli_helpers import CHATSTATE, cli_env, invoke, replay_json, run_cli
+from support.screen import screen_of
 
 import chatstate
 from chatstate.core.redact import REDACTED, scrub
@@ -162,36 +160,13 @@ def test_an_image_to_a_model_without_vision_is_not_retried_and_says_why(
 # -- batch progress on a real terminal (tmux: what the screen shows at the end) ---------------
 
 
-def _screen_of(command: str, tmp_path: Path, *, env: dict[str, str]) -> str:
-    """Run ``command`` in a 120x40 tmux pane; return the screen once it has finished."""
-    tiers.need("tmux", shutil.which("tmux") is not None, "tmux is not installed")
-    socket = str(tmp_path / "tmux.sock")
-    done = tmp_path / "done"
-    script = tmp_path / "run.sh"
-    script.write_text(f"{command}; touch {done}; sleep 120\n")
-    tmux = ["tmux", "-S", socket]
-    subprocess.run([*tmux, "new-session", "-d", "-x", "120", "-y", "40", "bash", str(script)],
-                   env=env, check=True)
-    try:
-        for _ in range(600):
-            if done.exists():
-                break
-            time.sleep(0.1)
-        assert done.exists(), "the command did not finish within a minute"
-        time.sleep(0.3)
-        return subprocess.run([*tmux, "capture-pane", "-p", "-J"], capture_output=True,
-                              text=True, check=True).stdout
-    finally:
-        subprocess.run([*tmux, "kill-server"], check=False, capture_output=True)
-
-
 def test_batch_progress_and_warnings_never_overprint_each_other(tmp_path: Path) -> None:
     records = tmp_path / "in.jsonl"
     records.write_text("".join(f'{{"id": "r{i}", "text": "t{i}"}}\n' for i in range(3)))
     env = cli_env(tmp_path, CHATSTATE_API_KEY="none", CHATSTATE_BACKOFF_BASE="0.2")
     command = (f"{CHATSTATE} --store json://{tmp_path}/s batch run {records} --prompt '{{text}}' "
                f"--out {tmp_path}/out --base-url http://127.0.0.1:9/v1 --model m")
-    lines = [line for line in _screen_of(command, tmp_path, env=env).splitlines() if line]
+    lines = [line for line in screen_of(command, tmp_path, env=env).splitlines() if line]
     assert not [line for line in lines if "━" in line], lines  # no bar left behind
     ledger = [line for line in lines if ".chatstate-batch.db" in line]
     assert len(ledger) == 1 and ledger[0].startswith("ledger "), lines

@@ -22,7 +22,7 @@ from chatstate.cli.daily_options import Daily, daily_options
 from chatstate.cli.functions import functions_option, load_functions, tool_printer
 from chatstate.cli.render import clip, neutralise
 from chatstate.cli.repl.fork import ForkCommands
-from chatstate.cli.repl.line_input import make_reader
+from chatstate.cli.repl.line_input import keys_held, make_reader
 from chatstate.cli.turns import (
     attach_option,
     attachments,
@@ -45,10 +45,11 @@ HELP = """commands:
   /export FILE     write the conversation as JSON
   /compact         summarise the older turns (they stay stored; requests send the summary)
   /fork            continue in a copy of this conversation (this one stays as it is)
-  /edit TEXT       ask again with TEXT instead of your last message, in a fork
+  /edit TEXT       ask again with TEXT instead of your last message (same attachments), in a fork
   /attach PATH     attach an image or file (or an image URL) to your next message
   /exit            leave (or Ctrl-D)
-Enter sends; Esc then Enter (or Alt-Enter) inserts a newline."""
+Enter sends; Esc then Enter (or Alt-Enter) inserts a newline; Ctrl-X Ctrl-E edits the
+message in $EDITOR."""
 
 
 @click.command()
@@ -186,13 +187,14 @@ class Repl(ForkCommands):
         spin = waiting.enabled()
         self.printer = ReplyPrinter(markdown=self.daily.markdown(), prefix="assistant> ")
         try:
-            if self.stream:
-                for delta in waiting.until_first(streamer(), spin):
-                    self.printer.feed(delta)
-            else:
-                with waiting.waiting(spin):
-                    reply = sender()
-                self.printer.feed(reply.text)
+            with keys_held():
+                if self.stream:
+                    for delta in waiting.until_first(streamer(), spin):
+                        self.printer.feed(delta)
+                else:
+                    with waiting.waiting(spin):
+                        reply = sender()
+                    self.printer.feed(reply.text)
         except KeyboardInterrupt:
             self._abort(self.printer)
             self.say("[interrupted: the partial reply is kept; /retry completes the turn]")

@@ -34,12 +34,20 @@ class ForkCommands:
         self._switch_to_fork(None)
 
     def do_edit(self, text: str) -> None:
-        """Ask again with ``text`` in place of the last user message, in a fork."""
+        """Ask again with ``text`` in place of the last user message, in a fork; the
+        message's attachments (its parts other than text) go with the new text."""
         from chatstate.ops.fork import last_user_seq
 
         seq = last_user_seq(self.chat.conversation)
+        (old,) = [m for m in self.chat.conversation.messages if m.seq == seq]
+        kept = [part for part in old.content if part.get("type") != "text"] \
+            if isinstance(old.content, list) else []
         self._switch_to_fork(seq - 1)
-        self.render(lambda: self.chat.stream(text), lambda: self.chat.send(text))
+        if kept:
+            self.say(f"the edited message keeps its {len(kept)} attachment"
+                     f"{'s' if len(kept) > 1 else ''}")
+        self.render(lambda: self.chat.stream(text, attach=kept),
+                    lambda: self.chat.send(text, attach=kept))
 
     def _switch_to_fork(self, at: int | None) -> None:
         from chatstate.ops.fork import fork

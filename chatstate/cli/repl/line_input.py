@@ -7,7 +7,8 @@ is private (0600 in a 0700 directory) before anything is typed into it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -35,7 +36,8 @@ def make_reader() -> Callable[[], str]:
     keys.add(Keys.Vt100MouseEvent)(_tolerant_mouse())
 
     session: PromptSession[str] = PromptSession(history=FileHistory(str(path)),
-                                                key_bindings=keys, multiline=False)
+                                                key_bindings=keys, multiline=False,
+                                                enable_open_in_editor=True)
     return lambda: session.prompt("you> ")
 
 
@@ -76,3 +78,25 @@ def private_history_file() -> Any:
     finally:
         os.close(fd)
     return path
+
+
+@contextmanager
+def keys_held() -> Iterator[None]:
+    """While a reply streams: the terminal does not echo what is typed (an echoed key moves
+    the cursor under rich's live region, which then redraws a line twice, and a typed line
+    would land in the reply). The line discipline stays canonical, so what is typed is held
+    by the terminal and read by the next prompt as its input; Ctrl-C still interrupts."""
+    import termios
+
+    fd = sys.stdin.fileno() if sys.stdin.isatty() else None
+    if fd is None:
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    quiet = termios.tcgetattr(fd)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)  # TCSANOW: typed-ahead input stays
