@@ -101,6 +101,14 @@ def attachment(source: str | Path | bytes | Part) -> Part:
     return file(source)
 
 
+def is_attachment(part: Part) -> bool:
+    """True for a part that came with a message rather than being its text: an image, a
+    file, or a text file sent as text (``<file name=...>``)."""
+    if part.get("type") != "text":
+        return True
+    return str(part.get("text", "")).startswith('<file name="')
+
+
 def text_file(path: Path) -> Part | None:
     """``path`` as a text part naming the file, or None when it is not UTF-8 text."""
     try:

@@ -85,15 +85,19 @@ def test_edit_keeps_the_attachments_of_the_message_it_replaces(tmp_path: Path) -
     s = f"json://{tmp_path}/s"
     png = tmp_path / "chart.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the notes\n")
     result = invoke(["chat", "--model", "fake", "--id", "e"], store=s,
-                    input=f"/attach {png}\nlook\n/edit look closer\n")
+                    input=f"/attach {png}\n/attach {notes}\nlook\n/edit look closer\n")
     assert result.code == 0, result.err
-    assert "keeps its 1 attachment" in result.err
+    assert "keeps its 2 attachments" in result.err
     assert f"Echo: look closer [image/png {png.stat().st_size} bytes]" in result.out
     fork = [m for m in result.err.split() if m.startswith("c-")][-1]
     edited = replay_json(s, fork)["messages"][-2]
     assert edited["content"][0] == {"type": "text", "text": "look closer"}
     assert edited["content"][1]["type"] == "image_url"
+    assert edited["content"][2] == {"type": "text",
+                                    "text": '<file name="notes.txt">\nthe notes\n</file>'}
 
 
 def test_ctrl_x_ctrl_e_writes_the_message_in_the_editor(tmp_path: Path) -> None:

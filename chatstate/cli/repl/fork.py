@@ -35,12 +35,13 @@ class ForkCommands:
 
     def do_edit(self, text: str) -> None:
         """Ask again with ``text`` in place of the last user message, in a fork; the
-        message's attachments (its parts other than text) go with the new text."""
+        message's attachments (images, files, text files) go with the new text."""
+        from chatstate.core.content import is_attachment
         from chatstate.ops.fork import last_user_seq
 
         seq = last_user_seq(self.chat.conversation)
         (old,) = [m for m in self.chat.conversation.messages if m.seq == seq]
-        kept = [part for part in old.content if part.get("type") != "text"] \
+        kept = [part for part in old.content if is_attachment(part)] \
             if isinstance(old.content, list) else []
         self._switch_to_fork(seq - 1)
         if kept:
