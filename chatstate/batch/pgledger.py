@@ -13,14 +13,20 @@ waiting for them. A heartbeat (``renew``) extends the leases of the rows a
 worker holds while their requests are in flight. Every later step applies only
 while the row is still this worker's, so a worker that wakes up after its row
 was taken over finds out and drops its result.
+
+A lost connection (the server restarted, or an admin shutdown) is reconnected
+with backoff for up to ``reconnect_for`` seconds; the new session is checked
+like the first one, then the statement is run again. Every statement is safe
+to run twice: reads trivially, and each write says why at its method.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from chatstate.batch._pgschema import (
     MIGRATIONS,
@@ -42,9 +48,11 @@ from chatstate.errors import (
     StoreUnavailable,
 )
 
-__all__ = ["DEFAULT_LEASE", "PgLedger", "is_url", "shown"]
+__all__ = ["DEFAULT_LEASE", "DEFAULT_RECONNECT", "PgLedger", "is_url", "shown"]
 
 DEFAULT_LEASE = 30.0
+DEFAULT_RECONNECT = 60.0
+_T = TypeVar("_T")
 _LEASE = "clock_timestamp() + %s * interval '1 second'"
 _ROW_COLUMNS = ("id, status, attempts, output_path, output_sha256, writing_sha256, worker, "
                 "last_error, done_at, conversation_id, lease_until > clock_timestamp()")
@@ -54,7 +62,7 @@ class PgLedger:
     """The ``LedgerAPI`` on PostgreSQL. Thread-safe: one autocommit connection, serialised."""
 
     def __init__(self, url: str, *, lease: float = DEFAULT_LEASE,
-                 allow_unsafe: bool = False) -> None:
+                 allow_unsafe: bool = False, reconnect_for: float = DEFAULT_RECONNECT) -> None:
         try:
             import psycopg
         except ImportError as exc:
@@ -63,18 +71,64 @@ class PgLedger:
         self._psycopg = psycopg
         self.where = shown(url)
         self.lease_seconds: float | None = lease
-        conninfo, self.schema = split_schema(url)
+        self.reconnect_for = reconnect_for
+        self._conninfo, self.schema = split_schema(url)
+        self._allow_unsafe = allow_unsafe
         self._lock = threading.Lock()
         with self._translate("connect to"):
-            self._db = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
+            self._db = self._connect()
         try:
-            self._check_server(allow_unsafe)
+            with self._translate("inspect"):
+                self._check_server(allow_unsafe)
             self._migrate()
             with self._translate("use"):
                 self._db.execute(f"SET search_path TO {self.schema}")
         except BaseException:
             self._db.close()
             raise
+
+    def _connect(self) -> Any:
+        return self._psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+
+    def _lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the session is gone (not a statement's own error)."""
+        errors = self._psycopg.errors
+        return (isinstance(exc, (errors.AdminShutdown, errors.CrashShutdown,
+                                 errors.CannotConnectNow))
+                or bool(self._db.closed) or bool(self._db.broken))
+
+    def _reconnect(self, give_up: float) -> None:
+        """A new session, checked like the first; backoff 0.1 s doubling to 2 s until ``give_up``.
+
+        Raises the last connection error when the server is not back in time, and the
+        guard's error when the server that came back is unsafe or read-only.
+        """
+        delay = 0.1
+        self._db.close()
+        while True:
+            try:
+                self._db = self._connect()
+                self._check_server(self._allow_unsafe)
+                self._db.execute(f"SET search_path TO {self.schema}")
+                return
+            except self._psycopg.OperationalError:
+                self._db.close()
+                if time.monotonic() + delay > give_up:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _retrying(self, action: str, run: Callable[[], _T]) -> _T:
+        """``run()`` under the lock; after a lost session, reconnect and run it again."""
+        with self._lock, self._translate(action):
+            give_up = time.monotonic() + self.reconnect_for
+            while True:
+                try:
+                    return run()
+                except self._psycopg.OperationalError as exc:
+                    if not self._lost(exc) or time.monotonic() >= give_up:
+                        raise
+                self._reconnect(give_up)
 
     @contextmanager
     def _translate(self, action: str) -> Iterator[None]:
@@ -93,21 +147,12 @@ class PgLedger:
 
     def _check_server(self, allow_unsafe: bool) -> None:
         """A server that acknowledges before it flushes is refused, as an ephemeral disk is."""
-        names = ("fsync", "synchronous_commit", "default_transaction_read_only")
-        names = ("fsync", "synchronous_commit", "default_transaction_read_only")
-        with self._translate("inspect"):
-            settings = {name: str(self._one(f"SHOW {name}")) for name in names}
-            standby = bool(self._one("SELECT pg_is_in_recovery()"))
-        if standby or settings["default_transaction_read_only"] == "on":
-            raise StoreUnavailable(f"the batch ledger {self.where} is on a read-only server (a "
-                                   "standby, or default_transaction_read_only=on): point --ledger "
-                                   "at the primary")
-        unsafe = [f"{k}={settings[k]}" for k in ("fsync", "synchronous_commit")
-                  if settings[k] == "off"]
-        if unsafe and not allow_unsafe:
+        from chatstate.stores.postgres._guard import server_report
+
+        report = server_report(self._db, self.where, f"the batch ledger {self.where}")
+        if report.verdict == "ephemeral" and not allow_unsafe:
             raise EphemeralStoreError(
-                f"refusing the batch ledger {self.where}: the server runs with "
-                f"{', '.join(unsafe)}, so a commit it acknowledged can vanish in a crash. Turn "
+                f"refusing the batch ledger {self.where}: {' '.join(report.reasons[:-1])} Turn "
                 "it on, or accept the loss with --allow-ephemeral, allow_ephemeral=True or "
                 "CHATSTATE_ALLOW_EPHEMERAL=1.")
 
@@ -126,10 +171,6 @@ class PgLedger:
         with uninterruptible(), self._db.transaction():  # no Ctrl-C mid-query either
             yield
 
-    def _one(self, sql: str) -> Any:
-        row = self._db.execute(sql).fetchone()
-        return None if row is None else row[0]
-
     def _migrate(self) -> None:
         """Named, append-only migrations, applied under an advisory lock (hosts start at once)."""
         @contextmanager
@@ -146,12 +187,13 @@ class PgLedger:
         self._db.close()
 
     def _exec(self, sql: str, args: Iterable[Any] = ()) -> Any:
-        with self._lock, self._translate("write to"):
-            return self._db.execute(sql, tuple(args))
+        """One write; run again after a lost session, so it must be safe to apply twice."""
+        params = tuple(args)
+        return self._retrying("write to", lambda: self._db.execute(sql, params))
 
     def _read(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
-        with self._lock, self._translate("read"):
-            return self._db.execute(sql, tuple(args)).fetchall()
+        params = tuple(args)
+        return self._retrying("read", lambda: self._db.execute(sql, params).fetchall())
 
     # -- meta and workers --------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -183,14 +225,22 @@ class PgLedger:
         rows = list(records)
         cols = [list(c) for c in zip(*rows, strict=True)] if rows else [[], [], [], []]
         now = now_iso()
-        with self._lock, self._translate("register records in"), self._transaction():
-            known: dict[str, str] = dict(self._db.execute(
-                "SELECT id, text_sha256 FROM records WHERE id = ANY(%s)", (cols[0],)).fetchall())
-            added = self._db.execute(
-                "INSERT INTO records(id, text, text_sha256, output_path, created_at, updated_at) "
-                "SELECT i, t, s, o, %s, %s FROM unnest(%s::text[], %s::text[], %s::text[], "
-                "%s::text[]) WITH ORDINALITY AS u(i, t, s, o, n) ORDER BY n "
-                "ON CONFLICT DO NOTHING", (now, now, *cols)).rowcount
+
+        # Safe to run again: the insert skips rows already there. After a commit whose ack
+        # was lost, the retry counts those rows as known, not added (their text is the same).
+        def run() -> tuple[dict[str, str], int]:
+            with self._transaction():
+                known = dict(self._db.execute(
+                    "SELECT id, text_sha256 FROM records WHERE id = ANY(%s)",
+                    (cols[0],)).fetchall())
+                added = self._db.execute(
+                    "INSERT INTO records(id, text, text_sha256, output_path, created_at, "
+                    "updated_at) SELECT i, t, s, o, %s, %s FROM unnest(%s::text[], %s::text[], "
+                    "%s::text[], %s::text[]) WITH ORDINALITY AS u(i, t, s, o, n) ORDER BY n "
+                    "ON CONFLICT DO NOTHING", (now, now, *cols)).rowcount
+            return known, int(added)
+
+        known, added = self._retrying("register records in", run)
         changed = [rid for rid, _, sha, _ in rows if rid in known and known[rid] != sha]
         return added, changed
 
