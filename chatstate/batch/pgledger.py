@@ -118,17 +118,23 @@ class PgLedger:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _retrying(self, action: str, run: Callable[[], _T]) -> _T:
-        """``run()`` under the lock; after a lost session, reconnect and run it again."""
+    def _retrying(self, action: str, run: Callable[[bool], _T]) -> _T:
+        """``run(again)`` under the lock; after a lost session, reconnect and run it again.
+
+        ``again`` is True on a re-run: the first run's commit may have applied with its
+        acknowledgement lost, and ``run`` may look for that first.
+        """
         with self._lock, self._translate(action):
             give_up = time.monotonic() + self.reconnect_for
+            again = False
             while True:
                 try:
-                    return run()
+                    return run(again)
                 except self._psycopg.OperationalError as exc:
                     if not self._lost(exc) or time.monotonic() >= give_up:
                         raise
                 self._reconnect(give_up)
+                again = True
 
     @contextmanager
     def _translate(self, action: str) -> Iterator[None]:
@@ -186,14 +192,29 @@ class PgLedger:
     def close(self) -> None:
         self._db.close()
 
-    def _exec(self, sql: str, args: Iterable[Any] = ()) -> Any:
-        """One write; run again after a lost session, so it must be safe to apply twice."""
+    def _exec(self, sql: str, args: Iterable[Any] = (), *,
+              applied: tuple[str, tuple[Any, ...]] | None = None) -> Any:
+        """One write; run again after a lost session, so it must be safe to apply twice.
+
+        ``applied`` is a SELECT that finds the row as this very call leaves it, with the
+        columns the write returns: on a re-run, a row it finds means the first run
+        committed (its ack was lost), and its cursor is the answer, not a second write
+        that would find the row no longer matching and answer "not applied".
+        """
         params = tuple(args)
-        return self._retrying("write to", lambda: self._db.execute(sql, params))
+
+        def run(again: bool) -> Any:
+            if again and applied is not None:
+                found = self._db.execute(applied[0], applied[1])
+                if found.rowcount > 0:
+                    return found
+            return self._db.execute(sql, params)
+
+        return self._retrying("write to", run)
 
     def _read(self, sql: str, args: Iterable[Any] = ()) -> list[Any]:
         params = tuple(args)
-        return self._retrying("read", lambda: self._db.execute(sql, params).fetchall())
+        return self._retrying("read", lambda _: self._db.execute(sql, params).fetchall())
 
     # -- meta and workers --------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -207,8 +228,9 @@ class PgLedger:
         return self.meta(key) or value
 
     def add_worker(self, w: Worker) -> None:
+        # re-run safety: a worker id is one process's; a second insert is only ever a re-run
         self._exec("INSERT INTO workers(id, host, pid, boot_id, start_ticks, started_at) "
-                   "VALUES (%s, %s, %s, %s, %s, %s)",
+                   "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
                    (w.id, w.host, w.pid, w.boot_id, w.start_ticks, now_iso()))
 
     def end_worker(self, worker_id: str) -> None:
@@ -228,7 +250,7 @@ class PgLedger:
 
         # Safe to run again: the insert skips rows already there. After a commit whose ack
         # was lost, the retry counts those rows as known, not added (their text is the same).
-        def run() -> tuple[dict[str, str], int]:
+        def run(_: bool) -> tuple[dict[str, str], int]:
             with self._transaction():
                 known = dict(self._db.execute(
                     "SELECT id, text_sha256 FROM records WHERE id = ANY(%s)",
@@ -246,7 +268,11 @@ class PgLedger:
 
     def claim(self, worker_id: str, max_attempts: int, *, count: bool = False) -> Claim | None:
         """Take the oldest pending row, or a running one whose lease lapsed; None if none."""
+        # Re-run safety: a claim whose ack was lost left its row running for this worker
+        # with updated_at = this call's timestamp; the re-run returns that row (its attempt
+        # counted once) instead of claiming a second one and stranding the first.
         n = 1 if count else 0
+        now = now_iso()
         row = self._exec(
             "UPDATE records r SET status='running', worker=%s, attempts=r.attempts+%s, "
             f"writing_sha256=NULL, lease_until={_LEASE}, updated_at=%s "
@@ -254,13 +280,21 @@ class PgLedger:
             "(status='running' AND lease_until < clock_timestamp())) ORDER BY seq LIMIT 1 "
             "FOR UPDATE SKIP LOCKED) c WHERE r.seq=c.seq "
             "RETURNING r.id, r.text, r.attempts-%s, r.output_path",
-            (worker_id, n, self.lease_seconds, now_iso(), max_attempts, n)).fetchone()
+            (worker_id, n, self.lease_seconds, now, max_attempts, n),
+            applied=("SELECT id, text, attempts-%s, output_path FROM records WHERE "
+                     "status='running' AND worker=%s AND updated_at=%s", (n, worker_id, now)),
+        ).fetchone()
         return None if row is None else Claim(row[0], row[1], row[2], row[3])
 
     def count_attempt(self, rid: str, worker_id: str, max_attempts: int) -> bool:
+        # Re-run safety: the row still this worker's with updated_at = this call's timestamp
+        # means the first run counted the attempt; it is not counted twice.
+        now = now_iso()
         cur = self._exec("UPDATE records SET attempts=attempts+1, updated_at=%s WHERE id=%s AND "
                          "status='running' AND worker=%s AND attempts<%s",
-                         (now_iso(), rid, worker_id, max_attempts))
+                         (now, rid, worker_id, max_attempts),
+                         applied=("SELECT 1 FROM records WHERE id=%s AND status='running' AND "
+                                  "worker=%s AND updated_at=%s", (rid, worker_id, now)))
         return bool(cur.rowcount == 1)
 
     def set_writing(self, rid: str, worker_id: str, sha: str) -> bool:
@@ -268,7 +302,11 @@ class PgLedger:
         cur = self._exec(f"UPDATE records SET writing_sha256=%s, lease_until={_LEASE} "
                          "WHERE id=%s AND status='running' AND worker=%s "
                          "AND lease_until > clock_timestamp()",
-                         (sha, self.lease_seconds, rid, worker_id))
+                         (sha, self.lease_seconds, rid, worker_id),
+                         # re-run safety: still this worker's row with this sha = applied
+                         # (a takeover would have changed the worker and cleared the sha)
+                         applied=("SELECT 1 FROM records WHERE id=%s AND status='running' AND "
+                                  "worker=%s AND writing_sha256=%s", (rid, worker_id, sha)))
         return bool(cur.rowcount == 1)
 
     def finish(self, rid: str, worker_id: str | None, sha: str,
@@ -279,19 +317,29 @@ class PgLedger:
             "worker=NULL, lease_until=NULL, last_error=NULL, "
             "conversation_id=coalesce(%s, conversation_id), done_at=%s, updated_at=%s "
             "WHERE id=%s AND status='running' AND worker IS NOT DISTINCT FROM %s",
-            (sha, conversation_id, now, now, rid, worker_id))
+            (sha, conversation_id, now, now, rid, worker_id),
+            # re-run safety: done with this sha at this call's timestamp = this call applied
+            applied=("SELECT 1 FROM records WHERE id=%s AND status='done' AND "
+                     "output_sha256=%s AND done_at=%s", (rid, sha, now)))
         return bool(cur.rowcount == 1)
 
     def fail(self, rid: str, worker_id: str | None, error: str, *, final: bool,
              max_attempts: int) -> str | None:
+        now = now_iso()
         row = self._exec(
             "UPDATE records SET status=CASE WHEN %s OR attempts>=%s THEN 'failed' ELSE "
             "'pending' END, last_error=%s, worker=NULL, writing_sha256=NULL, lease_until=NULL, "
             "updated_at=%s WHERE id=%s AND status='running' "
             "AND worker IS NOT DISTINCT FROM %s RETURNING status",
-            (final, max_attempts, error, now_iso(), rid, worker_id)).fetchone()
+            (final, max_attempts, error, now, rid, worker_id),
+            # re-run safety: released with this error at this call's timestamp = applied
+            applied=("SELECT status FROM records WHERE id=%s AND worker IS NULL AND status IN "
+                     "('pending', 'failed') AND last_error=%s AND updated_at=%s",
+                     (rid, error, now))).fetchone()
         return None if row is None else str(row[0])
 
+    # release, requeue_failed, expire and renew are set-based: a re-run applies to what is
+    # left, and their counts are only reported (a re-run after a lost ack reports fewer).
     def release(self, worker_id: str, max_attempts: int, error: str) -> int:
         return int(self._exec(
             "UPDATE records SET status=CASE WHEN attempts>=%s THEN 'failed' ELSE 'pending' END, "
@@ -301,11 +349,15 @@ class PgLedger:
             (max_attempts, max_attempts, error, now_iso(), worker_id)).rowcount)
 
     def redo(self, rid: str, sha: str, why: str) -> bool:
+        now = now_iso()
         return bool(self._exec(
             "UPDATE records SET status='pending', attempts=0, output_sha256=NULL, "
             "last_error=%s, done_at=NULL, updated_at=%s "
             "WHERE id=%s AND status='done' AND output_sha256=%s",
-            (why, now_iso(), rid, sha)).rowcount == 1)
+            (why, now, rid, sha),
+            # re-run safety: pending with this reason at this call's timestamp = applied
+            applied=("SELECT 1 FROM records WHERE id=%s AND status='pending' AND "
+                     "last_error=%s AND updated_at=%s", (rid, why, now))).rowcount == 1)
 
     def requeue_failed(self) -> list[str]:
         rows = self._exec("UPDATE records SET status='pending', attempts=0, updated_at=%s "

@@ -14,12 +14,17 @@ from pathlib import Path
 import pytest
 from support.batch_child import PROMPT, spawn, write_jsonl
 from support.cli_helpers import cli_env
-from support.pgserver import start_server
+from support.pgserver import PgServer, pg_server, start_server  # noqa: F401  (fixture)
 
 from chatstate.testing import FakeModel
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra is not installed: "
                              "pip install 'chatstate[postgres]'")
+
+
+@pytest.fixture
+def shared_ledger(pg_server: PgServer) -> str:  # noqa: F811
+    return pg_server.new_database()
 
 
 def _statuses(url: str) -> dict[str, int]:
@@ -64,3 +69,30 @@ def test_workers_ride_out_a_server_kill_and_restart(tmp_path: Path) -> None:
         assert _statuses(ledger) == {"done": len(ids)}
     finally:
         server.stop()
+
+
+def test_a_terminated_session_is_reconnected_and_the_claim_not_repeated(
+        shared_ledger: str) -> None:
+    """An admin shutdown of the ledger's session: the next calls reconnect and carry on."""
+    from chatstate.batch.pgledger import PgLedger
+
+    db = PgLedger(shared_ledger, lease=5.0)
+    try:
+        db.register([("a", "text", "sha", "a.txt"), ("b", "text", "sha", "b.txt")])
+        first = db.claim("host-a:1", 3, count=True)
+        assert first is not None and first.id == "a"
+        pid = db._db.info.backend_pid
+        _terminate(shared_ledger, pid)
+        assert db.finish("a", "host-a:1", "x")  # on a new session
+        assert db._db.info.backend_pid != pid
+        _terminate(shared_ledger, db._db.info.backend_pid)
+        second = db.claim("host-a:1", 3, count=True)
+        assert second is not None and second.id == "b" and second.attempts == 0
+        assert db.counts() == {**db.counts(), "done": 1, "running": 1}
+    finally:
+        db.close()
+
+
+def _terminate(url: str, pid: int) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
