@@ -37,6 +37,8 @@ Internal control flow, never raised to a caller (so not in the tree):
     stores.s3._transport.Stale     an If-Match put found the object changed
     batch._work.OutOfAttempts      the ledger refused another attempt (a ChatstateError)
     ops.migrate._Differs           the destination holds something else under that id
+    serve._history.Ambiguous       a header-less history matches more than one conversation
+    serve._turns.ForeignConversation  the named conversation is another namespace's
 """
 
 from __future__ import annotations

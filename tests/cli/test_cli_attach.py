@@ -76,7 +76,7 @@ def test_repl_attach_goes_with_the_next_message_only(tmp_path: Path) -> None:
     png = _png(tmp_path)
     result = invoke(["chat", "--model", "fake", "--id", "r"], store=s,
                     input=f"/attach {png}\nlook\nplain now\n/attach {tmp_path}/gone.png\n")
-    assert result.code == 0, result.err
+    assert result.code == 1, result.err  # scripted input with a failed line fails the command
     assert "attached [image: chart.png, 100 KiB, inline]" in result.err
     assert f"assistant> Echo: look [image/png {len(PNG)} bytes]" in result.out
     assert "assistant> Echo: plain now " in result.out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -20,11 +22,13 @@ def screen_of(command: str, tmp_path: Path, *, env: dict[str, str],
     ``tmux("capture-pane", "-p")`` returns what it shows so far. ``history`` adds the lines
     scrolled off the top."""
     tiers.need("tmux", shutil.which("tmux") is not None, "tmux is not installed")
-    socket = str(tmp_path / "tmux.sock")
+    # a socket path longer than 107 bytes cannot be bound (a deep scratch dir in CI):
+    # a named server in tmux's own socket directory instead
+    socket = f"chatstate-test-{os.getpid()}-{secrets.token_hex(4)}"
     done = tmp_path / "done"
     script = tmp_path / "run.sh"
     script.write_text(f"{command}; touch {done}; sleep 120\n")
-    base = ["tmux", "-S", socket]
+    base = ["tmux", "-L", socket]
     env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}  # the pane's size
 
     def tmux(*args: str) -> str:

@@ -76,7 +76,7 @@ def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: st
         repl.pending = parts
         repl.run()
     if repl.failed and not sys.stdin.isatty():
-        raise SystemExit(1)  # scripted input: a line that failed fails the command
+        raise click.exceptions.Exit(1)  # scripted input: a line that failed fails the command
 
 
 class Repl(ForkCommands):
