@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from support.s3server import FaultProxy, s3_url
 from support.seaweed import BUCKET, seaweed_endpoint, seaweed_server, seaweed_url
-from support.stores import damage_blob, tamper
+from support.stores import DamageHooks
 
 from chatstate.errors import StoreUnavailable
 from chatstate.stores import open_store
@@ -21,26 +21,12 @@ from chatstate.testing.store_contract import StoreContract
 __all__ = ["seaweed_endpoint", "seaweed_server"]  # the fixtures, so pytest finds them here
 
 
-class TestSeaweedFS(StoreContract):
+class TestSeaweedFS(DamageHooks, StoreContract):
     """The whole shipped contract on SeaweedFS."""
 
     @pytest.fixture
     def store_url(self, seaweed_endpoint: str) -> str:
         return seaweed_url(seaweed_endpoint)
-
-    def damage(self, store_url: str, conversation_id: str, seq: int) -> None:
-        store = open_store(store_url)
-        try:
-            tamper(store_url, store, conversation_id, seq)
-        finally:
-            store.close()
-
-    def damage_blob(self, store_url: str, sha256: str, how: str) -> None:
-        store = open_store(store_url)
-        try:
-            damage_blob(store, store_url, sha256, how)
-        finally:
-            store.close()
 
 
 def test_seaweedfs_honours_conditional_writes(seaweed_endpoint: str) -> None:

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.stores import damage_blob, local_path, scheme, snapshot, stored_state, tamper
+from support.stores import (
+    DamageHooks,
+    local_path,
+    scheme,
+    snapshot,
+    stored_state,
+    tamper,
+)
 
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
@@ -29,22 +36,8 @@ from chatstate.stores.memory.store import MemoryStore
 from chatstate.testing.store_contract import StoreContract, new_conversation, seal_chain
 
 
-class TestBuiltinStores(StoreContract):
+class TestBuiltinStores(DamageHooks, StoreContract):
     """json, sqlite, s3 (moto) and postgresql (the test server): conftest's ``store_url``."""
-
-    def damage(self, store_url: str, conversation_id: str, seq: int) -> None:
-        store = open_store(store_url)
-        try:
-            tamper(store_url, store, conversation_id, seq)
-        finally:
-            store.close()
-
-    def damage_blob(self, store_url: str, sha256: str, how: str) -> None:
-        store = open_store(store_url)
-        try:
-            damage_blob(store, store_url, sha256, how)
-        finally:
-            store.close()
 
 
 class TestMemoryStore(StoreContract):

@@ -192,3 +192,26 @@ def damage_blob(store: Any, url: str, sha: str, how: str) -> str:
     else:
         store.io.put(key, damaged(store.io.get(key).data))
     return key
+
+
+class DamageHooks:
+    """``StoreContract``'s damage hooks for the built-in stores, by URL (json, sqlite, s3
+    on moto or SeaweedFS, postgresql): mixed into each contract class that runs on them."""
+
+    def damage(self, store_url: str, conversation_id: str, seq: int) -> None:
+        from chatstate.stores import open_store
+
+        store = open_store(store_url)
+        try:
+            tamper(store_url, store, conversation_id, seq)
+        finally:
+            store.close()
+
+    def damage_blob(self, store_url: str, sha256: str, how: str) -> None:
+        from chatstate.stores import open_store
+
+        store = open_store(store_url)
+        try:
+            damage_blob(store, store_url, sha256, how)
+        finally:
+            store.close()
