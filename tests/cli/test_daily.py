@@ -17,6 +17,16 @@ from chatstate.session.compact import compact
 from chatstate.stores import open_store
 from chatstate.testing import FakeModel
 
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The environment of a user whose config directory is under tmp_path."""
+    env = cli_env(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", env["XDG_CONFIG_HOME"])
+    monkeypatch.delenv(templates.ENV_DIR, raising=False)
+    return env
+
+
 # -- templates -----------------------------------------------------------------------------
 
 def test_templates_save_list_show_rm(home: dict[str, str], tmp_path: Path) -> None:
