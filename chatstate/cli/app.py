@@ -50,6 +50,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "the summary."),
     "usage": ("chatstate.cli.commands.daily", "usage", "Token usage (and cost, given prices) from "
               "the store."),
+    "web": ("chatstate.cli.commands.web", "web", "Browse, search and verify conversations in a "
+            "browser (read-only)."),
 }
 
 

@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from chatstate.durable.guard import boot_id
 from chatstate.errors import (
@@ -59,6 +59,7 @@ from chatstate.serve._readiness import Readiness
 from chatstate.serve._relay import RelayResponse, StreamRelay
 from chatstate.serve._replay import replay_response
 from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
+from chatstate.serve._ui import ui_routes
 from chatstate.serve._wire import (
     CONVERSATION_HEADER,
     bearer,
@@ -459,9 +460,11 @@ def create_app(config: ServeConfig) -> Starlette:
                "/metrics": proxy.metrics_text}
     methods = {"/v1/chat/completions": ["POST"],
                "/v1/chatstate/conversations/{cid}": ["GET", "DELETE"]}
-    routes = [Route(path, _authorize(proxy, handler), methods=methods.get(path, ["GET"]))
+    routes: list[BaseRoute] = [Route(path, _authorize(proxy, handler),
+                                     methods=methods.get(path, ["GET"]))
               for path, handler in guarded.items()]
     routes += [Route("/healthz", proxy.healthz), Route("/readyz", proxy.readyz)]
+    routes += ui_routes(config.store, proxy.auth, config.allowed_hosts)  # the web view
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

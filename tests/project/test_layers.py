@@ -57,6 +57,7 @@ LAYERS = [
     ["stores", "adapter"],
     ["ops"],
     ["session"],
+    ["web"],  # below serve, which mounts it at /ui
     ["integrations", "batch", "serve", "testing"],
     ["drill"],
     ["cli"],

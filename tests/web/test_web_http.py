@@ -1,0 +1,211 @@
+"""The web view over real HTTP: ``chatstate web`` as a process on loopback, and serve's /ui.
+
+The pages (list, search, filters, a rich conversation, the verdict, exports, usage),
+and the guarantees of docs/web.md: read-only (every other method 405), the Host
+check, the CSP on every response, blobs typed and downloaded, hostile content inert,
+and a token seeing only its own conversations under serve.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+from support.serve_helpers import ServeProcess, local_url, serve_env
+from support.web_store import SVG, WebProcess, populate, store_url
+
+from chatstate.ops.usage import collect
+from chatstate.stores import open_store
+from chatstate.testing import FakeModel
+
+pytest.importorskip("jinja2", reason="the web extra (jinja2) is not installed")
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebProcess]:
+    base = tmp_path_factory.mktemp("web")
+    url = store_url(base)
+    facts = populate(url)
+    proc = WebProcess(url, serve_env(base))
+    proc.facts = facts  # type: ignore[attr-defined]
+    proc.store_url = url  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def get(web: WebProcess, path: str, **headers: str) -> httpx2.Response:
+    return httpx2.get(web.url + path, headers=headers, timeout=30)
+
+
+def rows(page: str) -> list[str]:
+    return re.findall(r'<tr data-id="([^"]+)">', page)
+
+
+def test_the_list_pages_and_flags(web: WebProcess) -> None:
+    first = get(web, "/")
+    assert first.status_code == 200
+    ids = rows(first.text)
+    assert len(ids) == 50 and 'rel="next"' in first.text
+    second = rows(get(web, "/?page=2").text)
+    assert not set(ids) & set(second)
+    everything = set(ids) | set(second)
+    assert {"rich", "hostile", "events", "damaged", "badblob", web.facts["fork"],  # type: ignore[attr-defined]
+            "plain-000", "plain-059"} <= everything
+    listed = first.text + get(web, "/?page=2").text
+    rich = re.search(r'<tr data-id="rich">.*?</tr>', listed, re.S)
+    assert rich is not None
+    assert "interrupted" in rich.group() and "cut" in rich.group()
+    assert "model-a" in rich.group() and "320 / 52" in rich.group()
+    fork = re.search(rf'<tr data-id="{web.facts["fork"]}">.*?</tr>', listed, re.S)  # type: ignore[attr-defined]
+    assert fork is not None and "forked" in fork.group()
+    damaged = re.search(r'<tr data-id="damaged">.*?</tr>', listed, re.S)
+    assert damaged is not None and "damaged" in damaged.group()
+
+
+def test_search_and_filters(web: WebProcess) -> None:
+    assert rows(get(web, "/?q=walruses").text) == ["plain-007"]
+    assert rows(get(web, "/?q=no-such-words-anywhere").text) == []
+    by_model = rows(get(web, "/?model=model-b").text)
+    assert "hostile" in by_model and "rich" not in by_model
+    assert all(not r.startswith("plain-") or int(r[6:]) % 2 == 0 for r in by_model)
+    dated = rows(get(web, "/?until=2026-10-03").text)
+    assert dated and all(r.startswith("plain-") for r in dated)
+    assert get(web, "/?since=yesterday").status_code == 400
+
+
+def test_a_rich_conversation(web: WebProcess) -> None:
+    page = get(web, "/c/rich").text
+    assert '<span class="hl-k">def</span>' in page  # highlighted code
+    assert "<strong>bold</strong>" in page
+    image = re.search(r'<img src="(/c/rich/part/0/1)"', page)
+    assert image is not None
+    shown = get(web, image.group(1))
+    assert shown.headers["content-type"] == "image/png"
+    assert shown.headers["content-disposition"] == "inline"
+    pdf = get(web, "/c/rich/part/0/2")
+    assert pdf.headers["content-disposition"].startswith("attachment")
+    assert pdf.content == b"%PDF-1.4 fake"
+    assert "get_weather" in page and "rain, 4 C" in page
+    assert "outcome unknown: interrupted, it may or may not have run" in page
+    assert 'id="mpartial"' in page and "partial: cut off" in page and "Once upon a time" in page
+    assert "temperature" in page and "1.50 s" in page  # the request record
+    assert '<p class="badge ok" id="verdict"' in page
+    assert web.facts["fork"] in page  # type: ignore[attr-defined]  # its child
+    child = get(web, f"/c/{web.facts['fork']}").text  # type: ignore[attr-defined]
+    assert 'id="parent" href="/c/rich"' in child
+
+
+def test_events_are_shown(web: WebProcess) -> None:
+    page = get(web, "/c/events").text
+    assert "pop: hides message seq 1" in page and "hidden by event seq 2" in page
+
+
+def test_the_verdict_names_the_first_break(web: WebProcess) -> None:
+    damaged = get(web, "/c/damaged")
+    assert damaged.status_code == 200
+    assert 'data-ok="false"' in damaged.text and "hash chain broken at seq 2" in damaged.text
+    blob = get(web, "/c/badblob").text
+    assert 'data-ok="false"' in blob and web.facts["badblob_sha"] in blob  # type: ignore[attr-defined]
+    assert "altered" in blob
+
+
+def test_every_export_format_downloads(web: WebProcess) -> None:
+    for fmt in ("chatstate", "openai", "jsonl", "markdown", "text"):
+        r = get(web, f"/c/rich/export/{fmt}")
+        assert r.status_code == 200, fmt
+        assert r.headers["content-disposition"].startswith('attachment; filename="rich.')
+    doc = json.loads(get(web, "/c/rich/export/chatstate").text)
+    assert len(doc["messages"]) == 7 and doc["partial"]["content"] == "Once upon a time"
+    assert get(web, "/c/rich/export/pickle").status_code == 404
+
+
+def test_usage_matches_the_usage_command(web: WebProcess) -> None:
+    page = get(web, "/usage").text
+    store = open_store(web.store_url)  # type: ignore[attr-defined]
+    try:
+        by_day = collect(store, by="day")
+    finally:
+        store.close()
+    assert "<svg" in page and page.count('<g class="bar"') == len(by_day.rows)
+    for row in by_day.rows:
+        assert f'data-day="{row.key}"' in page
+    assert "model-a" in page and "model-b" in page
+
+
+def test_only_get_and_head(web: WebProcess) -> None:
+    for method in ("POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+        for path in ("/", "/c/rich", "/nowhere"):
+            r = httpx2.request(method, web.url + path, timeout=10)
+            assert r.status_code == 405, (method, path)
+            assert r.headers["allow"] == "GET, HEAD"
+    assert httpx2.head(web.url + "/c/rich", timeout=10).status_code == 200
+
+
+def test_host_check_and_headers(web: WebProcess) -> None:
+    assert get(web, "/", Host="attacker.example").status_code == 421
+    assert get(web, "/", Host="localhost").status_code == 200
+    for path in ("/", "/c/rich", "/usage", "/c/nowhere", "/static/web.css"):
+        r = get(web, path)
+        csp = r.headers["content-security-policy"]
+        assert "script-src 'none'" in csp and "default-src 'self'" in csp, path
+        assert r.headers["x-content-type-options"] == "nosniff"
+
+
+def test_hostile_content_is_inert(web: WebProcess) -> None:
+    page = get(web, "/c/hostile").text
+    body = page.split("<main>", 1)[1]
+    assert "<script" not in body and "<iframe" not in body and "<img src=x" not in body
+    assert not re.search(r'(href|src)="\s*(javascript|data|vbscript):', body, re.I)
+    assert "&lt;script&gt;" in body  # shown, as text
+    svgs = re.findall(r'href="(/c/hostile/(?:blob|part)/[^"]+)"', body)
+    assert len(svgs) == 2  # the blob and the inline data URL: downloads, never <img>
+    for href in svgs:
+        r = get(web, href)
+        assert r.content == SVG
+        assert r.headers["content-disposition"].startswith("attachment")
+        assert r.headers["content-security-policy"].startswith("sandbox")
+
+
+def test_serve_ui_shows_a_token_only_its_own(tmp_path: Path) -> None:
+    with FakeModel(reply_words=3) as fake, ServeProcess(
+            local_url("sqlite", tmp_path), fake.base_url, serve_env(tmp_path),
+            "--token", "tok-a", "--token", "tok-b") as proxy:
+        ids = {}
+        for token in ("tok-a", "tok-b"):
+            r = httpx2.post(proxy.base_url + "/chat/completions", timeout=30,
+                            headers={"Authorization": f"Bearer {token}"},
+                            json={"model": "m", "messages": [
+                                {"role": "user", "content": f"hello from {token}"}]})
+            assert r.status_code == 200
+            ids[token] = r.headers["x-chatstate-conversation"]
+        ui = proxy.root + "/ui"
+        assert httpx2.get(ui + "/", timeout=10).status_code == 401
+        assert "Basic" in httpx2.get(ui + "/", timeout=10).headers["www-authenticate"]
+        page = httpx2.get(ui + "/", headers={"Authorization": "Bearer tok-a"}, timeout=10)
+        assert rows(page.text) == [ids["tok-a"]]
+        assert f'href="/ui/c/{ids["tok-a"]}"' in page.text  # links follow the mount
+        basic = base64.b64encode(b":tok-b").decode()
+        page = httpx2.get(ui + "/", headers={"Authorization": f"Basic {basic}"}, timeout=10)
+        assert rows(page.text) == [ids["tok-b"]]
+        other = httpx2.get(f"{ui}/c/{ids['tok-a']}", timeout=10,
+                           headers={"Authorization": f"Basic {basic}"})
+        assert other.status_code == 404
+        mine = httpx2.get(f"{ui}/c/{ids['tok-b']}", timeout=10,
+                          headers={"Authorization": f"Basic {basic}"})
+        assert mine.status_code == 200 and "hello from tok-b" in mine.text
+        usage = httpx2.get(ui + "/usage", headers={"Authorization": "Bearer tok-a"},
+                           timeout=10).text
+        assert usage.count('<g class="bar"') == 1
+        assert httpx2.get(ui + "/", headers={"Authorization": "Bearer tok-a",
+                                             "Host": "attacker.example"},
+                          timeout=10).status_code == 421
+        r = httpx2.delete(f"{ui}/c/{ids['tok-a']}", timeout=10,
+                          headers={"Authorization": "Bearer tok-a"})
+        assert r.status_code == 405
