@@ -70,6 +70,7 @@ class WebView:
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                                       autoescape=True, undefined=jinja2.StrictUndefined)
         self.css = (HERE / "static" / "web.css").read_text() + "\n" + _markdown.highlight_css()
+        self.icon = (HERE / "static" / "favicon.svg").read_bytes()
 
     # -- helpers -----------------------------------------------------------------------
     def _html(self, request: Request, template: str, status: int = 200, **values: Any
@@ -106,6 +107,9 @@ class WebView:
     # -- pages ---------------------------------------------------------------------------
     async def css_file(self, request: Request) -> Response:
         return Response(self.css, media_type="text/css")
+
+    async def icon_file(self, request: Request) -> Response:
+        return Response(self.icon, media_type="image/svg+xml")
 
     async def list_page(self, request: Request) -> Response:
         params = request.query_params
@@ -149,7 +153,8 @@ class WebView:
         if ns is not None and namespace_of(conv) != ns:
             return self._error(request, 404, "no such conversation")
         base = request.scope.get("root_path", "") + f"/c/{cid}"
-        view = await asyncio.to_thread(_conversation.build, conv, base, page)
+        view = await asyncio.to_thread(_conversation.build, conv, base, page,
+                                      verdict.bad_blobs)
         children = await asyncio.to_thread(self.catalogue.children, conv, ns)
         origin = conv.metadata.get("forked_from")
         return self._html(request, "conversation.html", view=view, conv=conv,
@@ -318,7 +323,8 @@ def create_app(config: WebConfig) -> Starlette:
              "/c/{cid}/part/{label}/{index:int}": view.part, "/usage": view.usage_page}
     routes = [Route(path, authorized(handler), methods=["GET", "HEAD"])
               for path, handler in pages.items()]
-    routes.append(Route("/static/web.css", view.css_file, methods=["GET", "HEAD"]))
+    routes += [Route("/static/web.css", view.css_file, methods=["GET", "HEAD"]),
+               Route("/static/favicon.svg", view.icon_file, methods=["GET", "HEAD"])]
     app = Starlette(routes=routes,
                     middleware=[Middleware(Guard, host_allowed=config.host_allowed)])
     app.state.web = view

@@ -14,12 +14,13 @@ from typing import Any
 
 from markupsafe import Markup
 
+from chatstate.core.content import blob_area
 from chatstate.core.events import EVENT, shown
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ChatstateError, CorruptTranscriptError
 from chatstate.ops.replay_text import MARKED, STARTED, size_text
 from chatstate.stores.base import Store
-from chatstate.stores.blobs import verify_blobs
+from chatstate.stores.blobs import named_blobs, verify_blobs
 from chatstate.web import _markdown
 
 MESSAGES_PER_PAGE = 200
@@ -33,6 +34,7 @@ class Verdict:
     ok: bool
     text: str
     position: int | None = None
+    bad_blobs: set[str] = field(default_factory=set)  # never shown: they do not read
 
 
 def verify(store: Store, conversation_id: str) -> tuple[Conversation | None, Verdict]:
@@ -49,11 +51,21 @@ def verify(store: Store, conversation_id: str) -> tuple[Conversation | None, Ver
         blobs = verify_blobs(store, conv)
     except ChatstateError as exc:
         return conv, Verdict(False, f"blob check failed: {exc}",
-                             getattr(exc, "position", None))
+                             getattr(exc, "position", None), _bad_blobs(store, conv))
     head = conv.last.hash[:16] if conv.last else "-"
     checked = f", {blobs} blob(s) match their sha256" if blobs else ""
     return conv, Verdict(True, f"verified: {len(conv.messages)} messages, chain intact "
                          f"(head {head}…){checked}")
+
+
+def _bad_blobs(store: Store, conv: Conversation) -> set[str]:
+    bad = set()
+    for sha in named_blobs([*conv.messages, *([conv.partial] if conv.partial else [])]):
+        try:
+            blob_area(store, "a blob check").get_blob(sha)
+        except ChatstateError:
+            bad.add(sha)
+    return bad
 
 
 @dataclass
@@ -64,6 +76,7 @@ class Attachment:
     href: str | None  # this app's URL for its bytes (None: an external URL, not fetched)
     inline: bool  # shown as <img>
     external: str | None = None
+    damaged: bool = False  # its blob does not read: named, not served
 
 
 @dataclass
@@ -101,7 +114,7 @@ def _json_text(raw: str) -> str:
         return raw
 
 
-def _attachments(base: str, msg: Message, label: str) -> list[Attachment]:
+def _attachments(base: str, msg: Message, label: str, bad: set[str]) -> list[Attachment]:
     out: list[Attachment] = []
     if isinstance(msg.content, str):
         return out
@@ -115,6 +128,10 @@ def _attachments(base: str, msg: Message, label: str) -> list[Attachment]:
         ref = part.get("blob")
         if isinstance(ref, dict):
             media = str(ref.get("media_type") or "application/octet-stream")
+            if ref.get("sha256") in bad:
+                out.append(Attachment(what, str(ref.get("name") or media),
+                                      size_text(ref.get("size")), None, False, damaged=True))
+                continue
             out.append(Attachment(what, str(ref.get("name") or media), size_text(ref.get(
                 "size")), f"{base}/blob/{ref.get('sha256')}",
                 what == "image" and media in INLINE_IMAGES))
@@ -166,7 +183,7 @@ class Page:
     upstream_error: dict[str, Any] | None
 
 
-def build(conv: Conversation, base: str, page: int,
+def build(conv: Conversation, base: str, page: int, bad_blobs: set[str] | None = None,
           per_page: int = MESSAGES_PER_PAGE) -> Page:
     """Page ``page`` (from 1) of the conversation's messages, the partial reply last."""
     messages = list(conv.messages)
@@ -200,7 +217,7 @@ def build(conv: Conversation, base: str, page: int,
         partial = conv.partial is not None and msg is conv.partial
         if msg.role == "tool" and msg.tool_call_id in calls_made and not partial:
             continue  # shown folded under its call
-        items.append(_item(msg, base, results, names, turns, partial,
+        items.append(_item(msg, base, results, names, turns, partial, bad_blobs or set(),
                            None if msg.seq in visible or msg.role == "event"
                            else hider.get(msg.seq)))
     error = conv.metadata.get("last_upstream_error")
@@ -208,7 +225,8 @@ def build(conv: Conversation, base: str, page: int,
 
 
 def _item(msg: Message, base: str, results: dict[str, Message], names: dict[str, str],
-          turns: dict[str, Message], partial: bool, hidden_by: int | None) -> Item:
+          turns: dict[str, Message], partial: bool, bad: set[str],
+          hidden_by: int | None) -> Item:
     who: str = msg.role
     if msg.role == "tool":
         who = " ".join(x for x in ("tool", msg.name or names.get(str(msg.tool_call_id))) if x)
@@ -219,7 +237,7 @@ def _item(msg: Message, base: str, results: dict[str, Message], names: dict[str,
         mark = "partial: cut off (saved while streaming; not yet in the chain)"
     label = "partial" if partial else str(msg.seq)
     item = Item(msg.seq, msg.role, who, msg.created_at, msg.status, mark, _body(msg),
-                _attachments(base, msg, label), usage=msg.usage, hidden_by=hidden_by,
+                _attachments(base, msg, label, bad), usage=msg.usage, hidden_by=hidden_by,
                 partial=partial)
     for call in msg.tool_calls or ():
         function = call.get("function") or {}
