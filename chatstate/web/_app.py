@@ -72,6 +72,14 @@ class WebView:
         self.css = (HERE / "static" / "web.css").read_text() + "\n" + _markdown.highlight_css()
         self.icon = (HERE / "static" / "favicon.svg").read_bytes()
 
+    def warm(self) -> None:
+        """Compile the templates and load the Markdown and highlighting code now, so the
+        first page is not the slow one (``chatstate web`` calls it before listening)."""
+        for name in ("list.html", "conversation.html", "usage.html", "error.html",
+                     "damaged.html"):
+            self.env.get_template(name)
+        _markdown.render("*warm* `up`\n\n```python\nx = 1\n```\n")
+
     # -- helpers -----------------------------------------------------------------------
     def _html(self, request: Request, template: str, status: int = 200, **values: Any
               ) -> Response:

@@ -29,20 +29,31 @@ def safe_url(url: str) -> bool:
     return match is None or match.group(1).lower() in SAFE_SCHEMES
 
 
-def _highlight(code: str, lang: str, attrs: Any) -> str:
-    from pygments import highlight
-    from pygments.formatters import HtmlFormatter
+@lru_cache(maxsize=64)
+def _lexer(name: str) -> Any:
     from pygments.lexers import get_lexer_by_name
     from pygments.util import ClassNotFound
 
     try:
-        lexer = get_lexer_by_name(lang.strip().split()[0]) if lang.strip() else None
+        return get_lexer_by_name(name)
     except ClassNotFound:
-        lexer = None
+        return None
+
+
+@lru_cache(maxsize=1)
+def _formatter() -> Any:
+    from pygments.formatters import HtmlFormatter
+
+    return HtmlFormatter(nowrap=True, classprefix=CSS_CLASS + "-")
+
+
+def _highlight(code: str, lang: str, attrs: Any) -> str:
+    from pygments import highlight
+
+    lexer = _lexer(lang.strip().split()[0]) if lang.strip() else None
     if lexer is None:
         return ""  # markdown-it escapes it as plain code
-    formatter = HtmlFormatter(nowrap=True, classprefix=CSS_CLASS + "-")
-    return f'<pre class="{CSS_CLASS}"><code>{highlight(code, lexer, formatter)}</code></pre>'
+    return f'<pre class="{CSS_CLASS}"><code>{highlight(code, lexer, _formatter())}</code></pre>'
 
 
 @lru_cache(maxsize=1)

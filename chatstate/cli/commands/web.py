@@ -45,12 +45,14 @@ def web(env: Env, host: str, port: int, allow_hosts: tuple[str, ...],
     config = WebConfig(store=env.store(), prices=table,
                        host_allowed=functools.partial(host_allowed,
                                                       allowed=[host, *allow_hosts]))
+    app = create_app(config)
+    app.state.web.warm()
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)
     bound = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
                                            access_log=False, lifespan="off"))
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"web view on http://{shown}:{bound}/ (read-only)", err=True)
