@@ -44,4 +44,5 @@ Commands:
   survival     Write/verify checksummed records across restarts.
   templates    Saved system prompts: save, list, show, rm.
   usage        Token usage (and cost, given prices) from the store.
+  web          Browse, search and verify conversations in a browser (read-only).
 """
