@@ -166,9 +166,14 @@ class Catalogue:
 
     def children(self, conversation: Conversation, namespace: str | None) -> list[Row]:
         """The forks of a conversation: a fork's title starts with the title of what it
-        copies (``fork`` adds " (fork)", serve keeps it), so only those are worked out."""
-        summaries = [s for s in self.store.list_conversations()
-                     if s.title.startswith(conversation.title) and s.id != conversation.id]
-        rows = [self.row(s) for s in summaries]
+        copies (``fork`` adds " (fork)", serve keeps it), so only those are worked out
+        (of an untitled one: those the list has worked out already)."""
+        if conversation.title:
+            summaries = [s for s in self.store.list_conversations()
+                         if s.title.startswith(conversation.title) and s.id != conversation.id]
+            rows = [self.row(s) for s in summaries]
+        else:  # untitled: every conversation could be a fork; only the rows worked out
+            with self._guard:
+                rows = [row for _, row in self._rows.values()]
         return [r for r in rows if r is not None and r.forked_from == conversation.id
                 and (namespace is None or r.namespace == namespace)]

@@ -91,11 +91,15 @@ def _populate(url: str, store: Any, plain: int) -> dict[str, str]:
                  {"id": "call_w", "type": "function", "function": {
                      "name": "get_weather", "arguments": '{"city":"Oslo"}'}},
                  {"id": "call_m", "type": "function", "function": {
-                     "name": "send_email", "arguments": '{"to":"a@b.c"}'}}]},
+                     "name": "send_email", "arguments": '{"to":"a@b.c"}'}},
+                 {"id": "call_c", "type": "function", "function": {
+                     "name": "charge_card", "arguments": '{"cents":500}'}}]},
             {"role": "tool", "content": "rain, 4 C", "tool_call_id": "call_w", "turn_id": "r2",
              "name": "get_weather", "created_at": "2026-11-20T10:01:02Z"},
             {"role": "tool", "content": "interrupted", "tool_call_id": "call_m",
              "turn_id": "r2", "status": "unknown", "created_at": "2026-11-20T10:01:03Z"},
+            {"role": "tool", "content": "", "tool_call_id": "call_c", "turn_id": "r2",
+             "name": "charge_card", "status": "partial", "created_at": "2026-11-20T10:01:04Z"},
             {"role": "user", "content": "tell me a long story", "turn_id": "r3",
              "created_at": "2026-11-20T10:02:00Z"})
     store.save_partial("rich", Message(seq=len(rich.messages), role="assistant",

@@ -8,6 +8,7 @@ test. Screenshots are kept in ``<scratch base>/artefacts/web/`` (see
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ from typing import Any
 import pytest
 from support.browser import ARGS, CHROMIUM, artefacts, need_browser
 from support.serve_helpers import serve_env
+from support.tiers import need
 from support.web_store import WebProcess, populate, store_url
 
 need_browser()
-pytest.importorskip("jinja2", reason="the web extra (jinja2) is not installed")
+need("web", importlib.util.find_spec("jinja2") is not None,
+     "the web extra (jinja2: pip install 'chatstate[web]') is not installed")
 
 from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
 

@@ -9,6 +9,7 @@ and a token seeing only its own conversations under serve.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import re
 from collections.abc import Iterator
@@ -17,13 +18,15 @@ from pathlib import Path
 import httpx2
 import pytest
 from support.serve_helpers import ServeProcess, local_url, serve_env
+from support.tiers import need
 from support.web_store import SVG, WebProcess, populate, store_url
 
 from chatstate.ops.usage import collect
 from chatstate.stores import open_store
 from chatstate.testing import FakeModel
 
-pytest.importorskip("jinja2", reason="the web extra (jinja2) is not installed")
+need("web", importlib.util.find_spec("jinja2") is not None,
+     "the web extra (jinja2: pip install 'chatstate[web]') is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +97,7 @@ def test_a_rich_conversation(web: WebProcess) -> None:
     assert pdf.content == b"%PDF-1.4 fake"
     assert "get_weather" in page and "rain, 4 C" in page
     assert "outcome unknown: interrupted, it may or may not have run" in page
+    assert "started: it may have run; no result was stored" in page  # the tool loop's marker
     assert 'id="mpartial"' in page and "partial: cut off" in page and "Once upon a time" in page
     assert "temperature" in page and "1.50 s" in page  # the request record
     assert '<p class="badge ok" id="verdict"' in page
@@ -122,7 +126,7 @@ def test_every_export_format_downloads(web: WebProcess) -> None:
         assert r.status_code == 200, fmt
         assert r.headers["content-disposition"].startswith('attachment; filename="rich.')
     doc = json.loads(get(web, "/c/rich/export/chatstate").text)
-    assert len(doc["messages"]) == 7 and doc["partial"]["content"] == "Once upon a time"
+    assert len(doc["messages"]) == 8 and doc["partial"]["content"] == "Once upon a time"
     assert get(web, "/c/rich/export/pickle").status_code == 404
 
 
