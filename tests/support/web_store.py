@@ -4,9 +4,11 @@ conversations, and ``chatstate web`` run on it as a real process on loopback."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +146,12 @@ def _populate(url: str, store: Any, plain: int) -> dict[str, str]:
 class WebProcess:
     """``chatstate --store URL web --port 0 ARGS`` as a subprocess; its root URL."""
 
+    facts: dict[str, str]  # what ``populate`` made
+    store_url: str
+
     def __init__(self, store: str, env: dict[str, str], *args: str) -> None:
+        self.store_url = store
+        self.facts = {}
         self.proc = subprocess.Popen([CHATSTATE, "--store", store, "web", "--port", "0", *args],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
@@ -178,3 +185,16 @@ class WebProcess:
 
 def store_url(base: Path) -> str:
     return f"sqlite://{base}/web.db"
+
+
+@contextlib.contextmanager
+def populated_web(base: Path, env: dict[str, str]) -> Iterator[WebProcess]:
+    """``chatstate web`` on a fresh ``populate``d sqlite store under ``base``."""
+    url = store_url(base)
+    facts = populate(url)
+    proc = WebProcess(url, env)
+    proc.facts = facts
+    try:
+        yield proc
+    finally:
+        proc.stop()

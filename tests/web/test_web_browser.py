@@ -17,7 +17,7 @@ import pytest
 from support.browser import ARGS, CHROMIUM, artefacts, need_browser
 from support.serve_helpers import serve_env
 from support.tiers import need
-from support.web_store import WebProcess, populate, store_url
+from support.web_store import WebProcess, populated_web
 
 need_browser()
 need("web", importlib.util.find_spec("jinja2") is not None,
@@ -29,14 +29,8 @@ from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
 @pytest.fixture(scope="module")
 def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebProcess]:
     base = tmp_path_factory.mktemp("webb")
-    url = store_url(base)
-    facts = populate(url)
-    proc = WebProcess(url, serve_env(base))
-    proc.facts = facts  # type: ignore[attr-defined]
-    try:
+    with populated_web(base, serve_env(base)) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from support.cli_helpers import run_cli
 from support.serve_helpers import ServeProcess, local_url, serve_env
 from support.tiers import need
-from support.web_store import SVG, WebProcess, populate, store_url
+from support.web_store import SVG, WebProcess, populated_web, store_url
 
 from chatstate.ops.usage import collect
 from chatstate.stores import open_store
@@ -32,15 +33,8 @@ need("web", importlib.util.find_spec("jinja2") is not None,
 @pytest.fixture(scope="module")
 def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebProcess]:
     base = tmp_path_factory.mktemp("web")
-    url = store_url(base)
-    facts = populate(url)
-    proc = WebProcess(url, serve_env(base))
-    proc.facts = facts  # type: ignore[attr-defined]
-    proc.store_url = url  # type: ignore[attr-defined]
-    try:
+    with populated_web(base, serve_env(base)) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def get(web: WebProcess, path: str, **headers: str) -> httpx2.Response:
@@ -59,14 +53,14 @@ def test_the_list_pages_and_flags(web: WebProcess) -> None:
     second = rows(get(web, "/?page=2").text)
     assert not set(ids) & set(second)
     everything = set(ids) | set(second)
-    assert {"rich", "hostile", "events", "damaged", "badblob", web.facts["fork"],  # type: ignore[attr-defined]
+    assert {"rich", "hostile", "events", "damaged", "badblob", web.facts["fork"],
             "plain-000", "plain-059"} <= everything
     listed = first.text + get(web, "/?page=2").text
     rich = re.search(r'<tr data-id="rich">.*?</tr>', listed, re.S)
     assert rich is not None
     assert "interrupted" in rich.group() and "cut" in rich.group()
     assert "model-a" in rich.group() and "320 / 52" in rich.group()
-    fork = re.search(rf'<tr data-id="{web.facts["fork"]}">.*?</tr>', listed, re.S)  # type: ignore[attr-defined]
+    fork = re.search(rf'<tr data-id="{web.facts["fork"]}">.*?</tr>', listed, re.S)
     assert fork is not None and "forked" in fork.group()
     damaged = re.search(r'<tr data-id="damaged">.*?</tr>', listed, re.S)
     assert damaged is not None and "damaged" in damaged.group()
@@ -101,8 +95,8 @@ def test_a_rich_conversation(web: WebProcess) -> None:
     assert 'id="mpartial"' in page and "partial: cut off" in page and "Once upon a time" in page
     assert "temperature" in page and "1.50 s" in page  # the request record
     assert '<p class="badge ok" id="verdict"' in page
-    assert web.facts["fork"] in page  # type: ignore[attr-defined]  # its child
-    child = get(web, f"/c/{web.facts['fork']}").text  # type: ignore[attr-defined]
+    assert web.facts["fork"] in page  # its child
+    child = get(web, f"/c/{web.facts['fork']}").text
     assert 'id="parent" href="/c/rich"' in child
 
 
@@ -116,7 +110,7 @@ def test_the_verdict_names_the_first_break(web: WebProcess) -> None:
     assert damaged.status_code == 200
     assert 'data-ok="false"' in damaged.text and "hash chain broken at seq 2" in damaged.text
     blob = get(web, "/c/badblob").text
-    assert 'data-ok="false"' in blob and web.facts["badblob_sha"] in blob  # type: ignore[attr-defined]
+    assert 'data-ok="false"' in blob and web.facts["badblob_sha"] in blob
     assert "altered" in blob
 
 
@@ -132,7 +126,7 @@ def test_every_export_format_downloads(web: WebProcess) -> None:
 
 def test_usage_matches_the_usage_command(web: WebProcess) -> None:
     page = get(web, "/usage").text
-    store = open_store(web.store_url)  # type: ignore[attr-defined]
+    store = open_store(web.store_url)
     try:
         by_day = collect(store, by="day")
     finally:
@@ -213,3 +207,10 @@ def test_serve_ui_shows_a_token_only_its_own(tmp_path: Path) -> None:
         r = httpx2.delete(f"{ui}/c/{ids['tok-a']}", timeout=10,
                           headers={"Authorization": "Bearer tok-a"})
         assert r.status_code == 405
+
+
+def test_web_refuses_a_non_loopback_address(tmp_path: Path) -> None:
+    result = run_cli(["web", "--host", "0.0.0.0", "--port", "0"], serve_env(tmp_path),
+                     store=store_url(tmp_path))
+    assert result.code == 2
+    assert "no login" in result.err and "/ui" in result.err
