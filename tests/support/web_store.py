@@ -109,12 +109,14 @@ def _populate(url: str, store: Any, plain: int) -> dict[str, str]:
                                        status="partial", model="model-a",
                                        created_at="2026-11-20T10:02:01Z"))
     svg = store.put_blob(SVG, media_type="image/svg+xml", name="evil.svg")
-    hostile = _new(store, "hostile", "hostile content")
+    hostile = _new(store, "hostile", 'hostile content <script>alert("title")</script>')
     _append(store, hostile,
             {"role": "user", "content": [text(HOSTILE_TEXT),
                                          {"type": "image_url", "image_url": {}, "blob": svg},
                                          image("data:image/svg+xml;base64," +
-                                               base64.b64encode(SVG).decode())],
+                                               base64.b64encode(SVG).decode()),
+                                         {"type": "image_url",
+                                          "image_url": {"url": "javascript:alert('part')"}}],
              "turn_id": "h1", "created_at": "2026-11-21T10:00:00Z"},
             {"role": "assistant", "content": HOSTILE_TEXT, "turn_id": "h1", "model": "model-b",
              "usage": {"prompt_tokens": 5, "completion_tokens": 5},

@@ -162,6 +162,9 @@ def test_hostile_content_is_inert(web: WebProcess) -> None:
     assert "<script" not in body and "<iframe" not in body and "<img src=x" not in body
     assert not re.search(r'(href|src)="\s*(javascript|data|vbscript):', body, re.I)
     assert "&lt;script&gt;" in body  # shown, as text
+    assert "<code>javascript:alert(&#39;part&#39;)</code>" in body  # an image URL: named
+    listed = get(web, "/").text
+    assert "<script" not in listed.split("<main>", 1)[1] and "&lt;script&gt;" in listed
     svgs = re.findall(r'href="(/c/hostile/(?:blob|part)/[^"]+)"', body)
     assert len(svgs) == 2  # the blob and the inline data URL: downloads, never <img>
     for href in svgs:
