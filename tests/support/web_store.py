@@ -6,8 +6,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import re
+import struct
 import subprocess
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,23 @@ from chatstate.stores import open_store
 from support.cli_helpers import CHATSTATE
 from support.stores import damage_blob, tamper
 
-PNG = base64.b64decode(  # a 1x1 red PNG
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+
+def _png(width: int, height: int) -> bytes:
+    """A small real PNG: a blue-to-orange stripe pattern (no imaging library needed)."""
+    rows = b"".join(b"\0" + b"".join(bytes((40 + 3 * x, 90, 220 - 2 * x)) if (x // 8 + y // 8) % 2
+                                       else bytes((240, 160, 60)) for x in range(width))
+                    for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2,
+                                                                0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+PNG = _png(64, 40)
 SVG = (b'<svg xmlns="http://www.w3.org/2000/svg" onload="alert(\'svg-onload\')">'
        b'<script>alert("svg-script")</script><circle r="5"/></svg>')
 HOSTILE_TEXT = ('<script>alert("message-script")</script> <img src=x onerror="alert(\'img\')">'

@@ -102,7 +102,7 @@ def test_a_rich_conversation(web: WebProcess, tab: Watched) -> None:
     page = tab.open(web.url + "/c/rich", "conversation")
     image = page.locator("figure.attachment img")
     assert image.count() == 1
-    assert page.evaluate("(img) => img.naturalWidth", image.element_handle()) == 1  # loaded
+    assert page.evaluate("(img) => img.naturalWidth", image.element_handle()) == 64  # loaded
     assert page.locator("pre.hl .hl-k", has_text="def").count() == 1
     assert page.locator("a[download]", has_text="report.pdf").count() == 1
     call = page.locator("details.call", has_text="send_email")
