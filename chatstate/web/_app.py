@@ -222,10 +222,8 @@ class WebView:
         if label == "partial":
             msg = conv.partial
         else:
-            try:
-                msg = conv.messages[int(label)]
-            except (ValueError, IndexError):
-                msg = None
+            seq = int(label) if label.isdigit() else -1
+            msg = conv.messages[seq] if 0 <= seq < len(conv.messages) else None
         content = msg.content if msg is not None else ""
         part = content[index] if isinstance(content, list) and index < len(content) else None
         kind = str(part.get("type")) if part else ""
