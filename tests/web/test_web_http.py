@@ -217,3 +217,18 @@ def test_web_refuses_a_non_loopback_address(tmp_path: Path) -> None:
                      store=store_url(tmp_path))
     assert result.code == 2
     assert "no login" in result.err and "/ui" in result.err
+
+
+def test_a_store_without_search_says_so(tmp_path: Path) -> None:
+    url = f"json://{tmp_path}/store"
+    store = open_store(url)
+    store.close()
+    proc = WebProcess(url, serve_env(tmp_path))
+    try:
+        page = get(proc, "/")
+        assert page.status_code == 200
+        assert 'name="q"' not in page.text and "no full-text search" in page.text
+        refused = get(proc, "/?q=anything")
+        assert refused.status_code == 400 and "sqlite or postgresql" in refused.text
+    finally:
+        proc.stop()
