@@ -7,28 +7,66 @@ import re
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from chatstate.cli.common import Env, fail
 from chatstate.cli.render import neutralise
 
+if TYPE_CHECKING:
+    from chatstate.stores.base import Store
+
 
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
 @click.option("--limit", type=int, default=None, help="At most N conversations.")
+@click.option("--check", is_flag=True, help="Load and verify each one, and flag the damaged "
+              "(exit 1), the interrupted and the cut short.")
 @click.pass_obj
-def list_cmd(env: Env, as_json: bool, limit: int | None) -> None:
-    """List conversations, most recently updated first."""
-    rows = env.store().list_conversations(limit=limit)
+def list_cmd(env: Env, as_json: bool, limit: int | None, check: bool) -> None:
+    """List conversations, most recently updated first.
+
+    Listing reads only each conversation's header; --check reads every transcript too
+    (on a big store that takes a while), so it can say which are damaged or interrupted.
+    """
+    store = env.store()
+    rows = store.list_conversations(limit=limit)
+    flagged = {r.id: conversation_flags(store, r.id) for r in rows} if check else {}
     if as_json:
-        click.echo(json.dumps([r.model_dump() for r in rows], indent=2))
-        return
-    for r in rows:
-        click.echo(f"{r.id}  {r.updated_at[:19]}  {r.message_count:>5} msgs  "
-                   f"{neutralise(r.title)}")
-    if not rows:
-        click.echo("(no conversations)", err=True)
+        click.echo(json.dumps([{**r.model_dump(), **({"flags": flagged[r.id]} if check else {})}
+                               for r in rows], indent=2))
+    else:
+        for r in rows:
+            flags = "".join(f"  [{neutralise(f)}]" for f in flagged.get(r.id, ()))
+            click.echo(f"{r.id}  {r.updated_at[:19]}  {r.message_count:>5} msgs  "
+                       f"{neutralise(r.title)}{flags}")
+        if not rows:
+            click.echo("(no conversations)", err=True)
+    damaged = [cid for cid, flags in flagged.items() if any(f.startswith("damaged") for f in flags)]
+    if damaged:
+        fail(f"{len(damaged)} damaged conversation(s): {', '.join(damaged)}; `chatstate replay "
+             "ID --verify` names the break, `chatstate repair ID` moves one aside")
+
+
+def conversation_flags(store: Store, conversation_id: str) -> list[str]:
+    """What `list --check` says of one conversation: damaged, interrupted, cut short."""
+    from chatstate.errors import CorruptTranscriptError
+    from chatstate.session.turn_state import cut_short_reply, interrupted_turn
+    try:
+        conv = store.load(conversation_id)
+    except CorruptTranscriptError as exc:
+        where = f" at seq {exc.position}" if exc.position is not None else ""
+        return [f"damaged{where}"]
+    bad = conv.verify()
+    if bad is not None:
+        return [f"damaged at seq {bad}"]
+    flags = []
+    if interrupted_turn(conv) is not None:
+        flags.append("interrupted")
+    if cut_short_reply(conv) is not None:
+        flags.append("cut short")
+    return flags
 
 
 @click.command()
