@@ -147,12 +147,22 @@ def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
 @click.command("import")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--id", "conversation_id", help="Import under this id instead.")
+@click.option("--salvage", is_flag=True, help="A damaged transcript (a file `repair` moved "
+              "aside, or a cut or garbled export): import the messages before the first break.")
 @click.pass_obj
-def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
-    """Import a chatstate export, or OpenAI messages as a JSON list or jsonl."""
+def import_cmd(env: Env, path: Path, conversation_id: str | None, salvage: bool) -> None:
+    """Import a chatstate export, or OpenAI messages as a JSON list or jsonl.
+
+    A file that `repair` moved aside imports back as it is (a json store's file is an
+    export); a damaged one with --salvage, up to its first break.
+    """
     from chatstate.core.transcript import validate_id
     from chatstate.errors import ConflictError
     from chatstate.ops.transfer import import_into, read_import
+
+    if salvage:
+        salvage_into(env.store(), path, conversation_id)
+        return
 
     imported = read_import(path)
     conv = imported.conversation
@@ -286,12 +296,20 @@ def search(env: Env, text: str, limit: int) -> None:
 @click.command()
 @click.argument("conversation_id", metavar="ID")
 @click.option("--force", is_flag=True, help="Quarantine it even if it loads and verifies.")
+@click.option("--salvage", is_flag=True, help="Then store the messages before the first "
+              "break again, as a new conversation (ID-salvaged, or --as).")
+@click.option("--as", "new_id", metavar="NEW_ID", help="With --salvage: the new id.")
 @click.pass_obj
-def repair(env: Env, conversation_id: str, force: bool) -> None:
+def repair(env: Env, conversation_id: str, force: bool, salvage: bool,
+           new_id: str | None) -> None:
     """Quarantine a damaged transcript (moved aside, never deleted).
 
-    A conversation that loads and verifies is left alone unless --force.
+    A conversation that loads and verifies is left alone unless --force. With --salvage,
+    the verified messages before the first break become a new conversation; the damaged
+    data stays in the quarantine exactly as it was.
     """
+    if new_id and not salvage:
+        raise click.UsageError("--as names the salvaged conversation; add --salvage")
     from chatstate.errors import CorruptTranscriptError
     from chatstate.stores import Quarantines
 
@@ -311,3 +329,27 @@ def repair(env: Env, conversation_id: str, force: bool) -> None:
     where = quarantine(conversation_id)
     click.echo(f"moved {conversation_id} to {where}; the conversation id is free again",
                err=True)
+    if salvage:
+        moved = Path(where)
+        if not moved.is_file():
+            fail(f"{where} is not a local file, so it cannot be salvaged here: copy it to a "
+                 "file and run `chatstate import --salvage FILE`")
+        salvage_into(store, moved, new_id or f"{conversation_id}-salvaged")
+
+
+def salvage_into(store: Store, path: Path, new_id: str | None) -> None:
+    """Import the verified prefix of the transcript in ``path`` and say what was kept."""
+    from chatstate.errors import ConflictError
+    from chatstate.ops.salvage import salvage_file
+    from chatstate.ops.transfer import Imported, import_into
+
+    found = salvage_file(path, new_id)
+    conv = found.conversation
+    try:
+        import_into(store, Imported(conv, conv.messages))
+    except ConflictError as exc:
+        fail(f"{exc}; nothing was salvaged. Choose another id (--as / --id NEW_ID).")
+    why = f"; it stops where {found.stopped}" if found.stopped else ""
+    click.echo(conv.id)
+    click.echo(f"salvaged {len(conv.messages)} of the {found.found} message(s) read from "
+               f"{path} as {conv.id}{why}; {path} was only read", err=True)
