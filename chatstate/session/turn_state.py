@@ -65,3 +65,11 @@ def user_of(conv: Conversation, turn_id: str) -> Message | None:
         if msg.turn_id == turn_id and msg.role == "user":
             return msg
     return None
+
+
+def unanswered_start(conv: Conversation) -> bool:
+    """The conversation holds nothing but its first question (and a system prompt), with no
+    reply, partial or tool call: what a failed first attempt leaves behind."""
+    return (conv.partial is None and bool(conv.messages)
+            and all(m.role in ("system", "user") for m in conv.messages)
+            and sum(m.role == "user" for m in conv.messages) == 1)

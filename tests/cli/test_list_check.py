@@ -19,7 +19,8 @@ def test_list_check_flags_damaged_interrupted_and_cut(tmp_path: Path) -> None:
                  store=store, env=env)
     assert cut.code == 0, cut.err
     # a model that cannot be reached leaves the stored question without a reply
-    lost = invoke(["ask", "--id", "asked", "--base-url", "http://127.0.0.1:9/v1", "hello?"],
+    lost = invoke(["ask", "--id", "asked", "--keep-failed", "--base-url",
+                   "http://127.0.0.1:9/v1", "hello?"],
                   store=store, env={**env, "CHATSTATE_MAX_RETRIES": "0"})
     assert lost.code == 1, lost.err
     page = tmp_path / "s" / "damaged.json"
