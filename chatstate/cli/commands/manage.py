@@ -181,10 +181,14 @@ def import_cmd(env: Env, path: Path, conversation_id: str | None, salvage: bool)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def rm(env: Env, conversation_id: str, yes: bool) -> None:
-    """Delete a conversation."""
+    """Delete a conversation (asks first; --yes where there is no terminal to ask on)."""
     store = env.store()
     conv = store.load(conversation_id)
-    if not yes and sys.stdin.isatty():
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError(f"rm would delete {conv.id} ({len(conv.messages)} "
+                                   "messages) and there is no terminal to ask on; nothing was "
+                                   "deleted. Add --yes to delete it.")
         click.confirm(f"delete {conv.id} ({len(conv.messages)} messages)?", abort=True)
     store.delete(conversation_id)
     click.echo(f"deleted {conversation_id}", err=True)
