@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from chatstate.core.transcript import Conversation, ConversationSummary
 from chatstate.errors import ChatstateError, ConversationNotFound
+from chatstate.session.turn_state import cut_short_reply, interrupted_turn
 from chatstate.stores.base import Searchable, Store
 
 PAGE = 50
@@ -32,8 +33,8 @@ class Row:
     models: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    interrupted: bool = False
-    cut: bool = False
+    interrupted: bool = False  # the last turn has no complete reply (turn_state)
+    cut: bool = False  # the last reply was stopped early: token limit, content filter
     forked_from: str | None = None
     damaged: str | None = None  # why it does not load
 
@@ -42,16 +43,6 @@ def namespace_of(conv: Conversation) -> str:
     """The namespace serve stored the conversation under ("": the default one)."""
     namespace = conv.metadata.get("namespace", "")
     return namespace if isinstance(namespace, str) else ""
-
-
-def interrupted(conv: Conversation) -> bool:
-    """The last turn has no complete reply: a partial saved, a user message or a tool
-    call without its answer last."""
-    last = conv.last
-    if conv.partial is not None or last is None:
-        return conv.partial is not None
-    return last.role == "user" or bool(last.tool_calls) or \
-        (last.role == "tool" and last.status in ("partial", "unknown"))
 
 
 def row_of(summary: ConversationSummary, conv: Conversation) -> Row:
@@ -64,12 +55,8 @@ def row_of(summary: ConversationSummary, conv: Conversation) -> Row:
         prompt, completion = used.get("prompt_tokens"), used.get("completion_tokens")
         row.prompt_tokens += prompt if isinstance(prompt, int) else 0
         row.completion_tokens += completion if isinstance(completion, int) else 0
-        if message.role == "assistant" and (message.status == "partial" or
-                                            message.finish_reason in ("length",
-                                                                      "content_filter")):
-            row.cut = True
-    row.interrupted = interrupted(conv)
-    row.cut = row.cut or conv.partial is not None
+    row.interrupted = interrupted_turn(conv) is not None  # as Chat and `list --check` say
+    row.cut = cut_short_reply(conv) is not None
     origin = conv.metadata.get("forked_from")
     row.forked_from = str(origin.get("id")) if isinstance(origin, dict) else None
     return row

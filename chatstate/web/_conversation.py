@@ -19,6 +19,8 @@ from chatstate.core.events import EVENT, shown
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ChatstateError, CorruptTranscriptError
 from chatstate.ops.replay_text import MARKED, STARTED, size_text
+from chatstate.session.sendable import CUT_REASONS
+from chatstate.session.turn_state import cut_short_reply, interrupted_turn
 from chatstate.stores.base import Store
 from chatstate.stores.blobs import named_blobs, verify_blobs
 from chatstate.web import _markdown
@@ -179,6 +181,8 @@ class Page:
     page: int
     pages: int
     upstream_error: dict[str, Any] | None
+    interrupted: str | None = None  # how the last turn was left, as `Chat` reads it
+    cut: str | None = None  # why the last reply stopped early
 
 
 def build(conv: Conversation, base: str, page: int, bad_blobs: set[str] | None = None,
@@ -219,7 +223,11 @@ def build(conv: Conversation, base: str, page: int, bad_blobs: set[str] | None =
                            None if msg.seq in visible or msg.role == "event"
                            else hider.get(msg.seq)))
     error = conv.metadata.get("last_upstream_error")
-    return Page(conv, items, page, pages, error if isinstance(error, dict) else None)
+    left = interrupted_turn(conv)
+    cut = cut_short_reply(conv)
+    return Page(conv, items, page, pages, error if isinstance(error, dict) else None,
+                left.describe() if left is not None else None,
+                CUT_REASONS.get(str(cut.finish_reason)) if cut is not None else None)
 
 
 def _item(msg: Message, base: str, results: dict[str, Message], names: dict[str, str],

@@ -90,6 +90,7 @@ def _populate(url: str, store: Any, plain: int) -> dict[str, str]:
                  "created_at": f"2026-10-{1 + i % 28:02d}T09:00:00Z"},
                 {"role": "assistant", "content": f"answer {i}", "turn_id": f"t{i}",
                  "model": model, "usage": {"prompt_tokens": 10 + i, "completion_tokens": 5},
+                 **({"finish_reason": "length"} if i == 3 else {}),
                  "created_at": f"2026-10-{1 + i % 28:02d}T09:00:02Z"})
     rich = _new(store, "rich", "a rich conversation")
     parts = store_parts(store, [text("What is in this picture?"),

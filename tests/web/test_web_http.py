@@ -58,7 +58,9 @@ def test_the_list_pages_and_flags(web: WebProcess) -> None:
     listed = first.text + get(web, "/?page=2").text
     rich = re.search(r'<tr data-id="rich">.*?</tr>', listed, re.S)
     assert rich is not None
-    assert "interrupted" in rich.group() and "cut" in rich.group()
+    assert "interrupted" in rich.group() and "cut" not in rich.group()
+    cut = re.search(r'<tr data-id="plain-003">.*?</tr>', listed, re.S)
+    assert cut is not None and ">cut<" in cut.group() and "interrupted" not in cut.group()
     assert "model-a" in rich.group() and "320 / 52" in rich.group()
     fork = re.search(rf'<tr data-id="{web.facts["fork"]}">.*?</tr>', listed, re.S)
     assert fork is not None and "forked" in fork.group()
@@ -95,6 +97,8 @@ def test_a_rich_conversation(web: WebProcess) -> None:
     assert 'id="mpartial"' in page and "partial: cut off" in page and "Once upon a time" in page
     assert "temperature" in page and "1.50 s" in page  # the request record
     assert '<p class="badge ok" id="verdict"' in page
+    assert "Interrupted: the reply to turn r3 was cut off after 16 characters" in page
+    assert "Cut short: the reply was cut at the token limit" in get(web, "/c/plain-003").text
     assert web.facts["fork"] in page  # its child
     child = get(web, f"/c/{web.facts['fork']}").text
     assert 'id="parent" href="/c/rich"' in child
