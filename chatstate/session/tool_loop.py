@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +91,7 @@ def pending_calls(conv: Conversation) -> list[PendingCall]:
 
 
 def drive(writer: TurnWriter, caller: ModelCaller, turn_id: str, params: dict[str, Any],
-          streaming: bool, tools: Sequence[Any] | None, *, max_rounds: int = 8,
+          streaming: bool, tools: Iterable[Any] | None, *, max_rounds: int = 8,
           on_tool: OnTool | None = None) -> Generator[str, None, None]:
     """The whole turn from here: model rounds and tool rounds until a reply without calls.
 

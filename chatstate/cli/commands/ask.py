@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -14,6 +15,7 @@ from chatstate.cli import waiting
 from chatstate.cli.common import Env, fail
 from chatstate.cli.daily_options import Daily, daily_options
 from chatstate.cli.functions import functions_option, load_functions, tool_printer
+from chatstate.cli.mcp_options import ToolBox, mcp_options, open_mcp
 from chatstate.cli.turns import (
     attach_option,
     attachments,
@@ -35,27 +37,33 @@ from chatstate.errors import ChatstateError, ConversationInUse, ModelError
 @daily_options
 @attach_option
 @functions_option
+@mcp_options
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
         lease_wait: float, no_stream: bool, as_json: bool, retry: bool, daily: Daily,
-        attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
+        attach: tuple[str, ...], functions: tuple[Path, ...], mcp_config: Path | None,
+        mcp_commands: tuple[str, ...], yes: bool) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
     The user message is durable before the request is sent, and each piece of
     the reply is durable before it is printed. `--id ID` continues ID or
-    creates it. With --functions, each tool call and its result is described
-    on stderr once stored. Exit status: 0 ok, 1 failure, 2 usage.
+    creates it. With --functions or MCP servers (--mcp-config, --mcp), each tool
+    call and its result is described on stderr once stored; an MCP tool that is
+    neither read-only nor allow-listed runs only with --yes. Exit status: 0 ok,
+    1 failure, 2 usage.
     """
     if retry and attach:
         raise click.UsageError("--retry completes the interrupted turn; it takes no --attach")
     text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
     parts = attachments(attach)  # read before anything is stored: a bad path stores nothing
-    tools = load_functions(functions)
+    mcp = open_mcp(mcp_config, mcp_commands, "yes" if yes else "allow-list",
+                   lambda line: click.echo(line, err=True))
+    tools = ToolBox(load_functions(functions), mcp)
     system, model, params = daily.resolve(system, model)
-    with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
-                   offline=offline, base_url=base_url, system=system,
-                   lease_wait=lease_wait) as chat:
+    with contextlib.closing(tools), open_chat(
+            env, conversation_id=conversation_id, cont=cont, new=new, model=model,
+            offline=offline, base_url=base_url, system=system, lease_wait=lease_wait) as chat:
         daily.configure(chat, params)
         click.echo(f"conversation {chat.id}", err=True)
         note_before(chat, retry=retry)
@@ -137,7 +145,7 @@ def piped_text() -> str:
 
 def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
              attach: list[dict[str, Any]] | None = None,
-             tools: list[Any] | None = None) -> Any:
+             tools: Any = None) -> Any:
     """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
     from chatstate.cli.markdown import ReplyPrinter, print_stats
 
