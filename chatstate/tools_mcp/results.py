@@ -83,6 +83,12 @@ def _resource(res: dict[str, Any]) -> Part:
 
 
 def _said(parts: list[Part], structured: Any) -> bool:
+    """Whether a text part already holds ``structured`` (as JSON, or as the one
+    ``{"result": VALUE}`` an SDK server wraps a plain return value in)."""
+    texts = [p["text"] for p in parts if p.get("type") == "text"]
+    if isinstance(structured, dict) and list(structured) == ["result"] and \
+            texts == [str(structured["result"])]:
+        return True
     for part in parts:
         if part.get("type") == "text":
             try:

@@ -69,6 +69,7 @@ class McpServer:
         self._holder: concurrent.futures.Future[None] | None = None
         self._errlog: IO[str] | None = None
         self._lock = threading.Lock()
+        self._mark = 0
 
     @property
     def running(self) -> bool:
@@ -81,6 +82,7 @@ class McpServer:
             if self.running:
                 return self.tools
             self._cleanup()
+            self._mark = 0
             loop = _Loop.get()
             ready: concurrent.futures.Future[list[dict[str, Any]]] = concurrent.futures.Future()
             self._holder = asyncio.run_coroutine_threadsafe(self._hold(ready), loop)
@@ -100,6 +102,7 @@ class McpServer:
         """Call tool ``name``; its ``CallToolResult`` as wire JSON. McpServerError on failure."""
         self.start()
         session, timeout = self._session, self.config.timeout
+        self._mark = self._stderr_size()  # a failure quotes what it wrote from here on
         future = asyncio.run_coroutine_threadsafe(self._call(session, name, arguments),
                                                   _Loop.get())
         try:
@@ -107,7 +110,7 @@ class McpServer:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise self._error(f"tool {name} did not answer within {timeout:g} s (timeout); "
-                              "the call was cancelled") from None
+                              "the call was cancelled", stderr=False) from None
         except BaseException:  # Ctrl-C: the request is cancelled, not left running
             future.cancel()
             raise
@@ -162,9 +165,17 @@ class McpServer:
         try:
             result = await session.call_tool(name, arguments)
         except Exception as exc:
-            gone = self._holder is None or self._holder.done() or self._session is None
-            what = "went away during the call" if gone else "refused the call"
-            raise self._error(f"{what} to {name}: {_reason(exc)}") from None
+            from mcp.types import CONNECTION_CLOSED
+
+            if getattr(exc, "code", None) != CONNECTION_CLOSED and self._session is session:
+                raise self._error(f"refused the call to {name}: {_reason(exc)}",
+                                  stderr=False) from None
+            # the server went away (crashed, or was killed): the next call starts it again
+            self._session = None
+            if self._stop is not None:
+                self._stop.set()
+            raise self._error(f"went away during the call to {name}: {_reason(exc)}"
+                              ) from None
         dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True,
                                                    exclude_none=True)
         return dumped
@@ -192,18 +203,25 @@ class McpServer:
             self._errlog.close()
             self._errlog = None
 
-    def _error(self, what: str) -> McpServerError:
-        tail = self._stderr_tail()
+    def _error(self, what: str, *, stderr: bool = True) -> McpServerError:
+        tail = self._stderr_tail() if stderr else ""
         more = f" (its stderr: {tail})" if tail else ""
         return McpServerError(f"MCP server {self.config.name!r} ({self.config.describe()}) "
                               f"{what}{more}")
+
+    def _stderr_size(self) -> int:
+        log = self._errlog
+        try:
+            return log.seek(0, 2) if log is not None and not log.closed else 0
+        except (OSError, ValueError):
+            return 0
 
     def _stderr_tail(self) -> str:
         log = self._errlog
         if log is None or log.closed:
             return ""
         try:
-            log.seek(0)
+            log.seek(self._mark)
             lines = [line.strip() for line in log.read().splitlines() if line.strip()]
         except (OSError, ValueError):
             return ""
