@@ -28,7 +28,9 @@ from typing import IO, Any
 from chatstate.errors import McpServerError
 from chatstate.tools_mcp.config import ServerConfig
 
-__all__ = ["McpServer", "McpServerError"]
+__all__ = ["META_CALL_ID", "McpServer", "McpServerError"]
+
+META_CALL_ID = "chatstate/tool_call_id"
 
 
 class _Loop:
@@ -98,12 +100,16 @@ class McpServer:
                 raise
             return self.tools
 
-    def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Call tool ``name``; its ``CallToolResult`` as wire JSON. McpServerError on failure."""
+    def call(self, name: str, arguments: dict[str, Any],
+             call_id: str | None = None) -> dict[str, Any]:
+        """Call tool ``name``; its ``CallToolResult`` as wire JSON. McpServerError on failure.
+
+        ``call_id`` (the model's tool call id) goes in the request's ``_meta`` as
+        ``chatstate/tool_call_id``: a server can use it to notice a repeated call."""
         self.start()
         session, timeout = self._session, self.config.timeout
         self._mark = self._stderr_size()  # a failure quotes what it wrote from here on
-        future = asyncio.run_coroutine_threadsafe(self._call(session, name, arguments),
+        future = asyncio.run_coroutine_threadsafe(self._call(session, name, arguments, call_id),
                                                   _Loop.get())
         try:
             return future.result(timeout=timeout)
@@ -159,11 +165,13 @@ class McpServer:
         client = create_mcp_http_client(headers=dict(cfg.headers))
         return streamable_http_client(str(cfg.url), http_client=client)
 
-    async def _call(self, session: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, session: Any, name: str, arguments: dict[str, Any],
+                    call_id: str | None) -> dict[str, Any]:
         if session is None:
             raise self._error("is not running")
+        meta = {META_CALL_ID: call_id} if call_id else None
         try:
-            result = await session.call_tool(name, arguments)
+            result = await session.call_tool(name, arguments, meta=meta)
         except Exception as exc:
             from mcp.types import CONNECTION_CLOSED
 

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
-from chatstate.core.tools import Approval, Tool
+from chatstate.core.tools import Approval, Tool, current_call_id
 from chatstate.tools_mcp.config import ServerConfig, load_config, parse_config
 from chatstate.tools_mcp.results import to_output
 from chatstate.tools_mcp.server import McpServer
@@ -66,7 +66,7 @@ class McpTool(Tool):
         return self.owner.decide(self, call)
 
     def _run(self, **arguments: Any) -> Any:
-        return to_output(self.server.call(self.remote_name, arguments))
+        return to_output(self.server.call(self.remote_name, arguments, current_call_id()))
 
 
 class McpTools:
