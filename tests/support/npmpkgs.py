@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.venvs import cache_root
+from support.venvs import cache_root
 
 
 def _missing(reason: str) -> None:
