@@ -10,8 +10,9 @@ for from the caller's thread with a timeout.
 Failures are ``McpServerError`` with one line saying which server and what
 happened: it failed to start (with the last line it wrote on stderr), it went
 away during a call (crashed), or the call took longer than its timeout (the
-request is cancelled; the server is kept). A server that went away is started
-again by the next call. The SDK's exceptions are translated here, once.
+request is cancelled and the server stopped: one that hangs in a call may hang
+in every next one). A server that went away or was stopped is started again by
+the next call. The SDK's exceptions are translated here, once.
 """
 
 from __future__ import annotations
@@ -115,8 +116,13 @@ class McpServer:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
+            # a server that hangs in one call may hang in the next: it is stopped, and the
+            # next call starts it afresh
+            with self._lock:
+                self._cancel(wait=False)
             raise self._error(f"tool {name} did not answer within {timeout:g} s (timeout); "
-                              "the call was cancelled", stderr=False) from None
+                              "the call was cancelled and the server stopped", stderr=False
+                              ) from None
         except BaseException:  # Ctrl-C: the request is cancelled, not left running
             future.cancel()
             raise
@@ -189,13 +195,15 @@ class McpServer:
         return dumped
 
     # -- helpers ----------------------------------------------------------------------
-    def _cancel(self) -> None:
+    def _cancel(self, *, wait: bool = True) -> None:
+        """Stop the holder: gracefully (``wait``) or by cancelling it, which still stops
+        the server process (the SDK's transport shields its shutdown)."""
         holder, stop = self._holder, self._stop
         if holder is not None and not holder.done():
             loop = _Loop.get()
-            if stop is not None:
+            if wait and stop is not None and self._session is not None:
                 loop.call_soon_threadsafe(stop.set)
-            else:  # still starting: nothing to wait for
+            else:  # still starting: cancelled (the transport still stops the process)
                 holder.cancel()
             try:
                 holder.result(timeout=5)

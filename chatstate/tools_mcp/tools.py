@@ -94,13 +94,17 @@ class McpTools:
     def tools(self) -> list[McpTool]:
         """Every server's tools (starting the servers the first time)."""
         if self._tools is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            # started side by side: a slow server does not delay the others
+            with ThreadPoolExecutor(max(len(self.servers), 1)) as pool:
+                started = list(pool.map(_start, self.servers))
             found: list[tuple[McpServer, dict[str, Any]]] = []
-            for server in self.servers:
-                try:
-                    found += [(server, spec) for spec in server.start()]
-                except Exception as exc:  # one line; the other servers' tools still work
-                    self.failed[server.config.name] = str(exc)
-                    self._say(f"mcp: {exc}")
+            for server, (specs, error) in zip(self.servers, started, strict=True):
+                if error is not None:  # one line; the other servers' tools still work
+                    self.failed[server.config.name] = error
+                    self._say(f"mcp: {error}")
+                found += [(server, spec) for spec in specs]
             self._tools = _named(self, found)
         return self._tools
 
@@ -165,6 +169,13 @@ def mcp_tools(config: str | Any, *, approve: Policy = "yes",
     else:
         servers = load_config(config)
     return McpTools(servers, approve=approve, on_event=on_event)
+
+
+def _start(server: McpServer) -> tuple[list[dict[str, Any]], str | None]:
+    try:
+        return server.start(), None
+    except Exception as exc:
+        return [], str(exc)
 
 
 def _named(owner: McpTools, found: list[tuple[McpServer, dict[str, Any]]]) -> list[McpTool]:

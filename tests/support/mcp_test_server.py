@@ -14,8 +14,8 @@ from __future__ import annotations
 import base64
 import os
 import sys
-import time
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import EmbeddedResource, ImageContent, TextContent, TextResourceContents
 
@@ -42,10 +42,10 @@ def crash() -> str:
 
 
 @server.tool()
-def hang() -> str:
+async def hang() -> str:
     """Never answer."""
     while True:
-        time.sleep(1)
+        await anyio.sleep(1)
 
 
 @server.tool()

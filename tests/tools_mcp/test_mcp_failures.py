@@ -47,25 +47,27 @@ def valid(chat: Chat) -> None:
 def test_crash_hang_and_error_each_answer_the_call(tmp_path: Path, fake: FakeModel) -> None:
     effects = tmp_path / "effects"
     lines: list[str] = []
-    cfg = {"mcpServers": {"bad": suite_server(effects, timeout=1.5)}}
+    cfg = {"mcpServers": {"bad": suite_server(effects),
+                          "slow": suite_server(tmp_path / "unused", timeout=1.5)}}
     with mcp_tools(cfg, on_event=lines.append) as tools:
         chat = chat_for(tmp_path, fake)
-        crashed = call(chat, fake, tools, "crash", {}, "crash")
-        assert crashed.status == "error" and "went away during the call to crash" in crashed.text
+        crashed = call(chat, fake, tools, "bad_crash", {}, "crash")
+        assert crashed.status == "error" and "went away during the call to crash" in \
+            crashed.text
         valid(chat)
         # the next call starts the server again
-        assert call(chat, fake, tools, "write_note", {"note": "a"}, "note").text == "noted a"
+        assert call(chat, fake, tools, "bad_write_note", {"note": "a"}, "note").text == "noted a"
         began = time.monotonic()
-        hung = call(chat, fake, tools, "hang", {}, "hang")
+        hung = call(chat, fake, tools, "slow_hang", {}, "hang")
         assert time.monotonic() - began < 10
         assert hung.status == "error" and "did not answer within 1.5 s" in hung.text
         valid(chat)
-        failed = call(chat, fake, tools, "fail", {"why": "x"}, "fail")
+        failed = call(chat, fake, tools, "bad_fail", {"why": "x"}, "fail")
         assert failed.status == "error"  # isError is stored as a tool error
         valid(chat)
         # the model was sent each failure as the call's result
         assert "went away" in fake.request_log[1]["messages"][-1]["content"]
-        assert call(chat, fake, tools, "write_note", {"note": "b"}, "more").text == "noted b"
+        assert call(chat, fake, tools, "bad_write_note", {"note": "b"}, "more").text == "noted b"
     assert effects.read_text() == "a\nb\n"
     assert lines == []  # a failing call is told in its result, not as a server line
     valid(chat)
@@ -80,7 +82,7 @@ def test_a_server_that_does_not_start_says_so_once(tmp_path: Path, fake: FakeMod
         assert "write_note" in names  # the other server's tools still work
         chat = chat_for(tmp_path, fake)
         result = call(chat, fake, tools, "write_note", {"note": "a"}, "note")
-        assert result.status == "complete"
+        assert result.status == "complete", result.content
         list(tools)
     assert len(lines) == 1 and "MCP server 'gone'" in lines[0] and "failed to start" in lines[0]
     assert "/nonexistent/mcp-server" in lines[0]

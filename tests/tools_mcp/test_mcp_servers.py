@@ -45,7 +45,7 @@ def test_time_server_read_only_tool_runs_and_is_stored(tmp_path: Path, fake: Fak
         by_name = {t.name: t for t in tools}
         assert by_name["get_current_time"].read_only and by_name["get_current_time"].idempotent
         chat = chat_for(tmp_path, fake)
-        user, asking, result, reply = turn(chat, fake, tools, "get_current_time",
+        _user, asking, result, reply = turn(chat, fake, tools, "get_current_time",
                                            {"timezone": "Asia/Tokyo"})
     assert asking.tool_calls[0]["function"]["name"] == "get_current_time"
     assert result.status == "complete" and result.params == {"approval": "read-only"}
