@@ -13,13 +13,14 @@ from typing import Any
 
 import click
 
-__all__ = ["ToolBox", "mcp_options", "open_mcp"]
+__all__ = ["ToolBox", "allow_listed_mcp_options", "mcp_options", "open_mcp"]
 
 
-def mcp_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--yes", "-y", "yes", is_flag=True,
-                     help="Run MCP tools that change things without asking (read-only and "
-                          "allow-listed tools always run).")(f)
+def mcp_options(f: Callable[..., Any], *, yes: bool = True) -> Callable[..., Any]:
+    if yes:
+        f = click.option("--yes", "-y", "yes", is_flag=True,
+                         help="Run MCP tools that change things without asking (read-only "
+                              "and allow-listed tools always run).")(f)
     f = click.option("--mcp", "mcp_commands", metavar="'COMMAND ARGS'", multiple=True,
                      help="An MCP server over stdio whose tools the model may call "
                           "(repeatable), e.g. --mcp 'uvx mcp-server-time'.")(f)
@@ -28,6 +29,11 @@ def mcp_options(f: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(dir_okay=False, path_type=Path),
         help="A JSON file of MCP servers in the mcpServers shape Claude Desktop and Cursor "
              "use [env CHATSTATE_MCP_CONFIG].")(f)
+
+
+def allow_listed_mcp_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """For batch: no --yes, so only read-only and allow-listed MCP tools run."""
+    return mcp_options(f, yes=False)
 
 
 class ToolBox:

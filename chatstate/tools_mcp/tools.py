@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -81,6 +82,7 @@ class McpTools:
         self.failed: dict[str, str] = {}  # server name -> why it offers no tools
         self._tools: list[McpTool] | None = None
         self._always: set[str] = set()
+        self._lock = threading.Lock()  # batch sends from several threads at once
 
     def __iter__(self) -> Iterator[Tool]:
         return iter(self.tools() if self.enabled else [])
@@ -93,6 +95,10 @@ class McpTools:
 
     def tools(self) -> list[McpTool]:
         """Every server's tools (starting the servers the first time)."""
+        with self._lock:
+            return self._started()
+
+    def _started(self) -> list[McpTool]:
         if self._tools is None:
             from concurrent.futures import ThreadPoolExecutor
 

@@ -122,3 +122,29 @@ def test_repl_asks_y_n_always_and_lists_tools(tmp_path: Path) -> None:
     assert "(off: /tools on offers them again)" in result.err
     last = conv.messages[-1]
     assert last.role == "assistant" and not last.tool_calls  # n5: no tools offered
+
+
+def test_batch_runs_only_allow_listed_tools(tmp_path: Path) -> None:
+    records = [{"id": "a", "text": note("listed")},
+               {"id": "b", "text": 'add_observations({"observations": []})'}]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    store = f"sqlite://{tmp_path}/t.db"
+    listed = config(tmp_path, allow=["create_entities"])
+    args = ["batch", "run", str(source), "--prompt", "{text}", "--out", str(tmp_path / "out"),
+            "--model", "fake",
+            "--mcp-config", str(listed)]
+    refused = invoke(args, store=store)
+    assert refused.code == 2 and "--transcripts" in refused.err  # the loop must be stored
+    result = invoke([*args, "--transcripts"], store=store)
+    assert result.code == 0, result.err
+    assert effects(tmp_path) == ["listed"]
+    s = open_store(store)
+    try:
+        convs = [s.load(c.id) for c in s.list_conversations()]
+    finally:
+        s.close()
+    verdicts = sorted(str(m.params["approval"]) for c in convs for m in c.messages
+                      if m.role == "tool" and m.status != "partial")
+    assert verdicts[1] == "allow-list"
+    assert verdicts[0].startswith("add_observations is not on the allow-list")
