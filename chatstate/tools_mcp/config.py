@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from chatstate.errors import InvalidInput
 
 __all__ = ["ServerConfig", "ToolRule", "command_server", "load_config", "parse_config"]
 
+_LAUNCHERS = ("npx", "uvx", "node", "python", "python3", "uv", "bunx", "pipx")
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_START_TIMEOUT = 30.0
 
@@ -115,10 +117,12 @@ def command_server(line: str, *, name: str | None = None) -> ServerConfig:
     if not words:
         raise InvalidInput("--mcp needs a command, e.g. --mcp 'uvx mcp-server-time'")
     if name is None:
-        name = next((Path(w).name.split("@")[0] for w in words[1:] if not w.startswith("-")),
-                    Path(words[0]).name) if Path(words[0]).name in ("npx", "uvx", "node",
-                                                                    "python", "python3") \
-            else Path(words[0]).name
+        # `npx -y @scope/server-memory` is "server-memory"; `mcp-server-time` is itself
+        launcher = Path(words[0]).name in _LAUNCHERS
+        named = next((w for w in words[1:] if not w.startswith("-")), None) if launcher \
+            else words[0]
+        base = Path(named or words[0]).name.split("@")[0]  # no npm @version
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", base)
     return ServerConfig(name=name or "mcp", command=words[0], args=tuple(words[1:]))
 
 
