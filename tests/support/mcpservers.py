@@ -27,6 +27,12 @@ def time_server() -> dict[str, Any]:
     return {"command": str(bin_dir / "mcp-server-time"), "args": ["--local-timezone", "UTC"]}
 
 
+def git_server(repository: Path) -> dict[str, Any]:
+    bin_dir = cached_venv("mcp-server-git", ["mcp-server-git==2026.10.19"], tier="mcp")
+    return {"command": str(bin_dir / "mcp-server-git"), "args": ["--repository",
+                                                                 str(repository)]}
+
+
 def npm_server(package: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     command = npm_bin(cached_npm(NPM, tier="mcp"), f"@modelcontextprotocol/{package}")
     return {"command": command[0], "args": [*command[1:], *args], "env": env or {}}

@@ -148,3 +148,27 @@ def test_batch_runs_only_allow_listed_tools(tmp_path: Path) -> None:
                       if m.role == "tool" and m.status != "partial")
     assert verdicts[1] == "allow-list"
     assert verdicts[0].startswith("add_observations is not on the allow-list")
+
+
+def test_servers_are_stopped_when_the_command_ends(tmp_path: Path) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    fs = npm_server("server-filesystem", str(root))
+    command = " ".join([fs["command"], *fs["args"]])
+    result = invoke(["ask", "--model", "fake", "--mcp", command,
+                     'list_allowed_directories({})'], store=f"sqlite://{tmp_path}/a.db")
+    assert result.code == 0, result.err
+    assert str(root) in result.out  # the server ran and answered
+    assert running_with(str(root)) == []
+
+
+def running_with(arg: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if proc.name.isdigit() and arg.encode() in cmdline:
+            found.append(proc.name)
+    return found

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.mcpservers import http_test_server, npm_server, suite_server, time_server
+from support.mcpservers import git_server, http_test_server, npm_server, suite_server, time_server
 
 from chatstate import Chat, make_adapter, mcp_tools
 from chatstate.core.content import BLOB_THRESHOLD
@@ -69,6 +69,28 @@ def test_memory_server_write_is_non_idempotent_with_a_durable_marker(
     assert (marker.status, marker.content, marker.role) == ("partial", "started", "tool")
     assert result.status == "complete" and result.params == {"approval": "yes"}
     assert [json.loads(line)["name"] for line in memory.read_text().splitlines()] == ["Oslo"]
+
+
+def test_git_server_commit_is_non_idempotent_and_lands(tmp_path: Path, fake: FakeModel) -> None:
+    import subprocess
+
+    repo = tmp_path / "repo"
+    for args in (["init", "-q", str(repo)], ["-C", str(repo), "config", "user.email", "a@b"],
+                 ["-C", str(repo), "config", "user.name", "A"]):
+        subprocess.run(["git", *args], check=True)
+    (repo / "a.txt").write_text("hi\n")
+    subprocess.run(["git", "-C", str(repo), "add", "a.txt"], check=True)
+    with mcp_tools({"mcpServers": {"git": git_server(repo)}}) as tools:
+        by_name = {t.name: t for t in tools}
+        assert by_name["git_status"].read_only
+        assert not by_name["git_commit"].idempotent  # idempotentHint false: never twice
+        chat = chat_for(tmp_path, fake)
+        stored = turn(chat, fake, tools, "git_commit", {"repo_path": str(repo),
+                                                        "message": "from the model"})
+    assert stored[2].status == "partial" and stored[3].status == "complete"
+    log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s"], check=True,
+                         capture_output=True, text=True).stdout
+    assert log.splitlines() == ["from the model"]
 
 
 def test_config_override_wins_over_annotations(tmp_path: Path) -> None:
