@@ -78,14 +78,13 @@ class McpTools:
         self.servers = [McpServer(c) for c in servers]
         self.approve: Policy = approve
         self.on_event = on_event
-        self.enabled = True
         self.failed: dict[str, str] = {}  # server name -> why it offers no tools
         self._tools: list[McpTool] | None = None
         self._always: set[str] = set()
         self._lock = threading.Lock()  # batch sends from several threads at once
 
     def __iter__(self) -> Iterator[Tool]:
-        return iter(self.tools() if self.enabled else [])
+        return iter(self.tools())
 
     def __enter__(self) -> McpTools:
         return self
