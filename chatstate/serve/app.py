@@ -36,6 +36,7 @@ from chatstate.errors import (
 )
 from chatstate.serve._auth import Auth, BrowserGuard
 from chatstate.serve._conversations import Conversations
+from chatstate.serve._headers import forwarded, relayed_headers
 from chatstate.serve._history import Ambiguous
 from chatstate.serve._identity import (
     IDEMPOTENCY_HEADER,
@@ -58,6 +59,7 @@ from chatstate.serve._offload import (
 from chatstate.serve._readiness import Readiness
 from chatstate.serve._relay import RelayResponse, StreamRelay
 from chatstate.serve._replay import replay_response
+from chatstate.serve._request_record import RESPONSE, outcome, request_record
 from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
 from chatstate.serve._wire import (
     CONVERSATION_HEADER,
@@ -159,7 +161,7 @@ class Proxy:
         return self.auth.namespace(request)
 
     def upstream_headers(self, request: Request) -> dict[str, str]:
-        headers = {"User-Agent": "chatstate-serve"}
+        headers = {"User-Agent": "chatstate-serve", **forwarded(request.headers)}
         if self.config.pass_client_key:
             if "authorization" in request.headers:
                 headers["Authorization"] = request.headers["authorization"]
@@ -236,7 +238,8 @@ class Proxy:
         try:
             turn = await asyncio.to_thread(functools.partial(
                 self.writer.begin, cid, messages, namespace=space, key=rkey,
-                keyed=IDEMPOTENCY_HEADER in request.headers))
+                keyed=IDEMPOTENCY_HEADER in request.headers,
+                record=request_record(forward, None)))
             if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
@@ -297,8 +300,9 @@ class Proxy:
 
         return await self.locks.acquire(key, request.is_disconnected if wait_gone else never)
 
-    def _committed(self, turn: Turn, reply: Mapping[str, Any], namespace: str) -> Any:
-        message = self.writer.commit(turn, reply)
+    def _committed(self, turn: Turn, reply: Mapping[str, Any], namespace: str,
+                   found: dict[str, Any]) -> Any:
+        message = self.writer.commit(turn, {**reply, "params": {RESPONSE: found}})
         self.metrics.reply(reply, namespace)
         return message
 
@@ -319,15 +323,18 @@ class Proxy:
             stored, relayed = upstream_error(resp.content, resp.status_code, headers,
                                              resp.headers, self.config.api_key,
                                              bearer(request.headers.get("authorization", "")))
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored,
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             return relayed
         try:
             reply = reply_fields(resp.json())
         except ValueError as exc:
-            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
+            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc),
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             return openai_error(502, f"the upstream reply is not a chat completion: {exc}",
                                 "upstream_error")
-        await asyncio.to_thread(self._committed, turn, reply, namespace)
+        await asyncio.to_thread(self._committed, turn, reply, namespace,
+                                outcome(resp.status_code, clock() - started, resp.headers))
         return passthrough(resp, headers)
 
     async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
@@ -355,15 +362,19 @@ class Proxy:
             stored, relayed = upstream_error(content, resp.status_code, headers,
                                              resp.headers, self.config.api_key,
                                              bearer(request.headers.get("authorization", "")))
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored,
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             await end()
             return relayed
         writer = self.writer
         relay = StreamRelay(
             resp.aiter_lines(),
             save_partial=lambda text, model: writer.save_partial(turn, text, model),
-            commit=lambda reply: self._committed(turn, reply, namespace),
-            fail=lambda detail: writer.note_failure(turn, 502, detail))
+            commit=lambda reply: self._committed(
+                turn, reply, namespace, outcome(resp.status_code, clock() - started,
+                                                resp.headers)),
+            fail=lambda detail: writer.note_failure(
+                turn, 502, detail, outcome(502, clock() - started, resp.headers)))
 
         async def cleanup() -> None:
             try:
@@ -379,7 +390,7 @@ class Proxy:
 
         events = first_chunk_timed(relay.events(), request.state.started,
                                    self.metrics.first_chunk)
-        return RelayResponse(events, cleanup, headers=headers,
+        return RelayResponse(events, cleanup, headers={**relayed_headers(resp.headers), **headers},
                              media_type="text/event-stream")
 
     async def models(self, request: Request) -> Response:

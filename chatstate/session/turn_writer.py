@@ -252,11 +252,13 @@ class TurnWriter:
             log.warning("%s: could not record the divergent reply in the metadata: %s",
                         self.id, exc)
 
-    def note_upstream_error(self, turn_id: str, status: int, detail: str) -> None:
-        """Say in the metadata why the turn has no reply (an upstream error)."""
+    def note_upstream_error(self, turn_id: str, status: int, detail: str,
+                            **facts: Any) -> None:
+        """Say in the metadata why the turn has no reply (an upstream error); ``facts``:
+        more about it (the request's duration, the upstream's request id)."""
         try:
             self.update_metadata({UPSTREAM_ERROR_KEY: {
-                "status": status, "detail": detail[:500], "turn_id": turn_id,
+                **facts, "status": status, "detail": detail[:500], "turn_id": turn_id,
                 "at": now_iso()}})
         except Exception as exc:  # the reply is already lost upstream; do not mask that
             log.warning("%s: could not record the upstream error: %s", self.id, exc)

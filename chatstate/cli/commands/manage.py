@@ -38,8 +38,12 @@ def list_cmd(env: Env, as_json: bool, limit: int | None) -> None:
 @click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 naming the first "
               "bad seq.")
 @click.option("--raw", is_flag=True, help="Plain text even on a terminal (no Markdown).")
+@click.option("--requests", "requests", is_flag=True,
+              help="The requests its turns made instead (model, options, tools, schema, "
+              "HTTP status, duration, upstream request id); --format json: one JSON array.")
 @click.pass_obj
-def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) -> None:
+def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool,
+           requests: bool) -> None:
     """Print a stored transcript (a partial reply shows as status partial).
 
     On a terminal the text format is rendered as Markdown, unless --raw, NO_COLOR
@@ -55,7 +59,19 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) ->
         fail(f"verification failed{where}: {exc}")
     from chatstate.cli.daily_options import use_markdown
 
-    if fmt == "text" and use_markdown(raw):
+    if requests:
+        from chatstate.ops.request_log import request_lines, requests_of
+
+        rows = requests_of(conv)
+        if fmt in ("json", "jsonl"):
+            click.echo(json.dumps(rows, indent=2) if fmt == "json" else
+                       "\n".join(json.dumps(r) for r in rows))
+        else:
+            for line in request_lines(rows):
+                click.echo(neutralise(line))
+            if not rows:
+                click.echo("(no requests recorded)", err=True)
+    elif fmt == "text" and use_markdown(raw):
         from chatstate.cli.markdown import print_markdown
 
         print_markdown(render(conv, "markdown"))
