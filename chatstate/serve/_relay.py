@@ -29,6 +29,7 @@ piece; a 50 MB reply is written a handful of times, not once per network read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -92,12 +93,14 @@ class StreamRelay:
         queue: asyncio.Queue[object] = asyncio.Queue()
         held = [0]  # bytes in the queue
         drained = asyncio.Event()
+        full = asyncio.Event()  # the reader waits for room
 
         async def read() -> None:
             try:
                 async for data in sse_data(self._lines):
                     while held[0] >= max(self._buffer, len(self.saved)):
                         drained.clear()
+                        full.set()  # a paced save need wait no longer: nothing more comes
                         await drained.wait()
                     held[0] += len(data)
                     queue.put_nowait(data)
@@ -112,12 +115,15 @@ class StreamRelay:
             ended = False
             while not ended:
                 pause = self._next_save - loop.time()
-                if pause > 0:
-                    await asyncio.sleep(pause)  # what arrives meanwhile joins the next save
+                if pause > 0 and not full.is_set():
+                    # what arrives meanwhile joins the next save (until the read-ahead is full)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(full.wait(), pause)
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
                 held[0] = 0
+                full.clear()
                 drained.set()
                 out: list[bytes] = []
                 done = False

@@ -222,8 +222,9 @@ def test_partial_saves_of_a_fast_long_stream_are_paced(tmp_path: Path) -> None:
         writer.save_partial(turn_id, text, model)
 
     async def lines() -> AsyncIterator[str]:
-        for _ in range(events):
-            await asyncio.sleep(0)  # each event its own network read
+        for i in range(events):
+            if i % 4 == 0:
+                await asyncio.sleep(0.001)  # a fast upstream: 4 events a millisecond
             yield "data: " + json.dumps({"model": "m", "choices": [
                 {"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
             yield ""
@@ -250,4 +251,4 @@ def test_partial_saves_of_a_fast_long_stream_are_paced(tmp_path: Path) -> None:
     total = events * len(piece)
     assert relay.committed
     assert sum(written) <= 4 * total, (len(written), sum(written), took)
-    assert len(written) <= 200, (len(written), sum(written), took)
+    assert len(written) <= 25, (len(written), sum(written), took)
