@@ -229,7 +229,8 @@ class Proxy:
         # that left while waiting is not sent upstream.
         space: str = request.state.namespace  # the store's; ``namespace``: the label
         forward = forward_body(data)
-        rkey = request_key(request, space, forward, cid)
+        # a digest of the whole body: CPU in proportion to it, off the event loop
+        rkey = await asyncio.to_thread(request_key, request, space, forward, cid)
         target = await self._target(space, cid, messages)
         key = None if target is None else space + "\n" + target
         if not await self._hold(key, request):
