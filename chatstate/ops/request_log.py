@@ -16,7 +16,8 @@ from typing import Any
 
 from chatstate.core.transcript import Conversation, Message
 
-UPSTREAM_ERROR_KEY = "last_upstream_error"  # as session.turn_writer writes it
+UPSTREAM_ERROR_KEY = "last_upstream_error"
+"""The conversation metadata where a turn without a reply says why (``TurnWriter``)."""
 
 
 def requests_of(conv: Conversation) -> list[dict[str, Any]]:

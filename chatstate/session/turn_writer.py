@@ -42,13 +42,13 @@ from typing import Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, now_iso
 from chatstate.errors import ChatstateError, ConflictError, ConversationInUse, LeaseLost
+from chatstate.ops.request_log import UPSTREAM_ERROR_KEY as UPSTREAM_ERROR_KEY
 from chatstate.session.writer_lease import Held, hold
 from chatstate.stores.base import LEASE_TERM, Store
 
 log = logging.getLogger("chatstate.session")
 
 DIVERGENT_KEY = "divergent_replies"
-UPSTREAM_ERROR_KEY = "last_upstream_error"
 
 
 class TurnWriter:
