@@ -13,8 +13,9 @@ delta arrives, that event and every later one is held back and written after the
 commit, which stores the calls whole.
 
 What the reader may hold ahead of the client is bounded (``RELAY_BUFFER`` bytes of
-event data, or the length of the reply saved so far if that is more: never more
-than the reply the relay holds anyway): the relay moves at the client's pace, and
+event data, or the length of the reply saved so far if that is more, up to
+``READ_AHEAD_MAX`` times that: never more than the reply the relay holds anyway):
+the relay moves at the client's pace, and
 a slow reader holds the upstream back rather than making the proxy buffer its
 reply.
 
@@ -47,6 +48,8 @@ _END = object()
 RELAY_BUFFER = 8 * 1024 * 1024
 """Bytes of upstream events read ahead of the client at most (one group commit takes
 them all), unless the reply saved so far is longer."""
+READ_AHEAD_MAX = 4
+"""... and never more than this many times ``RELAY_BUFFER``."""
 PACE = 1.0
 """After a partial save that took ``d`` seconds, the next waits ``PACE * d``."""
 PACE_MAX = 0.5
@@ -98,7 +101,8 @@ class StreamRelay:
         async def read() -> None:
             try:
                 async for data in sse_data(self._lines):
-                    while held[0] >= max(self._buffer, len(self.saved)):
+                    while held[0] >= min(max(self._buffer, len(self.saved)),
+                                         READ_AHEAD_MAX * self._buffer):
                         drained.clear()
                         full.set()  # a paced save need wait no longer: nothing more comes
                         await drained.wait()
