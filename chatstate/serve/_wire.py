@@ -8,17 +8,17 @@ from typing import Any
 
 import httpx2
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from chatstate.adapter.dialects.chat_completions import parse_usage
 from chatstate.core.redact import scrub
+from chatstate.serve._errors import openai_error
 from chatstate.serve._history import ROLES
 
+__all__ = ["CONVERSATION_HEADER", "bearer", "check_request", "one_choice", "openai_error",
+           "passthrough", "read_body", "reply_fields", "upstream_error"]
+
 CONVERSATION_HEADER = "X-Chatstate-Conversation"
-
-
-def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
 def bearer(header: str) -> str:
@@ -51,6 +51,19 @@ def check_request(data: object) -> str | None:
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             return f"messages[{i}].content must be a string or a list of parts"
+    return None
+
+
+def one_choice(data: Mapping[str, Any]) -> str | None:
+    """Why a request asking for more than one choice is refused, or None.
+
+    A turn stores one reply: storing ``n`` choices as one would mix them, keeping the
+    first would drop the rest silently. So ``n>1`` is a 400 before anything is stored.
+    """
+    n = data.get("n")
+    if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
+        return (f"n={n:g}: chatstate serve stores one reply per turn, so it answers n=1 "
+                "only; send n=1 (or leave n out) and repeat the request for more answers")
     return None
 
 

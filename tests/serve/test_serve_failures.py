@@ -102,7 +102,7 @@ def read_stream(stream: Any) -> str:
     return text
 
 
-# -- item 10: an upstream cut mid-stream ----------------------------------------------------------
+# -- item 10: an upstream cut mid-stream ---
 @pytest.mark.parametrize("clean", [False, True], ids=["connection-drop", "clean-end"])
 def test_an_upstream_cut_mid_stream_raises_in_the_openai_sdk_and_stays_partial(
         proxy: ServeProcess, fake: FakeModel, clean: bool) -> None:
@@ -126,7 +126,7 @@ def test_an_upstream_cut_mid_stream_raises_in_the_openai_sdk_and_stays_partial(
     assert "stream" in failure["detail"]
 
 
-# -- item 11: n > 1 --------------------------------------------------------------------------------
+# -- item 11: n > 1 ---
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_n_over_one_is_refused_before_anything_is_stored_or_sent(
         proxy: ServeProcess, fake: FakeModel, stream: bool) -> None:
@@ -144,7 +144,7 @@ def test_n_over_one_is_refused_before_anything_is_stored_or_sent(
     assert ok.status_code == 200
 
 
-# -- item 17: every failure recorded, every error OpenAI-shaped -------------------------------------
+# -- item 17: every failure recorded, every error OpenAI-shaped ---
 def test_an_html_200_on_a_streamed_request_is_a_recorded_502(proxy: ServeProcess,
                                                               fake: FakeModel) -> None:
     fake.html_next()
@@ -254,7 +254,7 @@ def test_other_errors_are_openai_shaped(proxy: ServeProcess) -> None:
     assert_openai_error(resp, 400)
 
 
-# -- pass-through ------------------------------------------------------------------------------------
+# -- pass-through ---
 def access_paths(proxy: ServeProcess, path: str) -> list[dict[str, Any]]:
     deadline = time.monotonic() + 10
     hits: list[dict[str, Any]] = []
