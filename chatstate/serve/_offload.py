@@ -51,13 +51,13 @@ def parse_request(body: bytes, *, max_messages: int = MAX_MESSAGES,
     """The body as JSON, or a Refusal (blocking: run it in a worker thread)."""
     try:
         data = json.loads(body, parse_constant=_no_constant)
-    except _NotJSON as exc:
-        return Refusal(400, str(exc))
     except RecursionError:
         return Refusal(400, f"the request body is nested deeper than {max_depth} levels "
                        "(--max-depth)")
-    except ValueError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return Refusal(400, f"the request body is not JSON ({exc})")
+    except ValueError as exc:  # NaN or Infinity (``_no_constant``)
+        return Refusal(400, str(exc))
     messages = data.get("messages") if isinstance(data, dict) else None
     if isinstance(messages, list) and len(messages) > max_messages:
         return Refusal(413, f"the request has {len(messages)} messages, over the limit of "
@@ -68,14 +68,10 @@ def parse_request(body: bytes, *, max_messages: int = MAX_MESSAGES,
     return data
 
 
-class _NotJSON(ValueError):
-    pass
-
-
 def _no_constant(name: str) -> Any:
     # Python's json takes NaN and Infinity; JSON, the upstream and encode_json do not.
     # Refused here, before the request's messages are stored.
-    raise _NotJSON(f"the request body has {name}, which is not JSON: send a number or null")
+    raise ValueError(f"the request body has {name}, which is not JSON: send a number or null")
 
 
 JSON = {"Content-Type": "application/json"}
