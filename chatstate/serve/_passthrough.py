@@ -10,7 +10,7 @@ every request. An upstream error body goes through the one redactor first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import httpx2
 from starlette.requests import Request
@@ -18,11 +18,7 @@ from starlette.responses import Response
 
 from chatstate.serve._errors import openai_error
 from chatstate.serve._relay import RelayResponse
-from chatstate.serve._wire import bearer, read_body, upstream_error
-
-HOP_BY_HOP = {"server", "date", "connection", "keep-alive", "transfer-encoding",
-              "content-length", "content-encoding", "upgrade", "proxy-authenticate", "te",
-              "trailer"}
+from chatstate.serve._wire import bearer, kept_headers, read_body, upstream_error
 
 
 class PassThrough:
@@ -72,8 +68,3 @@ class PassThrough:
         return RelayResponse(resp.aiter_bytes(), resp.aclose, status_code=resp.status_code,
                              headers=kept_headers(resp.headers))
 
-
-def kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The upstream's response headers a client may see (not hop-by-hop, no cookies)."""
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP
-            and not k.lower().startswith("set-cookie")}

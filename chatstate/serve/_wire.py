@@ -15,8 +15,8 @@ from chatstate.core.redact import scrub
 from chatstate.serve._errors import openai_error
 from chatstate.serve._history import ROLES
 
-__all__ = ["CONVERSATION_HEADER", "bearer", "check_request", "one_choice", "openai_error",
-           "passthrough", "read_body", "reply_fields", "upstream_error"]
+__all__ = ["CONVERSATION_HEADER", "bearer", "check_request", "kept_headers", "one_choice",
+           "openai_error", "passthrough", "read_body", "reply_fields", "upstream_error"]
 
 CONVERSATION_HEADER = "X-Chatstate-Conversation"
 
@@ -91,9 +91,14 @@ _HOP_BY_HOP = {"server", "date", "connection", "keep-alive", "transfer-encoding"
                "content-encoding", "upgrade", "proxy-authenticate", "te", "trailer"}
 
 
-def passthrough(resp: httpx2.Response, headers: Mapping[str, str]) -> Response:
-    kept = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_BY_HOP
+def kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The upstream's response headers a client may see (not hop-by-hop, no cookies)."""
+    return {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP
             and not k.lower().startswith("set-cookie")}
+
+
+def passthrough(resp: httpx2.Response, headers: Mapping[str, str]) -> Response:
+    kept = kept_headers(resp.headers)
     return Response(resp.content, resp.status_code, headers={**kept, **headers})
 
 
@@ -106,6 +111,5 @@ def upstream_error(content: bytes, status: int, headers: Mapping[str, str],
     string becomes ``[redacted]``), so the client still gets the provider's error shape.
     """
     text = scrub(content.decode("utf-8", "replace"), *secrets, limit=None)
-    kept = {k: v for k, v in upstream_headers.items() if k.lower() not in _HOP_BY_HOP
-            and not k.lower().startswith("set-cookie")}
+    kept = kept_headers(upstream_headers)
     return text, Response(text.encode(), status, headers={**kept, **headers})
