@@ -103,9 +103,12 @@ def read_stream(stream: Any) -> str:
 
 
 # -- item 10: an upstream cut mid-stream ---
+@pytest.mark.invariant(2)
 @pytest.mark.parametrize("clean", [False, True], ids=["connection-drop", "clean-end"])
 def test_an_upstream_cut_mid_stream_raises_in_the_openai_sdk_and_stays_partial(
         proxy: ServeProcess, fake: FakeModel, clean: bool) -> None:
+    """An upstream stream cut mid-way ends the client's stream in an error its SDK raises,
+    and the chunks it got are the stored partial reply, with the failure recorded."""
     cid = f"cut-{'clean' if clean else 'drop'}"
     fake.cut_stream_next(after_chunks=3, clean=clean)
     got: list[str] = []
