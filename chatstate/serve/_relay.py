@@ -69,12 +69,14 @@ class StreamRelay:
     def __init__(self, lines: AsyncIterator[str], *,
                  save_partial: Callable[[str, str | None], Any],
                  commit: Callable[[Mapping[str, Any]], Any],
-                 fail: Callable[[int, str], Any], buffer: int = RELAY_BUFFER) -> None:
+                 fail: Callable[[int, str], Any], buffer: int = RELAY_BUFFER,
+                 redact: Callable[[str], str] = str) -> None:
         self._buffer = buffer
         self._lines = lines
         self._save_partial = save_partial  # blocking store calls, run in a thread
         self._commit = commit
         self._fail = fail  # (status, detail): record why the turn has no complete reply
+        self._redact = redact  # the one redactor, for error events (they may echo a key)
         self.acc = StreamAccumulator()
         self.saved = ""
         self.committed = False
@@ -126,6 +128,8 @@ class StreamRelay:
                         done = True
                     elif self._feed(item) and not self.holding:
                         self.holding = True
+                    if self.upstream_error is not None:  # an error event: the key stays out
+                        item = self._redact(item)
                     event = f"data: {item}\n\n".encode()
                     (self.held if self.holding else out).append(event)
                 finished = (done or (ended and broke is None
@@ -176,7 +180,8 @@ class StreamRelay:
             log.warning("serve: relaying an upstream event that is not JSON: %.80s", data)
             return False
         if isinstance(chunk, dict) and chunk.get("error") and self.upstream_error is None:
-            self.upstream_error = upstream_event_error(chunk["error"])
+            status, text = upstream_event_error(chunk["error"])
+            self.upstream_error = status, self._redact(text)
         try:
             self.acc.feed(chunk)
         except AttemptFailed as exc:  # an error event or a misshapen chunk: relayed as is

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from chatstate.core.redact import scrub
 from chatstate.durable.guard import boot_id
 from chatstate.errors import (
     ChatstateError,
@@ -376,7 +377,9 @@ class Proxy:
             lines,
             save_partial=lambda text, model: writer.save_partial(turn, text, model),
             commit=lambda reply: self._committed(turn, reply, namespace),
-            fail=lambda status, detail: writer.note_failure(turn, status, detail))
+            fail=lambda status, detail: writer.note_failure(turn, status, detail),
+            redact=lambda text: scrub(text, self.config.api_key, bearer(
+                request.headers.get("authorization", "")), limit=None))
 
         async def cleanup() -> None:
             try:

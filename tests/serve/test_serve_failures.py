@@ -27,6 +27,7 @@ from chatstate.stores import open_store
 from chatstate.testing import FakeModel
 
 ID = "X-Chatstate-Conversation"
+CANARY = "sk-canary-failures-0123456789abcdef"
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
@@ -47,7 +48,7 @@ def clean_fake(fake: FakeModel) -> Iterator[None]:
 def proxy(tmp_path_factory: pytest.TempPathFactory, fake: FakeModel) -> Iterator[ServeProcess]:
     base = tmp_path_factory.mktemp("serve-failures")
     url = local_url("json", base)
-    with ServeProcess(url, fake.base_url, serve_env(base),
+    with ServeProcess(url, fake.base_url, serve_env(base, OPENAI_API_KEY=CANARY),
                       global_args=("--log-format", "json")) as p:
         p.store_url = url  # type: ignore[attr-defined]
         yield p
@@ -202,6 +203,15 @@ def test_an_error_event_mid_stream_is_relayed_once_and_recorded(proxy: ServeProc
     errors = [e for e in events if '"error"' in e]
     assert len(errors) == 1 and "overloaded" in errors[0]
     assert "[DONE]" not in events
+    # an error event that echoes the upstream key is redacted, relayed and stored
+    fake.error_event_next(after_chunks=1, message=f"bad key {CANARY} (fake)")
+    with httpx2.stream("POST", proxy.base_url + "/chat/completions", timeout=30,
+                       headers={ID: "in-band-key"},
+                       json={"model": "m", "stream": True, "messages": user("echo key")}) as resp:
+        relayed = resp.read().decode()
+    assert "bad key" in relayed and CANARY not in relayed
+    detail = load(proxy, "in-band-key").metadata["last_upstream_error"]["detail"]
+    assert "bad key" in detail and CANARY not in detail
 
 
 def test_a_client_that_leaves_mid_stream_is_recorded_not_stored_complete(
