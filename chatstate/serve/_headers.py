@@ -22,7 +22,6 @@ from chatstate.serve._wire import kept_headers
 FORWARDED = ("openai-organization", "openai-project", "openai-beta", "idempotency-key")
 RELAYED = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
 RELAYED_PREFIXES = ("x-ratelimit-",)
-REQUEST_ID_HEADERS = ("x-request-id", "request-id")
 
 
 def forwarded(client: Mapping[str, str]) -> dict[str, str]:
@@ -35,8 +34,3 @@ def relayed_headers(upstream: Mapping[str, str]) -> dict[str, str]:
     ``_wire.kept_headers`` lets a client see)."""
     return {name: value for name, value in kept_headers(upstream).items()
             if name.lower() in RELAYED or name.lower().startswith(RELAYED_PREFIXES)}
-
-
-def request_id(upstream: Mapping[str, str]) -> str | None:
-    """The upstream's id of the request (OpenAI: ``x-request-id``), if it sent one."""
-    return next((upstream[n] for n in REQUEST_ID_HEADERS if n in upstream), None)

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from chatstate.serve._headers import request_id
 from chatstate.session.sendable import storable
 
 REQUEST = "request"
 RESPONSE = "response"
+REQUEST_ID_HEADERS = ("x-request-id", "request-id")
+"""Where an upstream names its id of the request (OpenAI, Anthropic)."""
 
 
 def request_record(forward: Mapping[str, Any], key: str | None) -> dict[str, Any]:
@@ -41,6 +42,11 @@ def key_of(params: Mapping[str, Any] | None) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("key"), str):
         return str(value["key"])
     return None
+
+
+def request_id(upstream: Mapping[str, str]) -> str | None:
+    """The upstream's id of the request, if it sent one."""
+    return next((upstream[n] for n in REQUEST_ID_HEADERS if n in upstream), None)
 
 
 def outcome(status: int, seconds: float, upstream: Mapping[str, str] | None) -> dict[str, Any]:
