@@ -20,7 +20,7 @@ from chatstate.cli.render import neutralise
 @click.pass_obj
 def list_cmd(env: Env, as_json: bool, limit: int | None) -> None:
     """List conversations, most recently updated first."""
-    rows = env.store().list_conversations(limit=limit)
+    rows = env.reader().list_conversations(limit=limit)
     if as_json:
         click.echo(json.dumps([r.model_dump() for r in rows], indent=2))
         return
@@ -49,7 +49,7 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) ->
     from chatstate.ops.transfer import render
 
     try:
-        conv = env.store().load(conversation_id)
+        conv = env.reader().load(conversation_id)
     except CorruptTranscriptError as exc:
         where = f" at seq {exc.position}" if exc.position is not None else ""
         fail(f"verification failed{where}: {exc}")
@@ -95,7 +95,7 @@ def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
     from chatstate.durable.files import atomic_write
     from chatstate.ops.transfer import export_json, export_openai
 
-    store = env.store()
+    store = env.reader()
     conv = store.load(conversation_id)
     data = export_json(conv, store) if fmt == "chatstate" else \
         export_openai(conv, store, jsonl=fmt == "jsonl")
@@ -222,7 +222,7 @@ def search(env: Env, text: str, limit: int) -> None:
     """
     from chatstate.stores import Searchable
 
-    store = env.store()
+    store = env.reader()
     if isinstance(store, Searchable):  # an optional part of the Store protocol
         hits = store.search(text, limit=limit)
     else:
