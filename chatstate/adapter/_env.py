@@ -20,15 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chatstate.core.config import read_dotenv
+from chatstate.core.config import VARIABLE_NAMES, read_dotenv
 
 DEFAULT_MODEL = "gpt-4o-mini"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # field -> the variables it is read from, first wins (CHATSTATE_* over OPENAI_*)
 VARIABLES = {
-    "model": ("CHATSTATE_MODEL",),
-    "base_url": ("CHATSTATE_BASE_URL", "OPENAI_BASE_URL"),
-    "api_key": ("CHATSTATE_API_KEY", "OPENAI_API_KEY"),
+    **{k: v for k, v in VARIABLE_NAMES.items() if k != "store"},  # the store is not the adapter's
     **{name: (f"CHATSTATE_{name.upper()}",) for name in (
         "timeout", "connect_timeout", "max_retries", "backoff_base", "backoff_max",
         "retry_after_max")},

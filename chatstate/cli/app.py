@@ -48,6 +48,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "new one."),
     "compact": ("chatstate.cli.commands.daily", "compact", "Summarise older turns; requests send "
                 "the summary."),
+    "models": ("chatstate.cli.commands.settings", "models", "List the endpoint's models; * "
+               "marks the default."),
+    "config": ("chatstate.cli.commands.settings", "config", "config.toml's path, and the "
+               "settings in effect (secrets hidden)."),
     "usage": ("chatstate.cli.commands.daily", "usage", "Token usage (and cost, given prices) from "
               "the store."),
 }
@@ -73,7 +77,8 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--store", "store_url", envvar="CHATSTATE_STORE", metavar="URL",
               help="json:///dir, sqlite:///file.db or s3://bucket/prefix (default: "
-                   "CHATSTATE_STORE, else SQLite in the user data directory).")
+                   "CHATSTATE_STORE, else .env, else store in config.toml, else SQLite in "
+                   "the user data directory).")
 @click.option("--allow-ephemeral", is_flag=True, envvar="CHATSTATE_ALLOW_EPHEMERAL",
               help="Accept a store on tmpfs, /tmp or a container layer (data will not "
                    "survive a restart).")

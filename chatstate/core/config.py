@@ -38,6 +38,13 @@ FILE_NAME = "config.toml"
 TEXT_KEYS = ("model", "base_url", "store")
 TABLE_KEYS = ("options", "aliases")
 KNOWN = (*TEXT_KEYS, "context_window", *TABLE_KEYS)
+VARIABLE_NAMES: dict[str, tuple[str, ...]] = {
+    "model": ("CHATSTATE_MODEL",),
+    "base_url": ("CHATSTATE_BASE_URL", "OPENAI_BASE_URL"),
+    "api_key": ("CHATSTATE_API_KEY", "OPENAI_API_KEY"),
+    "store": ("CHATSTATE_STORE",),
+}
+"""setting -> the variables it is read from, first wins (the adapter's are these too)."""
 _AT_LINE = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
 
 
@@ -133,6 +140,29 @@ def dotenv_value(*variables: str) -> str | None:
             if found.get(v):
                 return found[v]
     return None
+
+
+def sources() -> dict[str, tuple[str | None, str]]:
+    """setting -> (value, where it came from) for model, base_url, api_key and store,
+    below the command line: the environment, a .env file, config.toml, or "default"
+    (value None). The API key's value is for the caller to hide, never to show."""
+    config = load().as_dict()
+    files = [(path, read_dotenv(path)) for path in dotenv_paths()]
+    out: dict[str, tuple[str | None, str]] = {}
+    for name, variables in VARIABLE_NAMES.items():
+        found: tuple[str | None, str] = (None, "default")
+        env = next((v for v in variables if os.environ.get(v)), None)
+        if env is not None:
+            found = (os.environ[env], f"environment {env}")
+        else:
+            hit = next(((path, v, vals[v]) for path, vals in files for v in variables
+                        if vals.get(v)), None)
+            if hit is not None:
+                found = (hit[2], f"{hit[0].absolute()} {hit[1]}")
+            elif name in config:
+                found = (str(config[name]), str(load().path))
+        out[name] = found
+    return out
 
 
 def store_url() -> str | None:
