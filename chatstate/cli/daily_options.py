@@ -52,10 +52,13 @@ class Daily:
         from chatstate.core.config import load
         from chatstate.errors import ConfigurationError
 
+        from chatstate.cli.common import fail
+
         try:
             return load()
         except ConfigurationError as exc:
-            raise click.UsageError(str(exc)) from exc
+            fail(str(exc), code=2)  # one line: the file, the line, the fix
+            raise
 
     def fragment_parts(self) -> list[dict[str, Any]]:
         """The -f files as text parts, read and checked now (before anything is stored)."""
