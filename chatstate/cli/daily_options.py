@@ -49,10 +49,9 @@ class Daily:
 
     @staticmethod
     def config() -> Any:
+        from chatstate.cli.common import fail
         from chatstate.core.config import load
         from chatstate.errors import ConfigurationError
-
-        from chatstate.cli.common import fail
 
         try:
             return load()

@@ -215,7 +215,7 @@ def test_no_log_sends_with_the_history_and_stores_nothing(tmp_path: Path,
     assert "not stored (--no-log)" in result.err
     assert "store " not in result.err  # nothing is written: no durable line
     sent = chats(fake)[-1]["messages"]
-    assert [m["content"] for m in sent][0] == "remember me"  # the model saw the history
+    assert sent[0]["content"] == "remember me"  # the model saw the history
     assert replay_json(store, "n1") == before
     fresh = invoke(["ask", "--id", "n2", "--no-log", "never kept"], store=store, env=env)
     assert fresh.code == 0
