@@ -44,10 +44,9 @@ class Env:
         startup) unless -q, for a read-only command (``writes=False``) only with -v; a
         verdict other than durable, and any recovery, are printed always."""
         if self._store is None:
-            from chatstate.core.config import store_url
             from chatstate.stores import open_store
 
-            self._store = store = open_store(self.store_url or store_url(),
+            self._store = store = open_store(self.store_url,
                                              allow_ephemeral=self.allow_ephemeral)
             ctx = click.get_current_context(silent=True)
             if ctx is not None:  # close (sqlite: release the connection) when the command ends
