@@ -357,13 +357,16 @@ def alone_too_big(exc: BaseException, fit: Fit | None, turn_id: str) -> Any:
     window, prompt = exc.overflow
     size = f" ({prompt} tokens as the provider counts them)" if prompt else ""
     limit = f" of {window} tokens" if window else ""
+    # what failed, in the adapter's words (the provider's own included), less its generic
+    # advice (a new conversation), which cannot help here
+    head = str(exc).rsplit(" The conversation", 1)[0]
     return ModelError(
-        f"your message alone{size} is larger than the model's context window{limit}, so "
+        f"{head} Your message alone{size} is larger than the model's context window{limit}, so "
         "no trimming or new conversation can make it fit: split it (send the file in "
         "parts, or name fewer files with -f), or give the model a bigger window (start "
         "the server with a larger one, e.g. llama.cpp --ctx-size or Ollama's num_ctx, and "
         "tell chatstate with --context-window N), or pick a model with a larger window "
-        "(--model)", status=exc.status, provider_message=exc.provider_message,
+        "(--model).", status=exc.status, provider_message=exc.provider_message,
         retryable=False, overflow=exc.overflow)
 
 

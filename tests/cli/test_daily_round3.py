@@ -196,7 +196,8 @@ def test_a_first_message_too_big_alone_gets_advice_that_can_work(tmp_path: Path)
         result = invoke(["ask", "--new", "word " * 200], store=f"json://{tmp_path}/s",
                         env=env_for(tmp_path, fake))
     assert result.code == 1
-    assert "your message alone" in result.err
+    assert "Your message alone" in result.err
+    assert "maximum context length is 50 tokens" in result.err  # the provider's words stay
     assert "--context-window N" in result.err and "split it" in result.err
     assert "start a new conversation" not in result.err  # that cannot help here
 
