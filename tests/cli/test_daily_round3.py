@@ -261,3 +261,31 @@ def test_copy_uses_a_clipboard_program_it_finds(tmp_path: Path, fake: FakeModel)
     assert "copied the last code block" in result.err and "with xclip" in result.err, \
         result.err
     assert json.dumps(sink.read_text()) == json.dumps("x = 1\n")
+
+
+def test_config_toml_refuses_a_key_and_sets_the_context_window(tmp_path: Path,
+                                                               fake: FakeModel) -> None:
+    path = write_config(tmp_path, 'api_key = "sk-in-the-wrong-place-0123"\n')
+    refused = invoke(["ask", "hi"], store=f"json://{tmp_path}/s", env=env_for(tmp_path, fake))
+    assert refused.code in (1, 2)
+    assert f"{path}: unknown setting 'api_key'" in refused.err
+    assert ".env" in refused.err and "sk-in-the-wrong-place" not in refused.err
+    write_config(tmp_path, "context_window = 300\n")
+    store = f"json://{tmp_path}/s"
+    env = env_for(tmp_path, fake)
+    for i in range(4):
+        assert invoke(["ask", "--id", "w", f"m{i} " + "word " * 40], store=store,
+                      env=env).code == 0
+    assert "(context window 300)" in invoke(["ask", "--id", "w", "x"], store=store,
+                                            env=env).err
+
+
+def test_chat_f_goes_with_the_first_message(tmp_path: Path, fake: FakeModel) -> None:
+    (tmp_path / "todo.txt").write_text("buy milk\n")
+    store = f"json://{tmp_path}/s"
+    result = invoke(["chat", "--id", "f1", "-f", str(tmp_path / "todo.txt")], store=store,
+                    input="what is on it?\nand then?\n", env=env_for(tmp_path, fake))
+    assert result.code == 0, result.err
+    first, second = (user_text(e) for e in chats(fake))
+    assert "buy milk" in first and "what is on it?" in first
+    assert "buy milk" not in second
