@@ -289,3 +289,13 @@ def test_chat_f_goes_with_the_first_message(tmp_path: Path, fake: FakeModel) -> 
     first, second = (user_text(e) for e in chats(fake))
     assert "buy milk" in first and "what is on it?" in first
     assert "buy milk" not in second
+
+
+def test_a_verdict_other_than_durable_is_printed_even_for_reading() -> None:
+    """Invariant 8: the warning of an accepted ephemeral store is never hidden, not by a
+    read-only command, not by -q."""
+    for args in (["list"], ["-q", "list"]):
+        result = invoke(["--allow-ephemeral", *args], store="memory://round3-ephemeral")
+        assert result.code == 0, result.err
+        assert result.first_err_line.startswith("store memory://round3-ephemeral "), result.err
+        assert "ephemeral" in result.first_err_line
