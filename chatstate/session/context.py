@@ -367,7 +367,7 @@ def alone_too_big(exc: BaseException, fit: Fit | None, turn_id: str) -> Any:
         "the server with a larger one, e.g. llama.cpp --ctx-size or Ollama's num_ctx, and "
         "tell chatstate with --context-window N), or pick a model with a larger window "
         "(--model).", status=exc.status, provider_message=exc.provider_message,
-        retryable=False, overflow=exc.overflow)
+        retryable=False, overflow=exc.overflow, kind=exc.kind)
 
 
 def peek(events: Iterator[T]) -> Iterator[T]:
