@@ -30,7 +30,7 @@ def list_cmd(env: Env, as_json: bool, limit: int | None, check: bool) -> None:
     Listing reads only each conversation's header; --check reads every transcript too
     (on a big store that takes a while), so it can say which are damaged or interrupted.
     """
-    store = env.store()
+    store = env.reader()
     rows = store.list_conversations(limit=limit)
     flagged = {r.id: conversation_flags(store, r.id) for r in rows} if check else {}
     if as_json:
@@ -91,7 +91,7 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool,
     from chatstate.ops.transfer import render
 
     try:
-        conv = env.store().load(conversation_id)
+        conv = env.reader().load(conversation_id)
     except CorruptTranscriptError as exc:
         where = f" at seq {exc.position}" if exc.position is not None else ""
         fail(f"verification failed{where}: {exc}")
@@ -149,7 +149,7 @@ def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
     from chatstate.durable.files import atomic_write
     from chatstate.ops.transfer import export_json, export_openai
 
-    store = env.store()
+    store = env.reader()
     conv = store.load(conversation_id)
     data = export_json(conv, store) if fmt == "chatstate" else \
         export_openai(conv, store, jsonl=fmt == "jsonl")
@@ -290,7 +290,7 @@ def search(env: Env, text: str, limit: int) -> None:
     """
     from chatstate.stores import Searchable
 
-    store = env.store()
+    store = env.reader()
     if isinstance(store, Searchable):  # an optional part of the Store protocol
         hits = store.search(text, limit=limit)
     else:
