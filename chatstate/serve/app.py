@@ -50,6 +50,7 @@ from chatstate.serve._identity import (
 from chatstate.serve._index import StoreIndex
 from chatstate.serve._limits import ConversationLocks, NamespaceLimits, namespace_of
 from chatstate.serve._metrics import CountRequests, Metrics, clock, first_chunk_timed
+from chatstate.serve._nolog import no_log_refusal
 from chatstate.serve._offload import (
     JSON,
     MAX_DEPTH,
@@ -221,6 +222,9 @@ class Proxy:
             return None
 
     async def _chat(self, request: Request, namespace: str, slot: list[bool]) -> Response:
+        refused = no_log_refusal(request)
+        if refused is not None:
+            return refused
         body = await read_body(request, self.config.max_body)
         if isinstance(body, Response):
             return body
