@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id, validate_id
@@ -48,11 +47,13 @@ from chatstate.errors import (
     ConflictError,
     ConversationNotFound,
     LeaseLost,
+    ModelError,
     Unsupported,
 )
 from chatstate.session import tool_loop as toolloop
-from chatstate.session.sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
-from chatstate.session.tool_loop import PendingCall
+from chatstate.session.sendable import CONTINUE_PROMPT, sendable, storable
+from chatstate.session.turn_state import Interrupted as Interrupted
+from chatstate.session.turn_state import cut_short_reply, interrupted_turn, user_of
 from chatstate.session.turn_writer import TurnWriter
 from chatstate.session.writer_lease import Held
 from chatstate.stores.base import LEASE_TERM, BlobStore, PacesPartials, Store
@@ -61,26 +62,6 @@ if TYPE_CHECKING:
     from chatstate.adapter import ModelAdapter
 
 log = logging.getLogger("chatstate.session")
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    """A turn that a killed process, a model failure or Ctrl-C left without a complete reply."""
-
-    turn_id: str
-    user_message: Message | None
-    partial: Message | None  # the stored in-progress reply, if any
-    pending_calls: tuple[PendingCall, ...] = ()  # tool calls still without a result
-
-    def describe(self) -> str:
-        if self.pending_calls:
-            names = ", ".join(f"{c.name} ({c.id}{', started' if c.started else ''})"
-                              for c in self.pending_calls)
-            return f"turn {self.turn_id} has tool calls without results: {names}"
-        if self.partial is not None:
-            return (f"the reply to turn {self.turn_id} was cut off after "
-                    f"{len(self.partial.content)} characters (kept as partial)")
-        return f"turn {self.turn_id} has no reply yet"
 
 
 class Chat:
@@ -126,6 +107,7 @@ class Chat:
         self.id = validate_id(conversation_id) if conversation_id else new_id()
         self.context_window = context_window  # None: learned, else the built-in table
         self.last_fit: Any = None  # what the last request sent (context.Fit)
+        self.unlogged = False  # True for a copy whose turns are not stored (unlogged.py)
         self._title = title
         self._system = system
         # the writer lease (see writer_lease): a second writer waits lease_wait seconds,
@@ -172,29 +154,12 @@ class Chat:
     @property
     def interrupted(self) -> Interrupted | None:
         """The turn left without a complete reply, if the conversation ends in one."""
-        conv = self.conversation
-        last = conv.last
-        asking = toolloop.calls_message(conv)
-        if asking is not None:  # tool calls without results, or results without a reply
-            return Interrupted(asking.turn_id, _user_of(conv, asking.turn_id), conv.partial,
-                               tuple(toolloop.pending_calls(conv)))
-        if conv.partial is not None:
-            return Interrupted(conv.partial.turn_id, _user_of(conv, conv.partial.turn_id),
-                               conv.partial)
-        if last is not None and last.role == "user":
-            return Interrupted(last.turn_id, last, None)
-        if last is not None and last.role == "assistant" and last.status == "partial":
-            return Interrupted(last.turn_id, _user_of(conv, last.turn_id), None)
-        return None
+        return interrupted_turn(self.conversation)
 
     @property
     def cut_short(self) -> Message | None:
         """The last reply, if the model stopped it early (token limit, content filter)."""
-        last = self.conversation.last
-        if (self.conversation.partial is None and last is not None
-                and last.role == "assistant" and last.finish_reason in CUT_REASONS):
-            return last
-        return None
+        return cut_short_reply(self.conversation)
 
     def _ensure_created(self) -> None:
         writer = self.writer
@@ -340,7 +305,7 @@ class Chat:
         if self.interrupted is None:
             cut = self.cut_short
             if cut is not None:
-                user = _user_of(self.conversation, cut.turn_id)
+                user = user_of(self.conversation, cut.turn_id)
                 return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
                                                     **params}, streaming=streaming, tools=tools)
             raise ConfigurationError(f"conversation {self.id!r} has no interrupted turn to retry")
@@ -383,16 +348,22 @@ class Chat:
     def _call(self, turn_id: str, model: str | None, params: dict[str, Any],
               streaming: bool) -> Any:
         """The adapter call, refitted and retried once if the provider names its window."""
-        from chatstate.session.context import call_fitted, learn, peek
+        from chatstate.session.context import alone_too_big, call_fitted, learn, peek
 
         def call(history: list[dict[str, Any]]) -> Any:
             if streaming:
                 return peek(self.adapter.stream(history, model=model, params=params or None))
             return self.adapter.complete(history, model=model, params=params or None)
-        return call_fitted(lambda: self._history(turn_id, model, params), call,
-                           lambda window, prompt: learn(
-                               self.writer, self.context_window, model, window, prompt,
-                               self.last_fit.tokens if self.last_fit else None))
+        try:
+            return call_fitted(lambda: self._history(turn_id, model, params), call,
+                               lambda window, prompt: learn(
+                                   self.writer, self.context_window, model, window, prompt,
+                                   self.last_fit.tokens if self.last_fit else None))
+        except ModelError as exc:
+            better = alone_too_big(exc, self.last_fit, turn_id)
+            if better is None:
+                raise
+            raise better from exc
 
     def _store_blobs(self, content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
         """Large images and files go to the store's blob area, durably, before the message."""
@@ -455,11 +426,3 @@ def _first_name(content: str | list[dict[str, Any]]) -> str:
         if name:
             return str(name)
     return ""
-
-
-def _user_of(conv: Conversation, turn_id: str) -> Message | None:
-    for msg in reversed(conv.messages):
-        if msg.turn_id == turn_id and msg.role == "user":
-            return msg
-    return None
-
