@@ -305,11 +305,14 @@ class JsonStore(JsonLease, JsonBlobs):
         key = self._cache[cid][0]
         st = append_record(path, record, key)
         self._logged.add(cid)
-        if records is None:
-            records = Records()
-        grown = Records(messages=records.messages + fresh, updated_at=at,
-                        clean=records.clean + len(record))
-        snap = (dict(header, updated_at=at), lines + new_lines, stored + fresh, grown)
+        # the cached snapshot's lists grow in place: copying them would make this O(N)
+        grown = records if records is not None else Records()
+        grown.messages.extend(fresh)
+        grown.updated_at = at
+        grown.clean += len(record)
+        lines.extend(new_lines)
+        stored.extend(fresh)
+        snap = (dict(header, updated_at=at), lines, stored, grown)
         self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size), snap)
         if grown.clean > max(self.log_limit, st.st_size - grown.clean):
             try:  # the append is durable already: a compaction that fails waits for the next
