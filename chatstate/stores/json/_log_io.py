@@ -14,13 +14,20 @@ UNKNOWN = ("The record may be in place but is not known to be on stable storage:
 TAIL = 64 * 1024
 
 
-def append_record(path: Path, record: bytes, key: tuple[int, int, int]) -> os.stat_result:
+SCHEMA_AT = len(b'{"schema":')  # the document's one-digit schema version, at this offset
+
+
+def append_record(path: Path, record: bytes, key: tuple[int, int, int],
+                  schema: int = 1) -> os.stat_result:
     """Write ``record`` at the end of ``path`` and fsync it: the append's one fsync.
 
     ``key`` (inode, mtime, size) is the file as the caller read and verified it,
     under the conversation's lock. On a failed write or fsync the record is cut off
     again, so the file is what it was; if even that fails, the outcome is unknown
     (a retry finds the record in place and fsyncs it, or rewrites nothing).
+    ``schema``: what the record needs; a document that says less is raised to it in
+    place (one byte), in the same fsync, so that an older chatstate refuses the file
+    as newer rather than guessing at it.
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -30,6 +37,8 @@ def append_record(path: Path, record: bytes, key: tuple[int, int, int]) -> os.st
         size = key[2]
         try:
             write_all(fd, record)
+            if schema > 1:
+                _raise_schema(path, schema)
             os.fsync(fd)
             return os.fstat(fd)
         except OSError as exc:
@@ -60,3 +69,14 @@ def last_summary(path: Path) -> tuple[int, str] | tuple[()] | None:
     if not isinstance(seq, int):
         return None
     return seq + 1, found["at"]
+
+
+def _raise_schema(path: Path, schema: int) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # not O_APPEND: pwrite would append
+    try:
+        head = os.pread(fd, SCHEMA_AT + 2, 0)
+        digit = head[SCHEMA_AT:SCHEMA_AT + 1]
+        if head[SCHEMA_AT + 1:] == b"," and digit.isdigit() and int(digit) < schema < 10:
+            os.pwrite(fd, b"%d" % schema, SCHEMA_AT)
+    finally:
+        os.close(fd)

@@ -301,9 +301,10 @@ class JsonStore(JsonLease, JsonBlobs):
                            self.root)
         at = now_iso()
         new_lines = [doc.message_line(m) for m in fresh]
-        record = encode_record(at, new_lines, schema_for(fresh))
+        schema = schema_for(fresh)
+        record = encode_record(at, new_lines, schema)
         key = self._cache[cid][0]
-        st = append_record(path, record, key)
+        st = append_record(path, record, key, schema)
         self._logged.add(cid)
         # the cached snapshot's lists grow in place: copying them would make this O(N)
         grown = records if records is not None else Records()
