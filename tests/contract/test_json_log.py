@@ -122,3 +122,36 @@ def test_the_log_is_compacted_once_it_outgrows_the_document(tmp_path: Path) -> N
     assert 0 < len(log) <= max(4096, len(raw) - len(log)) + 1000
     assert open_store(url).load("c1").messages == msgs
     store.close()
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from chatstate.stores import open_store
+from chatstate.testing.store_contract import new_conversation
+store = open_store(sys.argv[1])
+new_conversation(store, "c1", 5)
+with open(store.root / "c1.json", "ab") as fh:  # and an append cut off half-way
+    fh.write(b'{"schema":1,"at":"2026-01-01T00:00:00Z","messages":[{"seq":5')
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.invariant(7)
+def test_open_compacts_the_log_of_a_killed_writer_and_reports_its_torn_append(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"json://{tmp_path}/store"
+    child = subprocess.run([sys.executable, "-c", KILLED_WRITER, url], capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert child.returncode == -9, child.stderr
+    path = tmp_path / "store" / "c1.json"
+    assert not path.read_bytes().endswith(b"\n]}\n")  # records, and the torn one
+    store = open_store(url)
+    assert any("torn last record" in line for line in store.recovery), store.recovery
+    assert path.read_bytes().endswith(b"\n]}\n")  # compacted at open
+    conv = store.load("c1")
+    assert [m.content for m in conv.messages] == [f"msg {i}" for i in range(5)]
+    assert conv.verify() is None
+    store.close()
