@@ -155,3 +155,12 @@ def test_open_compacts_the_log_of_a_killed_writer_and_reports_its_torn_append(
     assert [m.content for m in conv.messages] == [f"msg {i}" for i in range(5)]
     assert conv.verify() is None
     store.close()
+
+
+def test_closing_after_delete_or_quarantine_reports_nothing(tmp_path: Path) -> None:
+    store, _, _ = _logged(tmp_path)
+    new_conversation(store, "c2", 2)
+    store.delete("c1")
+    store.quarantine("c2")
+    store.close()
+    assert store.recovery == []

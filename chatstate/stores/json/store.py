@@ -392,6 +392,7 @@ class JsonStore(JsonLease, JsonBlobs):
                 raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
             remove_durably(self._partial(conversation_id))
             self._cache.pop(conversation_id, None)
+            self._logged.discard(conversation_id)
 
     def quarantine(self, conversation_id: str) -> str:
         """Move a (damaged) conversation aside into DIR/.quarantine/; never deletes."""
@@ -422,6 +423,7 @@ class JsonStore(JsonLease, JsonBlobs):
             if not moved:
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
             self._cache.pop(cid, None)
+            self._logged.discard(cid)
         return str(moved[-1])
 
     def leftovers(self, conversation_ids: Sequence[str],
