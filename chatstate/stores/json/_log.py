@@ -15,13 +15,14 @@ document, and when a writer finds a torn record.
 
 What a crash can leave, and what it means:
 
-- a last record without its newline, or whose checksum or JSON does not hold:
-  an append that a crash cut off before it was acknowledged (its fsync had not
-  returned). Readers ignore it; the next writer moves its bytes into
-  ``.quarantine/`` and compacts (reported in ``store.recovery``, never dropped
-  silently).
-- a record before the last that does not hold: damage (invariant 6), named by
-  file and seq, and nothing writes over it.
+- a last record without its newline, or that is not a whole record (cut, zeros,
+  garbled JSON): an append that a crash cut off before it was acknowledged (its
+  fsync had not returned). Readers ignore it; the next writer moves its bytes
+  into ``.quarantine/`` and compacts (reported in ``store.recovery``, never
+  dropped silently).
+- a record before the last that is not whole, or any record that is whole,
+  valid JSON and fails its checksum (edited after it was written, which no crash
+  produces): damage (invariant 6), named by file and seq; nothing writes over it.
 
 A file without records is a document exactly as every earlier version wrote it,
 and is read unchanged; a document alone is what compaction leaves, so a
@@ -69,20 +70,22 @@ class Records:
     torn: bytes = b""         # the bytes of a torn last record (an unacknowledged append)
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
+def _record(line: bytes) -> dict[str, Any] | bool | None:
+    """The record on ``line``; None if it is not one whole record (what a crash mid-write
+    leaves: cut, zeros, garbled JSON); False if it is whole, valid JSON, and fails its
+    checksum: edited after it was written, which no crash produces."""
     body, tab, crc = line.rpartition(b"\t")
     if not tab or len(crc) != 8:
         return None
     try:
-        if int(crc, 16) != zlib.crc32(body):
-            return None
         doc = orjson.loads(body)
+        sum_ok = int(crc, 16) == zlib.crc32(body)
     except ValueError:
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list) \
             or not isinstance(doc.get("at"), str):
         return None
-    return doc
+    return doc if sum_ok else False
 
 
 def decode_records(log: bytes, where: str, start: int) -> Records:
@@ -96,15 +99,16 @@ def decode_records(log: bytes, where: str, start: int) -> Records:
     seq = start
     for index, line in enumerate(lines):
         doc = _record(line)
-        if doc is None:
-            if index == len(lines) - 1 and not tail:
-                out.torn = line + b"\n"
-                return out
+        if doc is None and index == len(lines) - 1 and not tail:
+            out.torn = line + b"\n"
+            return out
+        if not isinstance(doc, dict):
+            what = ("is whole but fails its checksum (edited after it was written)"
+                    if doc is False else "is not a whole record, and records follow it")
             raise CorruptTranscriptError(
-                f"{where}: the log record appending seq {seq} fails its checksum or is not "
-                "valid JSON, and records follow it: the file is damaged there (not a torn "
-                "append); it was left as it is. `chatstate repair` quarantines it.",
-                where=where, position=seq)
+                f"{where}: the log record appending seq {seq} {what}: the file is damaged "
+                "there (not a torn append); it was left as it is. `chatstate repair` "
+                "quarantines it.", where=where, position=seq)
         check_schema(doc.get("schema"), where)
         items = doc["messages"]
         try:
@@ -130,6 +134,8 @@ def last_record(tail: bytes, *, whole: bool) -> dict[str, Any] | None:
     for line in reversed(lines[-2:]):
         if line.startswith(b'{"schema":'):
             doc = _record(line)
-            if doc is not None:
+            if doc is False:  # damage: the whole read names it
+                return None
+            if isinstance(doc, dict):
                 return doc
     return None

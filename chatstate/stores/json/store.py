@@ -64,7 +64,7 @@ from chatstate.stores.blobs import check_stored_blobs, refuse_unheld_blobs
 from chatstate.stores.json import _doc as doc
 from chatstate.stores.json._blobs import JsonBlobs
 from chatstate.stores.json._lease import JsonLease
-from chatstate.stores.json._log import DOC_END, Records, encode_record
+from chatstate.stores.json._log import Records, encode_record
 from chatstate.stores.json._log_io import append_record, last_summary
 from chatstate.stores.json._sidecar import SidecarLog
 
@@ -118,8 +118,6 @@ class JsonStore(JsonLease, JsonBlobs):
                     self._reconcile_partial(partial.name[:-5])
                 except CorruptTranscriptError as exc:  # reported, left alone, not fatal
                     self.recovery.append(f"could not reconcile: {exc}")
-            for path in sorted(self.root.glob("*.json")):
-                self._reconcile_log(path)
         except OSError as exc:  # the directory listing itself failed (EIO, EMFILE...)
             self.recovery.append(f"recovery skipped: {os_error(exc, 'scan', self.root)}")
         except StoreUnavailable as exc:
@@ -139,37 +137,6 @@ class JsonStore(JsonLease, JsonBlobs):
             if got:  # no live writer holds it: this temp file is a dead writer's
                 remove_durably(tmp)
                 self.recovery.append(f"removed {tmp.name}, a temp file left by a killed writer")
-
-    def _reconcile_log(self, path: Path) -> None:
-        """Compact the log a process left without closing the store (killed, or still
-        running: then it holds the lock only while it writes); a torn last record is
-        moved aside and reported (``_compact``). Damage is reported and left alone."""
-        try:
-            with open(path, "rb") as fh:
-                if fh.seek(0, os.SEEK_END) < len(DOC_END):
-                    return
-                fh.seek(-len(DOC_END), os.SEEK_END)
-                if fh.read() == DOC_END:  # a document alone: nothing to do
-                    return
-        except OSError:
-            return  # unreadable: named when the conversation is loaded
-        cid = path.name[:-5]
-        try:
-            validate_id(cid)
-        except ValueError:
-            return
-        with locked(self._lock(cid), blocking=False) as got:
-            if not got:
-                return
-            try:
-                snap = self._read(cid)
-            except StoreUnavailable:
-                raise
-            except ChatstateError as exc:
-                self.recovery.append(f"could not reconcile: {exc}")
-                return
-            if snap[3] is not None:
-                self._compact(cid, snap)
 
     def _reconcile_partial(self, cid: str) -> None:
         path = self._partial(cid)
