@@ -1,0 +1,366 @@
+"""An encrypted store: every store, sealed at its record boundary by the AEAD codec.
+
+``open_store`` wraps the store it opened in ``SealedStore`` when a key is
+configured (``chatstate.stores.keys``), so json, sqlite, s3, postgresql, memory
+and third-party stores are encrypted by this one module, and each keeps its own
+layout, compare-and-append, leases and crash recovery unchanged.
+
+What the store holds for a message is itself a valid message: the seq, status
+and time in the clear, role ``event``, and as content one ``chatstate.sealed``
+part (the sealed canonical JSON of the real message, associated data: kind,
+conversation id, seq) plus one ``chatstate.blob`` part per blob it names (the
+sealed blob's keyed address and size, so the store's blob checks and ``gc`` see
+them). The store chains its hashes over those stored bodies, so its chain, and
+``replay --verify`` and ``doctor`` without the key, check the ciphertext; the
+caller sees the real messages, whose hashes are today's chain over their
+plaintext bodies, recomputed (and so checked) after every tag is.
+
+A title and the metadata are sealed too (kinds ``title`` and ``metadata``). A
+blob is sealed with a nonce derived from its bytes, so its address (the sha256
+of the sealed bytes, checkable without the key) is a keyed digest: equal files
+are stored once under one key, and nobody without the key can confirm a guess.
+
+The store is marked encrypted by a conversation named ``chatstate.encryption``
+(its title says so, its metadata names the AEAD and the key's fingerprint),
+hidden from callers here; a store with the mark refuses to open without a key.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from chatstate.core.content import blob_area
+from chatstate.core.transcript import (
+    Conversation,
+    ConversationSummary,
+    Message,
+    canonical_json,
+    chain_hash,
+)
+from chatstate.errors import (
+    ConfigurationError,
+    ConflictError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+    Unsupported,
+)
+from chatstate.stores._fastload import first_break, validate_json_array
+from chatstate.stores.base import Searchable, Store, check_append
+from chatstate.stores.codec import (
+    AEAD_NAME,
+    BLOB_OVERHEAD,
+    SEALED_BLOB_PART,
+    SEALED_META,
+    SEALED_PART,
+    AeadCodec,
+)
+from chatstate.stores.forwarding import ForwardingStore
+
+MARKER_ID = "chatstate.encryption"
+MARKER_TITLE = ("chatstate: this store is encrypted; open it with its key set "
+                "(CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND)")
+
+_Tail = tuple[int, str | None, str | None]
+"""(message count, stored hash of the last message, its plaintext chain hash)"""
+
+
+def marker(store: Store) -> dict[str, Any] | None:
+    """The store's encryption mark (``{"aead", "key", "format"}``), None for a plain store."""
+    try:
+        found = store.load(MARKER_ID)
+    except ConversationNotFound:
+        return None
+    mark = found.metadata.get("encryption")
+    return mark if isinstance(mark, dict) else {"key": "?"}
+
+
+def mark_encrypted(store: Store, fingerprint: str) -> None:
+    store.create(Conversation(id=MARKER_ID, title=MARKER_TITLE, metadata={
+        "encryption": {"aead": AEAD_NAME, "format": 1, "key": fingerprint}}))
+
+
+class SealedStore(ForwardingStore):
+    """``inner`` with every record sealed by ``codec`` (see the module docstring)."""
+
+    def __init__(self, inner: Store, codec: AeadCodec) -> None:
+        super().__init__(inner)
+        self.codec = codec
+        self._tails: dict[str, _Tail] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def parts(cls, inner: Store) -> list[type]:
+        return [p for p in super().parts(inner) if p is not Searchable]
+
+    # -- naming ------------------------------------------------------------------------
+    def _at(self, cid: str, seq: int | None = None, what: str = "") -> str:
+        where = f"{self.inner.url}: conversation {cid!r}"
+        return where + (f" seq {seq}" if seq is not None else "") + (f" {what}" if what else "")
+
+    def _own(self, cid: str) -> str:
+        if cid == MARKER_ID:
+            raise ConversationNotFound(f"{MARKER_ID!r} is the encryption mark of "
+                                       f"{self.inner.url}, not a conversation")
+        return cid
+
+    # -- messages ----------------------------------------------------------------------
+    def _seal(self, cid: str, msg: Message, prev_stored: str | None) -> Message:
+        parts: list[dict[str, Any]] = [{"type": SEALED_PART, "data": self.codec.seal_text(
+            "message", cid, msg.seq, msg.body())}]
+        for ref in msg.blob_refs():
+            size = ref.get("size")
+            parts.append({"type": SEALED_BLOB_PART, "blob": {
+                "sha256": ref.get("sha256"),
+                "size": size + BLOB_OVERHEAD if isinstance(size, int) else size}})
+        sealed = Message(seq=msg.seq, role="event", content=parts, created_at=msg.created_at,
+                         turn_id="sealed", status=msg.status)
+        return sealed.model_copy(update={"hash": chain_hash(prev_stored, sealed.body())})
+
+    def _body(self, cid: str, stored: Message) -> bytes:
+        where = self._at(cid, stored.seq)
+        content = stored.content
+        if not isinstance(content, list) or not content or \
+                content[0].get("type") != SEALED_PART:
+            raise CorruptTranscriptError(f"{where} is not sealed, but this store is encrypted "
+                                         "(a plain record was put in it); nothing was changed",
+                                         where=where, position=stored.seq)
+        data = content[0].get("data")
+        try:
+            raw = base64.b64decode(str(data), validate=True)
+        except ValueError as exc:
+            raise CorruptTranscriptError(f"{where}: the sealed record is not base64; nothing "
+                                         "was changed", where=where, position=stored.seq) from exc
+        return self.codec.open("message", cid, stored.seq, raw, where)
+
+    def _open_chain(self, cid: str, stored: Sequence[Message]) -> list[Message]:
+        """The plaintext messages, every tag checked and their chain verified."""
+        bodies = [self._body(cid, m) for m in stored]
+        hashes: list[str] = []
+        prev: str | None = None
+        for body in bodies:
+            prev = chain_hash(prev, body.decode("utf-8", "surrogatepass"))
+            hashes.append(prev)
+        array = b"[" + b",".join(body[:-1] + b',"hash":"' + h.encode() + b'"}'
+                                 for body, h in zip(bodies, hashes, strict=True)) + b"]"
+        try:
+            messages = validate_json_array(array) if bodies else []
+        except ValueError as exc:
+            raise CorruptTranscriptError(f"{self._at(cid)}: a sealed message does not hold a "
+                                         f"valid message ({exc.__class__.__name__}); nothing "
+                                         "was changed", where=self._at(cid)) from exc
+        bad = first_break(messages, bodies, None, 0, exact=True)
+        if bad is not None:
+            raise CorruptTranscriptError(f"{self._at(cid, bad)}: the sealed message holds "
+                                         "another position; nothing was changed",
+                                         where=self._at(cid, bad), position=bad)
+        return messages
+
+    def _open_partial(self, cid: str, stored: Message, prev: str | None) -> Message:
+        body = self._body(cid, stored)
+        text = body.decode("utf-8", "surrogatepass")
+        msg = Message.model_validate_json(body[:-1] + b',"hash":"' +
+                                          chain_hash(prev, text).encode() + b'"}')
+        if msg.seq != stored.seq:
+            raise CorruptTranscriptError(f"{self._at(cid, stored.seq)}: the sealed partial "
+                                         "reply holds another position; nothing was changed",
+                                         where=self._at(cid, stored.seq), position=stored.seq)
+        return msg
+
+    # -- header ------------------------------------------------------------------------
+    def _seal_title(self, cid: str, title: str) -> str:
+        return self.codec.seal_text("title", cid, None, title)
+
+    def _seal_metadata(self, cid: str, metadata: dict[str, Any]) -> dict[str, Any]:
+        return {SEALED_META: self.codec.seal_text("metadata", cid, None,
+                                                  canonical_json(metadata))}
+
+    def _open_title(self, cid: str, title: str) -> str:
+        return self.codec.open_text("title", cid, None, title, self._at(cid, what="title"))
+
+    def _open_metadata(self, cid: str, metadata: dict[str, Any]) -> dict[str, Any]:
+        where = self._at(cid, what="metadata")
+        if set(metadata) != {SEALED_META}:
+            raise CorruptTranscriptError(f"{where} is not sealed, but this store is "
+                                         "encrypted; nothing was changed", where=where)
+        import json
+
+        opened = json.loads(self.codec.open_text("metadata", cid, None,
+                                                 metadata[SEALED_META], where))
+        if not isinstance(opened, dict):
+            raise CorruptTranscriptError(f"{where} is not an object", where=where)
+        return opened
+
+    # -- the contract ------------------------------------------------------------------
+    def create(self, conversation: Conversation) -> None:
+        cid = self._own(conversation.id)
+        self.inner.create(conversation.model_copy(update={
+            "title": self._seal_title(cid, conversation.title),
+            "metadata": self._seal_metadata(cid, conversation.metadata)}))
+        with self._lock:
+            self._tails[cid] = (0, None, None)
+
+    def load(self, conversation_id: str) -> Conversation:
+        cid = self._own(conversation_id)
+        stored = self.inner.load(cid)
+        messages = self._open_chain(cid, stored.messages)
+        last = messages[-1].hash if messages else None
+        partial = None if stored.partial is None else \
+            self._open_partial(cid, stored.partial, last)
+        with self._lock:
+            self._tails[cid] = (len(messages), stored.messages[-1].hash if messages else None,
+                                last)
+        return Conversation.model_construct(
+            id=stored.id, title=self._open_title(cid, stored.title),
+            created_at=stored.created_at, updated_at=stored.updated_at,
+            metadata=self._open_metadata(cid, stored.metadata), messages=messages,
+            partial=partial)
+
+    def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
+        found = [s for s in self.inner.list_conversations(None if limit is None else limit + 1)
+                 if s.id != MARKER_ID]
+        return [s.model_copy(update={"title": self._open_title(s.id, s.title)})
+                for s in found[:limit]]
+
+    def delete(self, conversation_id: str) -> None:
+        cid = self._own(conversation_id)
+        with self._lock:
+            self._tails.pop(cid, None)
+        self.inner.delete(cid)
+
+    def _tail(self, cid: str, fresh: bool = False) -> _Tail:
+        with self._lock:
+            tail = None if fresh else self._tails.get(cid)
+        if tail is None:
+            self.load(cid)
+            with self._lock:
+                tail = self._tails[cid]
+        return tail
+
+    def _logical_hashes(self, cid: str) -> list[str]:
+        return [m.hash for m in self.load(cid).messages]
+
+    def append(self, conversation_id: str, messages: Sequence[Message], *,
+               fence: str | None = None) -> None:
+        cid = self._own(conversation_id)
+        if not messages:
+            self.inner.append(cid, [], **({} if fence is None else {"fence": fence}))
+            return
+        for attempt in (0, 1):
+            count, stored_last, last = self._tail(cid, fresh=attempt == 1)
+            every: list[str] | None = None
+
+            def hash_at(seq: int, count: int = count, last: str | None = last) -> str:
+                nonlocal every
+                if seq == count - 1:
+                    return last or ""
+                if every is None:
+                    every = self._logical_hashes(cid)
+                return every[seq] if seq < len(every) else ""
+
+            try:
+                already = check_append(self._at(cid), count - 1, hash_at, messages)
+            except ConflictError:
+                if attempt == 0:
+                    continue  # what this process knew may be stale: look again
+                raise
+            break
+        fresh = list(messages[already:])
+        if not fresh:
+            return
+        sealed: list[Message] = []
+        prev = stored_last
+        for msg in fresh:
+            sealed.append(self._seal(cid, msg, prev))
+            prev = sealed[-1].hash
+        try:
+            self.inner.append(cid, sealed, **({} if fence is None else {"fence": fence}))
+        except BaseException:
+            with self._lock:
+                self._tails.pop(cid, None)
+            raise
+        with self._lock:
+            self._tails[cid] = (fresh[-1].seq + 1, prev, fresh[-1].hash)
+
+    def save_partial(self, conversation_id: str, partial: Message, *,
+                     fence: str | None = None) -> None:
+        cid = self._own(conversation_id)
+        count, stored_last, _ = self._tail(cid)
+        if partial.seq != count:
+            count, stored_last, _ = self._tail(cid, fresh=True)
+        self.inner.save_partial(cid, self._seal(cid, partial, stored_last),
+                                **({} if fence is None else {"fence": fence}))
+
+    def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
+        self.inner.clear_partial(self._own(conversation_id),
+                                 **({} if fence is None else {"fence": fence}))
+
+    def set_header(self, conversation_id: str, *, title: str | None = None,
+                   metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
+        cid = self._own(conversation_id)
+        self.inner.set_header(
+            cid, title=None if title is None else self._seal_title(cid, title),
+            metadata=None if metadata is None else self._seal_metadata(cid, metadata),
+            **({} if fence is None else {"fence": fence}))
+
+    def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
+        raise Unsupported(f"{self.inner.url} is encrypted: full-text search is off, because "
+                          "an index would keep the words of every message in the clear. "
+                          "Decrypt a conversation with `chatstate show ID` instead")
+
+    # -- blobs -------------------------------------------------------------------------
+    def put_blob(self, data: bytes, *, media_type: str | None = None,
+                 name: str | None = None) -> dict[str, Any]:
+        ref = blob_area(self.inner, "images and files").put_blob(self.codec.seal_blob(data))
+        out: dict[str, Any] = {"sha256": ref["sha256"], "size": len(data)}
+        if media_type:
+            out["media_type"] = media_type
+        if name:
+            out["name"] = name
+        return out
+
+    def get_blob(self, sha256: str) -> bytes:
+        stored = blob_area(self.inner, "images and files").get_blob(sha256)
+        return self.codec.open_blob(stored, f"{self.inner.url}: blob {sha256}")
+
+    def has_blob(self, sha256: str) -> bool:
+        return blob_area(self.inner, "images and files").has_blob(sha256)
+
+
+def seal_opened(store: Store, *, keyless: bool = False) -> Store:
+    """``store`` (opened) sealed by the configured key; refused when key and store disagree.
+
+    ``keyless``: an encrypted store may be returned as it is stored, without a key
+    (sealed records, for checks that need none: ``replay --verify``, ``doctor``).
+    """
+    from chatstate.stores.keys import load_key
+
+    key = load_key()
+    mark = marker(store)
+    if key is None:
+        if mark is None or keyless:
+            return store
+        raise ConfigurationError(
+            f"{store.url} is encrypted (key {mark.get('key')}) and no key is configured: set "
+            "CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND "
+            "(`chatstate replay --verify` and `chatstate doctor` check it without one)")
+    old = load_key(old=True)
+    codec = AeadCodec(key, older=[old] if old else [])
+    if mark is None:
+        if store.list_conversations(limit=1):
+            raise ConfigurationError(
+                f"{store.url} holds plain conversations, and an encryption key is configured: "
+                "a store created without a key stays plain. Unset the key to use it, or copy "
+                "it into a new encrypted store with `chatstate migrate`")
+        try:
+            mark_encrypted(store, codec.fingerprint)
+        except ConflictError:  # another process marked it first
+            mark = marker(store)
+    if mark is not None and not codec.knows(str(mark.get("key"))):
+        raise ConfigurationError(
+            f"{store.url}: wrong encryption key: the store was encrypted by key "
+            f"{mark.get('key')}, the configured key is {codec.fingerprint}; nothing was read "
+            "or changed")
+    return SealedStore(store, codec)
