@@ -48,7 +48,7 @@ from chatstate.errors import (
     Unsupported,
 )
 from chatstate.stores._fastload import first_break, validate_json_array
-from chatstate.stores.base import Searchable, Store, check_append
+from chatstate.stores.base import CollectsBlobs, Searchable, Store, check_append
 from chatstate.stores.codec import (
     AEAD_NAME,
     BLOB_OVERHEAD,
@@ -327,6 +327,19 @@ class SealedStore(ForwardingStore):
 
     def has_blob(self, sha256: str) -> bool:
         return blob_area(self.inner, "images and files").has_blob(sha256)
+
+    def list_blobs(self) -> list[tuple[str, int, float]]:
+        """(address, plaintext size, age): the sizes the references record."""
+        return [(sha, max(size - BLOB_OVERHEAD, 0), age)
+                for sha, size, age in self._collector().list_blobs()]
+
+    def remove_blob(self, sha256: str, *, idle_for: float) -> bool:
+        return self._collector().remove_blob(sha256, idle_for=idle_for)
+
+    def _collector(self) -> CollectsBlobs:
+        if not isinstance(self.inner, CollectsBlobs):
+            raise Unsupported(f"{self.inner.url}: this store cannot list or remove blobs")
+        return self.inner
 
 
 def seal_opened(store: Store, *, keyless: bool = False) -> Store:
