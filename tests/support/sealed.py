@@ -8,10 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from support.stores import damage_blob, tamper
-
 from chatstate.stores import open_store
 from chatstate.stores.keys import VARIABLES
+from support.stores import damage_blob, tamper
 
 KEY = "csk1-" + "A" * 42 + "E"  # fixed for tests: 32 bytes, base64url
 OTHER_KEY = "csk1-" + "B" * 42 + "E"
