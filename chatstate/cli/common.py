@@ -35,13 +35,17 @@ class Env:
         root.handlers[:] = [handler]
         root.setLevel(logging.DEBUG if self.debug else logging.WARNING)
 
-    def store(self, *, quiet: bool = False) -> OpenedStore:
-        """Open the store once; print where its bytes land and the verdict to stderr first."""
+    def store(self, *, quiet: bool = False, keyless: bool = False) -> OpenedStore:
+        """Open the store once; print where its bytes land and the verdict to stderr first.
+
+        ``keyless``: an encrypted store opens without its key, its records sealed (for
+        the checks that need no key)."""
         if self._store is None:
             from chatstate.stores import open_store
 
             self._store = store = open_store(self.store_url,
-                                             allow_ephemeral=self.allow_ephemeral)
+                                             allow_ephemeral=self.allow_ephemeral,
+                                             keyless=keyless)
             ctx = click.get_current_context(silent=True)
             if ctx is not None:  # close (sqlite: release the connection) when the command ends
                 ctx.call_on_close(self.close)

@@ -52,6 +52,7 @@ from chatstate.stores.base import CollectsBlobs, Searchable, Store, check_append
 from chatstate.stores.codec import (
     AEAD_NAME,
     BLOB_OVERHEAD,
+    FP_BYTES,
     SEALED_BLOB_PART,
     SEALED_META,
     SEALED_PART,
@@ -340,6 +341,39 @@ class SealedStore(ForwardingStore):
         if not isinstance(self.inner, CollectsBlobs):
             raise Unsupported(f"{self.inner.url}: this store cannot list or remove blobs")
         return self.inner
+
+
+def is_sealed(conversation: Conversation) -> bool:
+    """Does this conversation, loaded without the key, hold sealed records?"""
+    first = conversation.messages[0] if conversation.messages else conversation.partial
+    content = first.content if first is not None else None
+    return bool(isinstance(content, list) and content and
+                content[0].get("type") == SEALED_PART) or \
+        SEALED_META in conversation.metadata
+
+
+def describe_sealed(conversation: Conversation) -> str:
+    """What ``replay --verify`` proved of an encrypted conversation without the key."""
+    tip = conversation.last.hash[:16] if conversation.last else "-"
+    keys = sorted({str(m.content[0]["data"])[:11] for m in conversation.messages
+                   if isinstance(m.content, list) and m.content})
+    fps = ", ".join(base64.b64decode(k + "=")[:FP_BYTES].hex() for k in keys) or "-"
+    return (f"verified without the key: {len(conversation.messages)} sealed messages of "
+            f"{conversation.id!r}, the hash chain over the stored ciphertext intact (head "
+            f"{tip}…), sealed by key {fps}; the authentication tags need the key to check")
+
+
+def encryption_note(store: Store) -> str | None:
+    """For ``doctor``: how the store is encrypted and what a load checks (None: plain)."""
+    if isinstance(store, SealedStore):
+        return (f"{AEAD_NAME}, key {store.codec.fingerprint} configured: every record "
+                "loaded has its authentication tag checked")
+    mark = marker(store)
+    if mark is None:
+        return None
+    return (f"{mark.get('aead', AEAD_NAME)}, sealed by key {mark.get('key')}; no key "
+            "configured: the hash chains over the stored ciphertext are verified, the "
+            "authentication tags are not (set the key to check them too)")
 
 
 def seal_opened(store: Store, *, keyless: bool = False) -> Store:
