@@ -32,6 +32,7 @@ Commands:
   fork         Copy a conversation's first messages into a new one.
   gc           Remove images and files no message names (dry run unless --yes).
   import       Import a transcript file.
+  keygen       Print a new encryption key.
   list         List conversations, newest first.
   migrate      Copy every conversation between stores.
   probe        Boot id, hostname and where writes land.
