@@ -37,6 +37,7 @@ Commands:
   migrate      Copy every conversation between stores.
   probe        Boot id, hostname and where writes land.
   prune        Delete old conversations (dry run unless --yes).
+  rekey        Re-encrypt a store under a new key (into a new store, resumable).
   repair       Quarantine a damaged transcript.
   replay       Print a stored transcript.
   rm           Delete a conversation.

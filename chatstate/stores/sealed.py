@@ -30,7 +30,7 @@ from __future__ import annotations
 import base64
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from chatstate.core.content import blob_area
 from chatstate.core.transcript import (
@@ -376,7 +376,9 @@ def encryption_note(store: Store) -> str | None:
             "authentication tags are not (set the key to check them too)")
 
 
-def seal_opened(store: Store, *, keyless: bool = False) -> Store:
+def seal_opened(store: Store, *, keyless: bool = False,
+                key: bytes | Literal["env"] | None = "env",
+                old_keys: Sequence[bytes] = ()) -> Store:
     """``store`` (opened) sealed by the configured key; refused when key and store disagree.
 
     ``keyless``: an encrypted store may be returned as it is stored, without a key
@@ -384,7 +386,10 @@ def seal_opened(store: Store, *, keyless: bool = False) -> Store:
     """
     from chatstate.stores.keys import load_key
 
-    key = load_key()
+    if key == "env":
+        key = load_key()
+        old = load_key(old=True)
+        old_keys = [*old_keys, old] if old else old_keys
     mark = marker(store)
     if key is None:
         if mark is None or keyless:
@@ -393,8 +398,7 @@ def seal_opened(store: Store, *, keyless: bool = False) -> Store:
             f"{store.url} is encrypted (key {mark.get('key')}) and no key is configured: set "
             "CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND "
             "(`chatstate replay --verify` and `chatstate doctor` check it without one)")
-    old = load_key(old=True)
-    codec = AeadCodec(key, older=[old] if old else [])
+    codec = AeadCodec(key, older=list(old_keys))
     if mark is None:
         if store.list_conversations(limit=1):
             raise ConfigurationError(

@@ -257,3 +257,76 @@ def test_keygen_prints_a_key_that_opens_a_store(tmp_path: Path,
     assert isinstance(store, SealedStore)
     store.close()
     assert scheme(store.url) == "json"
+
+
+def _content(url: str, key: str | None) -> list[tuple[str, str, object, list[object], object]]:
+    """Every conversation as the user sees it (no hashes: blob addresses are per key)."""
+    with keyless():
+        store = open_store(url, key=None if key is None else parse_key(key, "test"))
+    try:
+        out = []
+        for summary in sorted(store.list_conversations(), key=lambda s: s.id):
+            conv = store.load(summary.id)
+            parts = [m.text for m in conv.messages]
+            blobs = [store.get_blob(str(r["sha256"])) for m in conv.messages  # type: ignore[attr-defined]
+                     for r in m.blob_refs()]
+            out.append((conv.id, conv.title, conv.metadata, [*parts, *blobs],
+                        conv.partial.text if conv.partial else None))
+        return out
+    finally:
+        store.close()
+
+
+def test_migrate_copies_plain_to_encrypted_and_back(tmp_path: Path) -> None:
+    plain = f"sqlite://{tmp_path}/plain.db"
+    with keyless():
+        msgs, _ = _fill(plain)
+    sealed, back = f"json://{tmp_path}/sealed", f"sqlite://{tmp_path}/back.db"
+    env = {"CHATSTATE_ENCRYPTION_KEY": KEY}
+    to = invoke(["migrate", "--encrypt", "--from", plain, "--to", sealed], env=env)
+    assert to.code == 0, to.err
+    assert _content(sealed, KEY) == _content(plain, None)
+    for path in (tmp_path / "sealed").rglob("*"):
+        assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
+    again = invoke(["migrate", "--encrypt", "--from", plain, "--to", sealed], env=env)
+    assert again.code == 0 and "2 already identical" in again.out, again.out + again.err
+    home = invoke(["migrate", "--decrypt", "--from", sealed, "--to", back], env=env)
+    assert home.code == 0, home.err
+    assert _content(back, None) == _content(plain, None)
+    with keyless():
+        restored = open_store(back)
+        assert restored.load("c1").messages == msgs  # the very hashes of the original
+        restored.close()
+
+
+def test_rekey_killed_midway_resumes_and_loses_nothing(tmp_path: Path) -> None:
+    import subprocess
+
+    from support.cli_helpers import CHATSTATE, cli_env
+
+    old_url, new_url = f"sqlite://{tmp_path}/old.db", f"sqlite://{tmp_path}/new.db"
+    with keyless():
+        store = open_store(old_url, key=parse_key(KEY, "test"))
+        for i in range(12):
+            store.create(Conversation(id=f"c{i:02d}", title=f"t{i} {SECRET}"))
+            store.append(f"c{i:02d}", seal_chain(250, prefix=f"m{i}"))
+        store.close()
+    env = cli_env(tmp_path, CHATSTATE_OLD_ENCRYPTION_KEY=KEY, CHATSTATE_ENCRYPTION_KEY=OTHER_KEY)
+    argv = [CHATSTATE, "rekey", "--from", old_url, "--to", new_url]
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    seen = 0
+    for line in proc.stderr:
+        seen += "messages" in line
+        if seen == 5:  # mid-way through the third conversation
+            proc.kill()
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -9, "the rekey finished before it could be killed"
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert KEY not in done.stdout + done.stderr and OTHER_KEY not in done.stderr
+    assert _content(new_url, OTHER_KEY) == _content(old_url, KEY)
+    with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
+        open_store(new_url, key=parse_key(KEY, "test"))
