@@ -28,9 +28,13 @@ hidden from callers here; a store with the mark refuses to open without a key.
 from __future__ import annotations
 
 import base64
+import binascii
+import hashlib
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal
+
+import orjson
 
 from chatstate.core.content import blob_area
 from chatstate.core.transcript import (
@@ -47,7 +51,7 @@ from chatstate.errors import (
     CorruptTranscriptError,
     Unsupported,
 )
-from chatstate.stores._fastload import first_break, validate_json_array
+from chatstate.stores._fastload import validate_json_array
 from chatstate.stores.base import CollectsBlobs, Searchable, Store, check_append
 from chatstate.stores.codec import (
     AEAD_NAME,
@@ -121,53 +125,68 @@ class SealedStore(ForwardingStore):
         return sealed.model_copy(update={"hash": chain_hash(prev_stored, sealed.body())})
 
     def _body(self, cid: str, stored: Message) -> bytes:
-        where = self._at(cid, stored.seq)
-        content = stored.content
-        if not isinstance(content, list) or not content or \
-                content[0].get("type") != SEALED_PART:
+        return self._open_parts(cid, stored.seq, stored.content)
+
+    def _open_parts(self, cid: str, seq: int, content: object) -> bytes:
+        """The plaintext body of a stored record's content (its tag checked)."""
+        if not isinstance(content, list) or not content or not isinstance(content[0], dict) \
+                or content[0].get("type") != SEALED_PART:
+            where = self._at(cid, seq)
             raise CorruptTranscriptError(f"{where} is not sealed, but this store is encrypted "
                                          "(a plain record was put in it); nothing was changed",
-                                         where=where, position=stored.seq)
-        data = content[0].get("data")
+                                         where=where, position=seq)
         try:
-            raw = base64.b64decode(str(data), validate=True)
-        except ValueError as exc:
+            raw = binascii.a2b_base64(str(content[0].get("data")))
+        except (binascii.Error, ValueError) as exc:
+            where = self._at(cid, seq)
             raise CorruptTranscriptError(f"{where}: the sealed record is not base64; nothing "
-                                         "was changed", where=where, position=stored.seq) from exc
-        return self.codec.open("message", cid, stored.seq, raw, where)
+                                         "was changed", where=where, position=seq) from exc
+        return self.codec.open("message", cid, seq, raw, self._at(cid, seq))
 
     def _open_chain(self, cid: str, stored: Sequence[Message]) -> list[Message]:
-        """The plaintext messages, every tag checked and their chain verified."""
-        bodies = [self._body(cid, m) for m in stored]
-        hashes: list[str] = []
-        prev: str | None = None
-        for body in bodies:
-            prev = chain_hash(prev, body.decode("utf-8", "surrogatepass"))
-            hashes.append(prev)
-        array = b"[" + b",".join(body[:-1] + b',"hash":"' + h.encode() + b'"}'
-                                 for body, h in zip(bodies, hashes, strict=True)) + b"]"
-        try:
-            messages = validate_json_array(array) if bodies else []
-        except ValueError as exc:
-            raise CorruptTranscriptError(f"{self._at(cid)}: a sealed message does not hold a "
-                                         f"valid message ({exc.__class__.__name__}); nothing "
-                                         "was changed", where=self._at(cid)) from exc
-        bad = first_break(messages, bodies, None, 0, exact=True)
-        if bad is not None:
-            raise CorruptTranscriptError(f"{self._at(cid, bad)}: the sealed message holds "
-                                         "another position; nothing was changed",
-                                         where=self._at(cid, bad), position=bad)
+        return self._open_bodies(cid, [self._body(cid, m) for m in stored])
+
+    def _open_bodies(self, cid: str, bodies: list[bytes], chunk: int = 4096) -> list[Message]:
+        """The plaintext messages, their chain recomputed over the opened bodies (so
+        verified) and validated in chunks by one pydantic-core call each."""
+        messages: list[Message] = []
+        prev = b""
+        for start in range(0, len(bodies), chunk):
+            items = []
+            for body in bodies[start:start + chunk]:
+                h = hashlib.sha256(prev)
+                h.update(body)
+                prev = h.hexdigest().encode()
+                items.append(body[:-1] + b',"hash":"' + prev + b'"}')
+            try:
+                part = validate_json_array(b"[" + b",".join(items) + b"]")
+            except ValueError as exc:
+                where = self._at(cid)
+                raise CorruptTranscriptError(f"{where}: a sealed message does not hold a valid "
+                                             "message; nothing was changed",
+                                             where=where) from exc
+            for offset, msg in enumerate(part):
+                if msg.seq != start + offset:
+                    where = self._at(cid, start + offset)
+                    raise CorruptTranscriptError(f"{where}: the sealed message holds another "
+                                                 "position; nothing was changed", where=where,
+                                                 position=start + offset)
+            messages.extend(part)
         return messages
 
     def _open_partial(self, cid: str, stored: Message, prev: str | None) -> Message:
-        body = self._body(cid, stored)
-        text = body.decode("utf-8", "surrogatepass")
-        msg = Message.model_validate_json(body[:-1] + b',"hash":"' +
-                                          chain_hash(prev, text).encode() + b'"}')
-        if msg.seq != stored.seq:
-            raise CorruptTranscriptError(f"{self._at(cid, stored.seq)}: the sealed partial "
-                                         "reply holds another position; nothing was changed",
-                                         where=self._at(cid, stored.seq), position=stored.seq)
+        return self._partial_from(cid, stored.seq, self._body(cid, stored), prev)
+
+    def _partial_from(self, cid: str, seq: int, body: bytes, prev: str | None) -> Message:
+        h = hashlib.sha256((prev or "").encode())
+        h.update(body)
+        msg = Message.model_validate_json(body[:-1] + b',"hash":"' + h.hexdigest().encode() +
+                                          b'"}')
+        if msg.seq != seq:
+            where = self._at(cid, seq)
+            raise CorruptTranscriptError(f"{where}: the sealed partial reply holds another "
+                                         "position; nothing was changed", where=where,
+                                         position=seq)
         return msg
 
     # -- header ------------------------------------------------------------------------
@@ -203,8 +222,80 @@ class SealedStore(ForwardingStore):
         with self._lock:
             self._tails[cid] = (0, None, None)
 
+    def _fast_load(self, cid: str) -> Conversation | None:
+        """The relational stores' rows, their stored chain verified and opened here
+        without building the sealed messages first; None for other stores."""
+        rows_of = getattr(self.inner, "stored_rows", None)
+        sizes_of = getattr(self.inner, "blob_sizes", None)
+        if rows_of is None or sizes_of is None:
+            return None
+        head, rows, partial_row = rows_of(cid)
+        where = self._at(cid)
+        bodies: list[bytes] = []
+        named: dict[str, tuple[int, int]] = {}
+        prev = b""
+        for position, (seq, raw, digest) in enumerate(rows):
+            h = hashlib.sha256(prev)
+            h.update(raw)
+            if seq != position or h.hexdigest() != digest:
+                raise CorruptTranscriptError(
+                    f"{where}: hash chain broken at seq {position} (a record was edited, "
+                    "removed or reordered); the database was left as it is", where=where,
+                    position=position)
+            bodies.append(self._open_parts(cid, seq, self._parts(cid, seq, raw, named)))
+            prev = digest.encode()
+        if len(rows) != head[5] or (rows[-1][2] if rows else None) != head[6]:
+            position = min(int(head[5]), len(rows))
+            raise CorruptTranscriptError(
+                f"{where}: the conversation row records {head[5]} messages but {len(rows)} "
+                f"are stored (cut off or added by hand from seq {position}); the database "
+                "was left as it is", where=where, position=position)
+        messages = self._open_bodies(cid, bodies)
+        partial = None
+        if partial_row is not None and partial_row[0] == len(rows):
+            seq = partial_row[0]
+            body = self._open_parts(cid, seq, self._parts(cid, seq, partial_row[1], named))
+            partial = self._partial_from(cid, seq, body, messages[-1].hash if messages else None)
+        if named:
+            held = sizes_of(list(named))
+            for sha, (size, seq) in named.items():
+                if held.get(sha) != size:
+                    what = "is missing" if sha not in held else \
+                        f"has {held[sha]} bytes, not {size}"
+                    raise CorruptTranscriptError(
+                        f"blob {sha}: the blob named by message seq {seq} of {where} {what}; "
+                        "nothing was changed. Restore the blob from a backup.",
+                        where=f"blob {sha}", position=seq)
+        with self._lock:
+            self._tails[cid] = (len(rows), rows[-1][2] if rows else None,
+                                messages[-1].hash if messages else None)
+        return Conversation.model_construct(
+            id=head[0], title=self._open_title(cid, head[1]), created_at=head[2],
+            updated_at=head[3], metadata=self._open_metadata(cid, orjson.loads(head[4])),
+            messages=messages, partial=partial)
+
+    def _parts(self, cid: str, seq: int, raw: bytes,
+               named: dict[str, tuple[int, int]]) -> object:
+        """A stored row's content parts; the blobs it names noted in ``named``."""
+        try:
+            content = orjson.loads(raw)["content"]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            where = self._at(cid, seq)
+            raise CorruptTranscriptError(f"{where} is unreadable; the database was left as "
+                                         "it is", where=where, position=seq) from exc
+        if isinstance(content, list):
+            for part in content[1:]:
+                ref = part.get("blob") if isinstance(part, dict) else None
+                if isinstance(ref, dict) and isinstance(ref.get("sha256"), str):
+                    size = ref.get("size")
+                    named.setdefault(ref["sha256"], (size if isinstance(size, int) else -1, seq))
+        return content
+
     def load(self, conversation_id: str) -> Conversation:
         cid = self._own(conversation_id)
+        fast = self._fast_load(cid)
+        if fast is not None:
+            return fast
         stored = self.inner.load(cid)
         messages = self._open_chain(cid, stored.messages)
         last = messages[-1].hash if messages else None
