@@ -32,45 +32,64 @@ def url_of(kind: str, root: Path) -> str:
     return f"sqlite://{root}/s.db" if kind == "sqlite" else f"json://{root}/store"
 
 
-def measure(kind: str, key: str | None, messages: int, appends: int) -> dict[str, float]:
+def measure(kind: str, key: str, messages: int, appends: int) -> dict[str, object]:
+    """Plain and encrypted side by side, interleaved (each append and each load of one
+    is followed by the same of the other), so a busy machine slows both alike."""
     from chatstate import Conversation, Message, open_store
     from chatstate.stores.codec import parse_key
 
-    root = WORK / f"{kind}-{'sealed' if key else 'plain'}"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    raw_key = None if key is None else parse_key(key, "bench")
-    url = url_of(kind, root)
-    store = open_store(url, key=raw_key)
-    store.create(Conversation(id="a", title="append"))
+    keys = {"plain": None, "encrypted": parse_key(key, "bench")}
+    urls = {}
+    for name in keys:
+        root = WORK / f"{kind}-{name}"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        urls[name] = url_of(kind, root)
+    stores = {name: open_store(urls[name], key=keys[name]) for name in keys}
+    for store in stores.values():
+        store.create(Conversation(id="a", title="append"))
     prev: Message | None = None
-    took = []
+    took: dict[str, list[float]] = {name: [] for name in keys}
     for i in range(appends):
         prev = Message.seal(prev, role="user" if i % 2 == 0 else "assistant",
                             content=text(i), turn_id=f"t-{i // 2}")
-        t0 = time.perf_counter()
-        store.append("a", [prev])
-        took.append(time.perf_counter() - t0)
+        for name, store in stores.items():
+            t0 = time.perf_counter()
+            store.append("a", [prev])
+            took[name].append(time.perf_counter() - t0)
     chain: list[Message] = []
     for i in range(messages):
         chain.append(Message.seal(chain[-1] if chain else None,
                                   role="user" if i % 2 == 0 else "assistant",
                                   content=text(i), turn_id=f"t-{i // 2}"))
-    store.create(Conversation(id="big", title="load"))
-    for start in range(0, messages, 5000):
-        store.append("big", chain[start:start + 5000])
-    store.close()
-    loads = []
+    for store in stores.values():
+        store.create(Conversation(id="big", title="load"))
+        for start in range(0, messages, 5000):
+            store.append("big", chain[start:start + 5000])
+        store.close()
+    loads: dict[str, list[float]] = {name: [] for name in keys}
     for _ in range(3):
-        fresh = open_store(url, key=raw_key)
-        t0 = time.perf_counter()
-        loaded = fresh.load("big")
-        loads.append(time.perf_counter() - t0)
-        assert len(loaded.messages) == messages and loaded.messages[-1].hash == chain[-1].hash
-        fresh.close()
-    shutil.rmtree(root, ignore_errors=True)
-    return {"append_median_ms": statistics.median(took) * 1000,
-            "append_mean_ms": statistics.fmean(took) * 1000, "load_s": min(loads)}
+        for name in keys:
+            fresh = open_store(urls[name], key=keys[name])
+            t0 = time.perf_counter()
+            loaded = fresh.load("big")
+            loads[name].append(time.perf_counter() - t0)
+            assert len(loaded.messages) == messages
+            assert loaded.messages[-1].hash == chain[-1].hash
+            fresh.close()
+    for name in keys:
+        shutil.rmtree(WORK / f"{kind}-{name}", ignore_errors=True)
+    out: dict[str, object] = {"kind": kind, "messages": messages, "appends": appends}
+    for name in keys:
+        out[name] = {"append_median_ms": round(statistics.median(took[name]) * 1000, 3),
+                     "append_mean_ms": round(statistics.fmean(took[name]) * 1000, 3),
+                     "load_s": round(min(loads[name]), 3)}
+    plain, sealed = (statistics.median(took[n]) for n in keys)
+    out["append_ratio_median"] = round(sealed / plain, 3)
+    out["append_ratio_mean"] = round(statistics.fmean(took["encrypted"]) /
+                                     statistics.fmean(took["plain"]), 3)
+    out["load_ratio"] = round(min(loads["encrypted"]) / min(loads["plain"]), 3)
+    return out
 
 
 def main() -> None:
@@ -84,14 +103,7 @@ def main() -> None:
     os.environ.pop("CHATSTATE_ENCRYPTION_KEY", None)
     key = new_key()
     for kind in args.kinds.split(","):
-        plain = measure(kind, None, args.messages, args.appends)
-        sealed = measure(kind, key, args.messages, args.appends)
-        print(json.dumps({
-            "kind": kind, "messages": args.messages, "plain": plain, "encrypted": sealed,
-            "append_ratio_median": round(sealed["append_median_ms"] /
-                                         plain["append_median_ms"], 3),
-            "append_ratio_mean": round(sealed["append_mean_ms"] / plain["append_mean_ms"], 3),
-            "load_ratio": round(sealed["load_s"] / plain["load_s"], 3)}), flush=True)
+        print(json.dumps(measure(kind, key, args.messages, args.appends)), flush=True)
 
 
 if __name__ == "__main__":
