@@ -330,3 +330,25 @@ def test_rekey_killed_midway_resumes_and_loses_nothing(tmp_path: Path) -> None:
     assert _content(new_url, OTHER_KEY) == _content(old_url, KEY)
     with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
         open_store(new_url, key=parse_key(KEY, "test"))
+
+
+def test_drill_encrypted_kills_writers_of_an_encrypted_store(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from support.cli_helpers import CHATSTATE, cli_env
+
+    from chatstate.stores.sealed import marker
+
+    url = f"sqlite://{tmp_path}/drill.db"
+    done = subprocess.run([CHATSTATE, "drill", "--store", url, "--encrypted", "--trials", "3",
+                           "--json"], env=cli_env(tmp_path, CHATSTATE_ENCRYPTION_KEY=KEY),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
+    raw = open_raw(url)
+    try:
+        mark = marker(raw)
+        assert mark is not None and mark["key"] == AeadCodec(parse_key(KEY, "t")).fingerprint
+    finally:
+        raw.close()

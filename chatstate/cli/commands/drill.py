@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -44,11 +45,14 @@ from chatstate.cli.common import Env, describe_store, fail
 @click.option("--tools", is_flag=True,
               help="Drill the tool loop instead: kill a writer at every step of it, then "
                    "count duplicated side effects and orphaned calls (both must be 0).")
+@click.option("--encrypted", is_flag=True,
+              help="Drill encrypted stores: the configured key, else a fresh one for this "
+                   "drill (its stores must be new then, as with --all).")
 @click.pass_obj
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
           max_seconds: float, as_json: bool, serve_mode: bool, clients: int,
-          tools: bool) -> None:
+          tools: bool, encrypted: bool) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -74,6 +78,12 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     from chatstate.stores import default_store_url
 
     configured = store_url or env.store_url or default_store_url()
+    if encrypted:
+        from chatstate.stores.codec import new_key
+        from chatstate.stores.keys import configured as key_configured
+
+        if not key_configured():  # the writers inherit it; it is gone with this process
+            os.environ["CHATSTATE_ENCRYPTION_KEY"] = new_key()
     scratch: Path | None = None
     if all_stores:
         scratch = _scratch_dir(directory, configured)
