@@ -5,7 +5,8 @@ plain store keeps exactly its bytes and hashes. ``AeadCodec`` seals a record
 with AES-256-GCM-SIV (``cryptography``, the ``chatstate[crypto]`` extra,
 imported only when a key is configured). Every sealed record carries the keyed
 fingerprint of the key that sealed it, and its associated data binds it to
-what it is: (kind, conversation id, seq) for messages and partial replies,
+what it is: (kind, conversation id, seq, the plaintext chain hash before it) for
+messages and partial replies (so the tags fix the order too),
 (kind, conversation id) for a title or metadata, the kind alone for a blob
 (blobs are shared between conversations). A record moved to another
 conversation, seq or kind fails its tag.
@@ -28,11 +29,19 @@ import base64
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatstate.errors import ConfigurationError, CorruptTranscriptError, MissingExtra
+from chatstate.errors import (
+    ChatstateError,
+    ConfigurationError,
+    CorruptTranscriptError,
+    MissingExtra,
+)
+
+Where = str | Callable[[], str]
+"""How an error names the record: the text, or a function making it (only on failure)."""
 
 KEY_PREFIX = "csk1-"
 """What a chatstate key looks like: ``csk1-`` and 43 base64url characters (32 bytes)."""
@@ -81,8 +90,8 @@ def fingerprint_of(master: bytes) -> str:
     return _derive(master, "fingerprint")[:FP_BYTES].hex()
 
 
-def _ad(kind: str, cid: str, seq: int | None) -> bytes:
-    return f"chatstate/v1\0{kind}\0{cid}\0{'' if seq is None else seq}".encode()
+def _ad(kind: str, cid: str, seq: int | None, prev: str | None) -> bytes:
+    return f"chatstate/v1\0{kind}\0{cid}\0{'' if seq is None else seq}\0{prev or ''}".encode()
 
 
 class PlainCodec:
@@ -90,10 +99,12 @@ class PlainCodec:
 
     encrypted = False
 
-    def seal(self, kind: str, cid: str, seq: int | None, plaintext: bytes) -> bytes:
+    def seal(self, kind: str, cid: str, seq: int | None, plaintext: bytes,
+             prev: str | None = None) -> bytes:
         return plaintext
 
-    def open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: str) -> bytes:
+    def open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: Where,
+             prev: str | None = None) -> bytes:
         return stored
 
 
@@ -154,16 +165,29 @@ class AeadCodec:
     def knows(self, fingerprint: str) -> bool:
         return fingerprint in self._keys
 
-    def seal(self, kind: str, cid: str, seq: int | None, plaintext: bytes) -> bytes:
-        """fingerprint (8) | nonce (12) | ciphertext and tag."""
-        key, ad = self._primary, _ad(kind, cid, seq)
+    def seal(self, kind: str, cid: str, seq: int | None, plaintext: bytes,
+             prev: str | None = None) -> bytes:
+        """fingerprint (8) | nonce (12) | ciphertext and tag. ``prev``: the plaintext chain
+        hash before a message, bound too, so the tags alone also fix the order."""
+        key, ad = self._primary, _ad(kind, cid, seq, prev)
         nonce = hmac.new(key.nonce_key, ad + b"\0" + plaintext,
                          hashlib.sha256).digest()[:NONCE_BYTES]
         sealed: bytes = key.aead.encrypt(nonce, plaintext, ad)
         return bytes.fromhex(key.fingerprint) + nonce + sealed
 
-    def open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: str) -> bytes:
+    def open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: Where,
+             prev: str | None = None) -> bytes:
         """The plaintext; one clear line naming ``where`` (conversation and seq) when not."""
+        if not isinstance(where, str):
+            try:
+                return self._open(kind, cid, seq, stored, "", prev)
+            except ChatstateError:
+                pass  # again, to name the place (made only on failure: loads are hot)
+            where = where()
+        return self._open(kind, cid, seq, stored, where, prev)
+
+    def _open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: str,
+              prev: str | None) -> bytes:
         if len(stored) < FP_BYTES + NONCE_BYTES + TAG_BYTES:
             raise CorruptTranscriptError(f"{where}: the sealed record is cut short "
                                          f"({len(stored)} bytes); nothing was changed",
@@ -178,7 +202,7 @@ class AeadCodec:
         nonce = stored[FP_BYTES:FP_BYTES + NONCE_BYTES]
         try:
             return bytes(key.aead.decrypt(nonce, stored[FP_BYTES + NONCE_BYTES:],
-                                          _ad(kind, cid, seq)))
+                                          _ad(kind, cid, seq, prev)))
         except Exception as exc:  # cryptography's InvalidTag
             raise CorruptTranscriptError(
                 f"{where}: the sealed record fails its authentication tag (it was altered, or "
@@ -186,8 +210,9 @@ class AeadCodec:
                 where=where, position=seq) from exc
 
     # text forms, for records a store keeps as strings --------------------------------
-    def seal_text(self, kind: str, cid: str, seq: int | None, plaintext: str) -> str:
-        sealed = self.seal(kind, cid, seq, plaintext.encode("utf-8", "surrogatepass"))
+    def seal_text(self, kind: str, cid: str, seq: int | None, plaintext: str,
+                  prev: str | None = None) -> str:
+        sealed = self.seal(kind, cid, seq, plaintext.encode("utf-8", "surrogatepass"), prev)
         return base64.b64encode(sealed).decode()
 
     def open_text(self, kind: str, cid: str, seq: int | None, stored: object,

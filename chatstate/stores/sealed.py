@@ -72,6 +72,13 @@ _Tail = tuple[int, str | None, str | None]
 """(message count, stored hash of the last message, its plaintext chain hash)"""
 
 
+def chain_of(prev: str | None, body: bytes) -> str:
+    """The plaintext chain hash of a message body after ``prev`` (``chain_hash`` on bytes)."""
+    h = hashlib.sha256((prev or "").encode())
+    h.update(body)
+    return h.hexdigest()
+
+
 def marker(store: Store) -> dict[str, Any] | None:
     """The store's encryption mark (``{"aead", "key", "format"}``), None for a plain store."""
     try:
@@ -112,9 +119,12 @@ class SealedStore(ForwardingStore):
         return cid
 
     # -- messages ----------------------------------------------------------------------
-    def _seal(self, cid: str, msg: Message, prev_stored: str | None) -> Message:
+    def _seal(self, cid: str, msg: Message, prev_stored: str | None,
+              prev: str | None) -> Message:
+        """``msg`` as stored: sealed, bound to (cid, seq, ``prev``: the plaintext chain hash
+        before it), chained from ``prev_stored`` (the stored hash before it)."""
         parts: list[dict[str, Any]] = [{"type": SEALED_PART, "data": self.codec.seal_text(
-            "message", cid, msg.seq, msg.body())}]
+            "message", cid, msg.seq, msg.body(), prev)}]
         for ref in msg.blob_refs():
             size = ref.get("size")
             parts.append({"type": SEALED_BLOB_PART, "blob": {
@@ -124,10 +134,10 @@ class SealedStore(ForwardingStore):
                          turn_id="sealed", status=msg.status)
         return sealed.model_copy(update={"hash": chain_hash(prev_stored, sealed.body())})
 
-    def _body(self, cid: str, stored: Message) -> bytes:
-        return self._open_parts(cid, stored.seq, stored.content)
+    def _body(self, cid: str, stored: Message, prev: str | None) -> bytes:
+        return self._open_parts(cid, stored.seq, stored.content, prev)
 
-    def _open_parts(self, cid: str, seq: int, content: object) -> bytes:
+    def _open_parts(self, cid: str, seq: int, content: object, prev: str | None) -> bytes:
         """The plaintext body of a stored record's content (its tag checked)."""
         if not isinstance(content, list) or not content or not isinstance(content[0], dict) \
                 or content[0].get("type") != SEALED_PART:
@@ -141,23 +151,26 @@ class SealedStore(ForwardingStore):
             where = self._at(cid, seq)
             raise CorruptTranscriptError(f"{where}: the sealed record is not base64; nothing "
                                          "was changed", where=where, position=seq) from exc
-        return self.codec.open("message", cid, seq, raw, self._at(cid, seq))
+        return self.codec.open("message", cid, seq, raw, lambda: self._at(cid, seq), prev)
 
     def _open_chain(self, cid: str, stored: Sequence[Message]) -> list[Message]:
-        return self._open_bodies(cid, [self._body(cid, m) for m in stored])
+        bodies: list[bytes] = []
+        hashes: list[str] = []
+        prev: str | None = None
+        for record in stored:
+            bodies.append(self._body(cid, record, prev))
+            prev = chain_of(prev, bodies[-1])
+            hashes.append(prev)
+        return self._open_bodies(cid, bodies, hashes)
 
-    def _open_bodies(self, cid: str, bodies: list[bytes], chunk: int = 4096) -> list[Message]:
-        """The plaintext messages, their chain recomputed over the opened bodies (so
-        verified) and validated in chunks by one pydantic-core call each."""
+    def _open_bodies(self, cid: str, bodies: list[bytes], hashes: list[str],
+                     chunk: int = 4096) -> list[Message]:
+        """The plaintext messages from their opened bodies and plaintext chain hashes,
+        validated in chunks by one pydantic-core call each."""
         messages: list[Message] = []
-        prev = b""
         for start in range(0, len(bodies), chunk):
-            items = []
-            for body in bodies[start:start + chunk]:
-                h = hashlib.sha256(prev)
-                h.update(body)
-                prev = h.hexdigest().encode()
-                items.append(body[:-1] + b',"hash":"' + prev + b'"}')
+            items = [body[:-1] + b',"hash":"' + h.encode() + b'"}' for body, h in
+                     zip(bodies[start:start + chunk], hashes[start:start + chunk], strict=True)]
             try:
                 part = validate_json_array(b"[" + b",".join(items) + b"]")
             except ValueError as exc:
@@ -175,13 +188,11 @@ class SealedStore(ForwardingStore):
         return messages
 
     def _open_partial(self, cid: str, stored: Message, prev: str | None) -> Message:
-        return self._partial_from(cid, stored.seq, self._body(cid, stored), prev)
+        return self._partial_from(cid, stored.seq, self._body(cid, stored, prev), prev)
 
     def _partial_from(self, cid: str, seq: int, body: bytes, prev: str | None) -> Message:
-        h = hashlib.sha256((prev or "").encode())
-        h.update(body)
-        msg = Message.model_validate_json(body[:-1] + b',"hash":"' + h.hexdigest().encode() +
-                                          b'"}')
+        msg = Message.model_validate_json(body[:-1] + b',"hash":"' +
+                                          chain_of(prev, body).encode() + b'"}')
         if msg.seq != seq:
             where = self._at(cid, seq)
             raise CorruptTranscriptError(f"{where}: the sealed partial reply holds another "
@@ -232,8 +243,10 @@ class SealedStore(ForwardingStore):
         head, rows, partial_row = rows_of(cid)
         where = self._at(cid)
         bodies: list[bytes] = []
+        hashes: list[str] = []
         named: dict[str, tuple[int, int]] = {}
         prev = b""
+        last: str | None = None
         for position, (seq, raw, digest) in enumerate(rows):
             h = hashlib.sha256(prev)
             h.update(raw)
@@ -242,7 +255,9 @@ class SealedStore(ForwardingStore):
                     f"{where}: hash chain broken at seq {position} (a record was edited, "
                     "removed or reordered); the database was left as it is", where=where,
                     position=position)
-            bodies.append(self._open_parts(cid, seq, self._parts(cid, seq, raw, named)))
+            bodies.append(self._open_parts(cid, seq, self._parts(cid, seq, raw, named), last))
+            last = chain_of(last, bodies[-1])
+            hashes.append(last)
             prev = digest.encode()
         if len(rows) != head[5] or (rows[-1][2] if rows else None) != head[6]:
             position = min(int(head[5]), len(rows))
@@ -250,12 +265,12 @@ class SealedStore(ForwardingStore):
                 f"{where}: the conversation row records {head[5]} messages but {len(rows)} "
                 f"are stored (cut off or added by hand from seq {position}); the database "
                 "was left as it is", where=where, position=position)
-        messages = self._open_bodies(cid, bodies)
+        messages = self._open_bodies(cid, bodies, hashes)
         partial = None
         if partial_row is not None and partial_row[0] == len(rows):
             seq = partial_row[0]
-            body = self._open_parts(cid, seq, self._parts(cid, seq, partial_row[1], named))
-            partial = self._partial_from(cid, seq, body, messages[-1].hash if messages else None)
+            body = self._open_parts(cid, seq, self._parts(cid, seq, partial_row[1], named), last)
+            partial = self._partial_from(cid, seq, body, last)
         if named:
             held = sizes_of(list(named))
             for sha, (size, seq) in named.items():
@@ -363,10 +378,10 @@ class SealedStore(ForwardingStore):
         if not fresh:
             return
         sealed: list[Message] = []
-        prev = stored_last
+        prev, logical = stored_last, last
         for msg in fresh:
-            sealed.append(self._seal(cid, msg, prev))
-            prev = sealed[-1].hash
+            sealed.append(self._seal(cid, msg, prev, logical))
+            prev, logical = sealed[-1].hash, msg.hash
         try:
             self.inner.append(cid, sealed, **({} if fence is None else {"fence": fence}))
         except BaseException:
@@ -379,10 +394,10 @@ class SealedStore(ForwardingStore):
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:
         cid = self._own(conversation_id)
-        count, stored_last, _ = self._tail(cid)
+        count, stored_last, last = self._tail(cid)
         if partial.seq != count:
-            count, stored_last, _ = self._tail(cid, fresh=True)
-        self.inner.save_partial(cid, self._seal(cid, partial, stored_last),
+            count, stored_last, last = self._tail(cid, fresh=True)
+        self.inner.save_partial(cid, self._seal(cid, partial, stored_last, last),
                                 **({} if fence is None else {"fence": fence}))
 
     def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:

@@ -352,3 +352,32 @@ def test_drill_encrypted_kills_writers_of_an_encrypted_store(tmp_path: Path) -> 
         assert mark is not None and mark["key"] == AeadCodec(parse_key(KEY, "t")).fingerprint
     finally:
         raw.close()
+
+
+def test_a_record_rolled_back_to_an_earlier_version_of_its_seq_is_caught(
+        tmp_path: Path, key: str) -> None:
+    """Same conversation, same seq, sealed under the key (the partial reply streamed there
+    before another reply was committed): only binding the previous plaintext hash into
+    the next record's tag catches it, and it does, at the next seq."""
+    url = f"sqlite://{tmp_path}/s.db"
+    msgs, _ = _fill(url)
+    db = sqlite3.connect(local_path(url))
+    old_partial = db.execute("SELECT body FROM partials WHERE conversation_id='c1'").fetchone()[0]
+    db.close()
+    store = open_store(url)
+    reply = Message.seal(msgs[-1], role="assistant", content="the committed reply",
+                         turn_id="t-2")
+    store.append("c1", [reply, *seal_chain(1, reply)])
+    store.close()
+    partial_body = old_partial.decode() if isinstance(old_partial, bytes) else old_partial
+    shell = Message.model_validate_json(partial_body)
+    sealed_as_message = Message(seq=3, role="event", content=shell.content,
+                                created_at=shell.created_at, turn_id="sealed",
+                                status="complete").body()
+    _rechain(url, "c1", {3: sealed_as_message})
+    store = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c1")
+    assert "conversation 'c1' seq 4" in str(info.value), str(info.value)
+    assert "authentication tag" in str(info.value)
+    store.close()
