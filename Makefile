@@ -6,15 +6,25 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench drill clean
 
+DEMO_STAMP := $(VENV)/.installed-demo
+
+# The test tooling and every extra: what `make test` needs.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[s3,postgres,serve,dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo needs the package alone (no extras, no test tools).
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(DEMO_STAMP)
 
 setup: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/chatstate demo
 
 lint: $(STAMP)

@@ -183,7 +183,8 @@ class ModelError(ChatstateError):
 
     def __init__(self, message: str, *, status: int | None = None,
                  provider_message: str | None = None, retryable: bool = False,
-                 overflow: tuple[int | None, int | None] | None = None) -> None:
+                 overflow: tuple[int | None, int | None] | None = None,
+                 kind: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.provider_message = provider_message
@@ -191,6 +192,14 @@ class ModelError(ChatstateError):
         self.overflow = overflow
         """(context window, prompt tokens) as the provider counted them, when it said the
         request does not fit; either may be None."""
+        self.kind = kind
+        """What failed last: http, timeout, connect, cut, malformed or provider."""
+
+    @property
+    def misconfigured(self) -> bool:
+        """No answer can come until the user changes something: the endpoint cannot be
+        reached or does not exist, or the key is refused."""
+        return self.kind == "connect" or self.status in (401, 403, 404)
 
 
 

@@ -222,4 +222,5 @@ def to_model_error(failure: AttemptFailed, *, attempts: int, endpoint: str,
         provider_message=provider,
         retryable=failure.retryable,
         overflow=failure.overflow,
+        kind=failure.kind,
     )

@@ -93,7 +93,9 @@ def call(batch: Batch, ledger: LedgerAPI, worker: Worker, claim: Claim, base: An
 def land(batch: Batch, ledger: LedgerAPI, worker: Worker, reply: Reply) -> str:
     """Write the reply as the record's output and mark it done; returns the outcome."""
     claim = reply.claim
-    data = reply.text.encode("utf-8", "surrogatepass")
+    # An output is a text file: it ends with a newline, as `cat` and `wc -l` expect.
+    text = reply.text if reply.text.endswith("\n") else reply.text + "\n"
+    data = text.encode("utf-8", "surrogatepass")
     sha = outputs.sha256_hex(data)
     # The hash is durable before the rename, so a file that lands just before a
     # kill is recognised by recovery and adopted instead of paid for twice.

@@ -59,6 +59,18 @@ def content_text(content: object) -> str:
     return ""
 
 
+def marks(m: dict[str, Any]) -> str:
+    """What a reader must know about a complete message: a summary, a reply cut at its limit."""
+    params = m.get("params") if isinstance(m.get("params"), dict) else {}
+    summary = params.get("summary") if isinstance(params, dict) else None
+    out = ""
+    if isinstance(summary, dict):
+        out += f" (summary of seq 0-{summary.get('covers_to_seq', '?')})"
+    if m.get("status") == "complete" and m.get("finish_reason") == "length":
+        out += " (cut: the reply hit its token limit)"
+    return out
+
+
 def message_lines(messages: Iterable[dict[str, Any]], fmt: str) -> list[str]:
     """One entry per message (stored form, as dicts), in ``text`` or ``markdown``."""
     names: dict[str, str] = {}  # call id -> tool name, to label results
@@ -73,6 +85,7 @@ def message_lines(messages: Iterable[dict[str, Any]], fmt: str) -> list[str]:
             who = " ".join(x for x in ("tool", m.get("name") or names.get(str(call_id)),
                                        f"[{call_id}]") if x)
         tag = f" ({MARKED[m['status']]})" if m.get("status") in MARKED else ""
+        tag += marks(m)
         pieces = [content_text(m.get("content"))] if m.get("content") else []
         if m["role"] == "tool" and m.get("status") == "partial":  # the tool loop's marker
             tag, pieces = f" ({STARTED})", []

@@ -8,6 +8,13 @@ events are written after the reply is committed into the chain. So whatever a
 client received is a prefix of what the store holds, and a slow disk makes the
 client's stream move in larger steps, not fall behind.
 
+A stream that fails after it began (the upstream connection breaks, or its body
+ends with no finish_reason and no ``[DONE]``, or it sends an ``{"error": ...}``
+event) is a failure, never a complete reply: the text so far is saved as the
+partial reply, the failure is recorded (``fail``) and only then does the client get
+an OpenAI-shaped error event (the upstream's own, or the proxy's), so its SDK
+raises as it would have against the upstream directly.
+
 Tool calls are not text: the partial reply holds text only, so once a tool-call
 delta arrives, that event and every later one is held back and written after the
 commit, which stores the calls whole.
@@ -32,6 +39,7 @@ from starlette.types import Receive, Scope, Send
 
 from chatstate.adapter import AttemptFailed
 from chatstate.adapter.dialects.chat_completions import StreamAccumulator
+from chatstate.serve._errors import stream_error
 
 log = logging.getLogger("chatstate.serve")
 
@@ -61,17 +69,22 @@ class StreamRelay:
     def __init__(self, lines: AsyncIterator[str], *,
                  save_partial: Callable[[str, str | None], Any],
                  commit: Callable[[Mapping[str, Any]], Any],
-                 fail: Callable[[str], Any], buffer: int = RELAY_BUFFER) -> None:
+                 fail: Callable[[int, str], Any], buffer: int = RELAY_BUFFER,
+                 redact: Callable[[str], str] = str) -> None:
         self._buffer = buffer
         self._lines = lines
         self._save_partial = save_partial  # blocking store calls, run in a thread
         self._commit = commit
-        self._fail = fail
+        self._fail = fail  # (status, detail): record why the turn has no complete reply
+        self._redact = redact  # the one redactor, for error events (they may echo a key)
         self.acc = StreamAccumulator()
         self.saved = ""
         self.committed = False
         self.holding = False  # a tool-call delta arrived: hold events until the commit
         self.held: list[bytes] = []
+        self.failed: str | None = None  # why the stream failed, once recorded
+        self.upstream_error: tuple[int, str] | None = None  # an error event it relayed
+        self.broke: BaseException | None = None  # the relay itself failed (the store)
 
     async def events(self) -> AsyncIterator[bytes]:
         # Bounded: a client that reads slowly makes the reader wait, and so the upstream
@@ -104,21 +117,28 @@ class StreamRelay:
                 drained.set()
                 out: list[bytes] = []
                 done = False
+                broke: Exception | None = None
                 for item in batch:
                     if item is _END or isinstance(item, Exception):
                         ended = True
-                        if isinstance(item, Exception):
-                            await asyncio.to_thread(self._fail, f"upstream stream broke: {item}")
+                        broke = item if isinstance(item, Exception) else None
                         break
                     assert isinstance(item, str)
                     if item.strip() == "[DONE]":
                         done = True
                     elif self._feed(item) and not self.holding:
                         self.holding = True
+                    if self.upstream_error is not None:  # an error event: the key stays out
+                        item = self._redact(item)
                     event = f"data: {item}\n\n".encode()
                     (self.held if self.holding else out).append(event)
-                finished = done or (ended and self.acc.finish_reason is not None)
-                if finished and not self.committed:
+                finished = (done or (ended and broke is None
+                                     and self.acc.finish_reason is not None)) \
+                    and self.upstream_error is None
+                if (ended or done) and not finished and not self.committed:
+                    out.append(await self._failure(broke))
+                    ended = True
+                elif finished and not self.committed:
                     await asyncio.to_thread(self._commit, self.reply())
                     self.committed = True
                     out, self.held, self.holding = out + self.held, [], False
@@ -126,8 +146,31 @@ class StreamRelay:
                     await self.save()
                 if out:
                     yield b"".join(out)
+        except Exception as exc:
+            self.broke = exc
+            raise
         finally:
             reader.cancel()
+
+    async def _failure(self, broke: Exception | None) -> bytes:
+        """Keep the text so far as partial, record why, and return what ends the client's
+        stream: nothing more if the upstream's own error event was relayed, else the
+        proxy's error event."""
+        if self.acc.text != self.saved:
+            await self.save()
+        if self.upstream_error is not None:
+            status, detail = self.upstream_error
+            self.failed = f"upstream error event mid-stream: {detail}"
+        else:
+            status = 502
+            if broke is not None:
+                why = f"the upstream stream broke ({type(broke).__name__}: {broke})"
+            else:
+                why = "the upstream stream ended without a finish_reason or [DONE]"
+            self.failed = (f"{why} after {len(self.acc.text)} characters; they are kept as "
+                           "the partial reply")
+        await asyncio.to_thread(self._fail, status, self.failed)
+        return b"" if self.upstream_error is not None else stream_error(self.failed)
 
     def _feed(self, data: str) -> bool:
         """Fold one event into the reply; True when it carries a tool-call delta."""
@@ -136,6 +179,9 @@ class StreamRelay:
         except ValueError:
             log.warning("serve: relaying an upstream event that is not JSON: %.80s", data)
             return False
+        if isinstance(chunk, dict) and chunk.get("error") and self.upstream_error is None:
+            status, text = upstream_event_error(chunk["error"])
+            self.upstream_error = status, self._redact(text)
         try:
             self.acc.feed(chunk)
         except AttemptFailed as exc:  # an error event or a misshapen chunk: relayed as is
@@ -166,6 +212,27 @@ class StreamRelay:
         if r.finish_reason not in (None, "stop", "tool_calls"):
             fields["finish_reason"] = r.finish_reason
         return fields
+
+
+def client_failure(relay: StreamRelay) -> tuple[int, str]:
+    """(status, detail) to record for a stream that ended on the client's side: it went
+    away (499, as nginx logs it), or the relay failed writing the store (500)."""
+    kept = f"{len(relay.saved)} characters are kept as the partial reply"
+    if relay.broke is not None:
+        return 500, f"the relay failed mid-stream ({type(relay.broke).__name__}: " \
+            f"{relay.broke}); {kept}"
+    return 499, f"the client disconnected mid-stream; {kept}"
+
+
+def upstream_event_error(error: object) -> tuple[int, str]:
+    """(status, text) of an upstream ``{"error": ...}`` event, to record."""
+    if not isinstance(error, dict):
+        return 502, str(error)[:500]
+    code = error.get("code")
+    status = code if isinstance(code, int) and 400 <= code < 600 else (
+        int(code) if isinstance(code, str) and code.isdigit() and 400 <= int(code) < 600
+        else 502)
+    return status, str(error.get("message") or error)[:500]
 
 
 class RelayResponse(StreamingResponse):

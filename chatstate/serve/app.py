@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from chatstate.core.redact import scrub
 from chatstate.durable.guard import boot_id
 from chatstate.errors import (
     ChatstateError,
@@ -36,6 +37,7 @@ from chatstate.errors import (
 )
 from chatstate.serve._auth import Auth, BrowserGuard
 from chatstate.serve._conversations import Conversations
+from chatstate.serve._errors import EXCEPTION_HANDLERS
 from chatstate.serve._history import Ambiguous
 from chatstate.serve._identity import (
     IDEMPOTENCY_HEADER,
@@ -55,14 +57,17 @@ from chatstate.serve._offload import (
     encode_json,
     parse_request,
 )
+from chatstate.serve._passthrough import PassThrough
 from chatstate.serve._readiness import Readiness
-from chatstate.serve._relay import RelayResponse, StreamRelay
+from chatstate.serve._relay import RelayResponse, StreamRelay, client_failure
 from chatstate.serve._replay import replay_response
+from chatstate.serve._stream_check import event_stream
 from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
 from chatstate.serve._wire import (
     CONVERSATION_HEADER,
     bearer,
     check_request,
+    one_choice,
     openai_error,
     passthrough,
     read_body,
@@ -193,6 +198,9 @@ class Proxy:
             problem = check_request(data)
             if problem:
                 return Refusal(400, problem)
+            problem = one_choice(data)
+            if problem:
+                return Refusal(400, problem, "n")
         return data
 
     async def _target(self, namespace: str, cid: str | None,
@@ -216,7 +224,7 @@ class Proxy:
             return body
         data = await asyncio.to_thread(self._parse, body)
         if isinstance(data, Refusal):
-            return openai_error(data.status, data.message)
+            return openai_error(data.status, data.message, param=data.param)
         try:
             cid = conversation_id(request, data)
         except InvalidConversationId as exc:
@@ -314,7 +322,7 @@ class Proxy:
         except httpx2.HTTPError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
-                                "upstream_error")
+                                "upstream_error", headers=headers)
         if resp.status_code >= 400:
             stored, relayed = upstream_error(resp.content, resp.status_code, headers,
                                              resp.headers, self.config.api_key,
@@ -326,7 +334,7 @@ class Proxy:
         except ValueError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             return openai_error(502, f"the upstream reply is not a chat completion: {exc}",
-                                "upstream_error")
+                                "upstream_error", headers=headers)
         await asyncio.to_thread(self._committed, turn, reply, namespace)
         return passthrough(resp, headers)
 
@@ -346,7 +354,7 @@ class Proxy:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             await end()
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
-                                "upstream_error")
+                                "upstream_error", headers=headers)
         if resp.status_code >= 400:
             try:
                 content = await resp.aread()
@@ -358,12 +366,20 @@ class Proxy:
             await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
             await end()
             return relayed
+        lines, problem = await event_stream(resp, self.config.api_key,
+                                            bearer(request.headers.get("authorization", "")))
+        if problem is not None:  # an HTML page, JSON, nothing: not a stream to relay
+            await asyncio.to_thread(self.writer.note_failure, turn, 502, problem)
+            await end()
+            return openai_error(502, problem, "upstream_error", headers=headers)
         writer = self.writer
         relay = StreamRelay(
-            resp.aiter_lines(),
+            lines,
             save_partial=lambda text, model: writer.save_partial(turn, text, model),
             commit=lambda reply: self._committed(turn, reply, namespace),
-            fail=lambda detail: writer.note_failure(turn, 502, detail))
+            fail=lambda status, detail: writer.note_failure(turn, status, detail),
+            redact=lambda text: scrub(text, self.config.api_key, bearer(
+                request.headers.get("authorization", "")), limit=None))
 
         async def cleanup() -> None:
             try:
@@ -374,6 +390,9 @@ class Proxy:
                     await asyncio.to_thread(relay.save_now)
                     log.info("serve: %s: turn %s left as partial (%d chars)", turn.id,
                              turn.turn_id, len(relay.saved))
+                    if relay.failed is None:  # the upstream's failure is recorded already
+                        await asyncio.to_thread(self.writer.note_failure, turn,
+                                                *client_failure(relay))
             finally:
                 await end()
 
@@ -453,11 +472,16 @@ def _indexed(task: asyncio.Future[int]) -> None:
 def create_app(config: ServeConfig) -> Starlette:
     """The proxy as an ASGI app (its lifespan opens the upstream client and the index)."""
     proxy = Proxy(config)
+    unstored = PassThrough(proxy.upstream, proxy._http, proxy.upstream_headers,
+                           max_body=config.max_body, api_key=config.api_key)
     guarded = {"/v1/chat/completions": proxy.chat_completions, "/v1/models": proxy.models,
+               "/v1/embeddings": unstored.embeddings, "/v1/completions": unstored.completions,
+               "/v1/models/{model_id:path}": unstored.model,
                "/v1/chatstate/conversations": proxy.conversations,
                "/v1/chatstate/conversations/{cid}": proxy.conversation,
                "/metrics": proxy.metrics_text}
-    methods = {"/v1/chat/completions": ["POST"],
+    methods = {"/v1/chat/completions": ["POST"], "/v1/embeddings": ["POST"],
+               "/v1/completions": ["POST"],
                "/v1/chatstate/conversations/{cid}": ["GET", "DELETE"]}
     routes = [Route(path, _authorize(proxy, handler), methods=methods.get(path, ["GET"]))
               for path, handler in guarded.items()]
@@ -475,7 +499,8 @@ def create_app(config: ServeConfig) -> Starlette:
                          namespace=lambda scope: namespace_of(Request(scope)))
     middleware = [counted, Middleware(BrowserGuard, allowed_hosts=config.allowed_hosts),
                   Middleware(ConversationPath)]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
+                    exception_handlers=EXCEPTION_HANDLERS)
     app.state.proxy = proxy
     return app
 

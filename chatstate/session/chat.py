@@ -39,7 +39,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id, validate_id
@@ -51,8 +50,9 @@ from chatstate.errors import (
     Unsupported,
 )
 from chatstate.session import tool_loop as toolloop
-from chatstate.session.sendable import CONTINUE_PROMPT, CUT_REASONS, sendable, storable
-from chatstate.session.tool_loop import PendingCall
+from chatstate.session.sendable import CONTINUE_PROMPT, sendable, storable
+from chatstate.session.turn_state import Interrupted as Interrupted
+from chatstate.session.turn_state import cut_short_reply, interrupted_turn, user_of
 from chatstate.session.turn_writer import TurnWriter
 from chatstate.session.writer_lease import Held
 from chatstate.stores.base import LEASE_TERM, BlobStore, PacesPartials, Store
@@ -61,26 +61,6 @@ if TYPE_CHECKING:
     from chatstate.adapter import ModelAdapter
 
 log = logging.getLogger("chatstate.session")
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    """A turn that a killed process, a model failure or Ctrl-C left without a complete reply."""
-
-    turn_id: str
-    user_message: Message | None
-    partial: Message | None  # the stored in-progress reply, if any
-    pending_calls: tuple[PendingCall, ...] = ()  # tool calls still without a result
-
-    def describe(self) -> str:
-        if self.pending_calls:
-            names = ", ".join(f"{c.name} ({c.id}{', started' if c.started else ''})"
-                              for c in self.pending_calls)
-            return f"turn {self.turn_id} has tool calls without results: {names}"
-        if self.partial is not None:
-            return (f"the reply to turn {self.turn_id} was cut off after "
-                    f"{len(self.partial.content)} characters (kept as partial)")
-        return f"turn {self.turn_id} has no reply yet"
 
 
 class Chat:
@@ -172,29 +152,12 @@ class Chat:
     @property
     def interrupted(self) -> Interrupted | None:
         """The turn left without a complete reply, if the conversation ends in one."""
-        conv = self.conversation
-        last = conv.last
-        asking = toolloop.calls_message(conv)
-        if asking is not None:  # tool calls without results, or results without a reply
-            return Interrupted(asking.turn_id, _user_of(conv, asking.turn_id), conv.partial,
-                               tuple(toolloop.pending_calls(conv)))
-        if conv.partial is not None:
-            return Interrupted(conv.partial.turn_id, _user_of(conv, conv.partial.turn_id),
-                               conv.partial)
-        if last is not None and last.role == "user":
-            return Interrupted(last.turn_id, last, None)
-        if last is not None and last.role == "assistant" and last.status == "partial":
-            return Interrupted(last.turn_id, _user_of(conv, last.turn_id), None)
-        return None
+        return interrupted_turn(self.conversation)
 
     @property
     def cut_short(self) -> Message | None:
         """The last reply, if the model stopped it early (token limit, content filter)."""
-        last = self.conversation.last
-        if (self.conversation.partial is None and last is not None
-                and last.role == "assistant" and last.finish_reason in CUT_REASONS):
-            return last
-        return None
+        return cut_short_reply(self.conversation)
 
     def _ensure_created(self) -> None:
         writer = self.writer
@@ -340,7 +303,7 @@ class Chat:
         if self.interrupted is None:
             cut = self.cut_short
             if cut is not None:
-                user = _user_of(self.conversation, cut.turn_id)
+                user = user_of(self.conversation, cut.turn_id)
                 return self._turn(CONTINUE_PROMPT, {**(user.params or {} if user else {}),
                                                     **params}, streaming=streaming, tools=tools)
             raise ConfigurationError(f"conversation {self.id!r} has no interrupted turn to retry")
@@ -455,11 +418,3 @@ def _first_name(content: str | list[dict[str, Any]]) -> str:
         if name:
             return str(name)
     return ""
-
-
-def _user_of(conv: Conversation, turn_id: str) -> Message | None:
-    for msg in reversed(conv.messages):
-        if msg.turn_id == turn_id and msg.role == "user":
-            return msg
-    return None
-

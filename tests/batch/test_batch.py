@@ -52,7 +52,10 @@ def test_run_writes_one_verified_file_per_record_and_a_rerun_calls_nothing(
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == \
         sorted(f"{i}.txt" for i in ids)
     text = (out / "rec-003.txt").read_text()
-    assert text == fake.reply_for([{"role": "user", "content": "rec-003|text of record 3"}])
+    # the reply, ending with a newline as a text file does (the reply itself has none)
+    reply = fake.reply_for([{"role": "user", "content": "rec-003|text of record 3"}])
+    assert not reply.endswith("\n")
+    assert text == reply + "\n"
     assert (os.stat(out / "rec-003.txt").st_mode & 0o777) == 0o600
     rows = ledger_rows(out / ".chatstate-batch.db")
     assert {r["status"] for r in rows.values()} == {"done"}
@@ -258,7 +261,7 @@ def test_transcripts_keep_each_call_as_a_replayable_conversation(tmp_path: Path,
     replay = invoke(["replay", row["conversation_id"], "--format", "json"], store=store)
     messages = replay.json()["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant"]
-    assert messages[2]["content"] == (out / "rec-001.txt").read_text()
+    assert messages[2]["content"] + "\n" == (out / "rec-001.txt").read_text()
 
 
 def test_limit_and_the_library_call(tmp_path: Path, fake: FakeModel) -> None:

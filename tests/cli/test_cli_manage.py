@@ -281,7 +281,12 @@ def test_rm(local_store_url: str) -> None:
     s = local_store_url
     ask(s, "keep", "a")
     ask(s, "drop", "b")
-    result = invoke(["rm", "drop"], store=s)  # stdin is not a terminal: no question asked
+    # stdin is not a terminal: rm cannot ask, so it deletes nothing without --yes
+    refused = invoke(["rm", "drop"], store=s)
+    assert refused.code == 2
+    assert "nothing was deleted. Add --yes" in refused.err
+    assert sorted(r["id"] for r in invoke(["list", "--json"], store=s).json()) == ["drop", "keep"]
+    result = invoke(["rm", "drop", "--yes"], store=s)
     assert result.code == 0
     assert "deleted drop" in result.err
     assert [r["id"] for r in invoke(["list", "--json"], store=s).json()] == ["keep"]

@@ -282,9 +282,11 @@ def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
 
 
 def first_words(sample: list[str]) -> list[str]:
-    """The first word of each sample line, except elided (…) or placeholder ones."""
+    """The first word of each sample line, except elided (…) or placeholder ones, and a
+    table's border lines (drawn to the width of what the table holds)."""
     words = [line.split()[0] for line in sample if line.strip()]
-    return [w for w in words if "…" not in w and not w.startswith("<")]
+    return [w for w in words if "…" not in w and not w.startswith("<")
+            and not all("\u2500" <= c <= "\u257f" for c in w)]
 
 
 def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:

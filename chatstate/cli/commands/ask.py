@@ -32,14 +32,16 @@ from chatstate.errors import ChatstateError, ConversationInUse, ModelError
               help="Print one JSON object: conversation id, seqs, reply, usage.")
 @click.option("--retry", is_flag=True, help="Complete the interrupted turn of --id/-c "
               "instead of sending a new prompt.")
+@click.option("--keep-failed", is_flag=True, help="Keep a new conversation whose first "
+              "message failed (by default it is removed: nothing but that message is in it).")
 @daily_options
 @attach_option
 @functions_option
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
-        lease_wait: float, no_stream: bool, as_json: bool, retry: bool, daily: Daily,
-        attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
+        lease_wait: float, no_stream: bool, as_json: bool, retry: bool, keep_failed: bool,
+        daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
     The user message is durable before the request is sent, and each piece of
@@ -60,6 +62,7 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
         click.echo(f"conversation {chat.id}", err=True)
         note_before(chat, retry=retry)
         chat.on_tool = tool_printer(lambda line: click.echo(line, err=True))
+        fresh = not chat.writer.created  # this command starts the conversation
         try:
             reply = one_turn(chat, text, stream=not (as_json or no_stream),
                              show=not as_json, daily=daily, attach=parts, tools=tools or None)
@@ -74,6 +77,10 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
                 raise  # nothing of this turn was stored: no turn to complete
             if env.debug:
                 traceback.print_exc()
+            if (fresh and not keep_failed and isinstance(exc, ModelError)
+                    and exc.misconfigured and discard_failed_start(chat)):
+                fail(f"{exc} Nothing was kept: conversation {chat.id} held only this "
+                     "unanswered message, so it was removed (--keep-failed keeps it).")
             fail(f"{exc} {retry_hint(chat.id, exc)}")
             return
         note_after(chat, reply)
@@ -87,6 +94,17 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
                 "requested_model": reply.requested_model or reply.model,
                 "finish_reason": reply.finish_reason or "stop",
                 "sent_messages": len(chat.last_fit.messages) if chat.last_fit else None}))
+
+
+def discard_failed_start(chat: Any) -> bool:
+    """Remove the conversation a failed first attempt (a wrong key or URL) just started."""
+    from chatstate.session.turn_state import unanswered_start
+
+    chat.reload()
+    if not unanswered_start(chat.conversation):
+        return False
+    chat.store.delete(chat.id)
+    return True
 
 
 def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,

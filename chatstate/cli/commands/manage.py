@@ -7,28 +7,66 @@ import re
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from chatstate.cli.common import Env, fail
 from chatstate.cli.render import neutralise
 
+if TYPE_CHECKING:
+    from chatstate.stores.base import Store
+
 
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
 @click.option("--limit", type=int, default=None, help="At most N conversations.")
+@click.option("--check", is_flag=True, help="Load and verify each one, and flag the damaged "
+              "(exit 1), the interrupted and the cut short.")
 @click.pass_obj
-def list_cmd(env: Env, as_json: bool, limit: int | None) -> None:
-    """List conversations, most recently updated first."""
-    rows = env.store().list_conversations(limit=limit)
+def list_cmd(env: Env, as_json: bool, limit: int | None, check: bool) -> None:
+    """List conversations, most recently updated first.
+
+    Listing reads only each conversation's header; --check reads every transcript too
+    (on a big store that takes a while), so it can say which are damaged or interrupted.
+    """
+    store = env.store()
+    rows = store.list_conversations(limit=limit)
+    flagged = {r.id: conversation_flags(store, r.id) for r in rows} if check else {}
     if as_json:
-        click.echo(json.dumps([r.model_dump() for r in rows], indent=2))
-        return
-    for r in rows:
-        click.echo(f"{r.id}  {r.updated_at[:19]}  {r.message_count:>5} msgs  "
-                   f"{neutralise(r.title)}")
-    if not rows:
-        click.echo("(no conversations)", err=True)
+        click.echo(json.dumps([{**r.model_dump(), **({"flags": flagged[r.id]} if check else {})}
+                               for r in rows], indent=2))
+    else:
+        for r in rows:
+            flags = "".join(f"  [{neutralise(f)}]" for f in flagged.get(r.id, ()))
+            click.echo(f"{r.id}  {r.updated_at[:19]}  {r.message_count:>5} msgs  "
+                       f"{neutralise(r.title)}{flags}")
+        if not rows:
+            click.echo("(no conversations)", err=True)
+    damaged = [cid for cid, flags in flagged.items() if any(f.startswith("damaged") for f in flags)]
+    if damaged:
+        fail(f"{len(damaged)} damaged conversation(s): {', '.join(damaged)}; `chatstate replay "
+             "ID --verify` names the break, `chatstate repair ID` moves one aside")
+
+
+def conversation_flags(store: Store, conversation_id: str) -> list[str]:
+    """What `list --check` says of one conversation: damaged, interrupted, cut short."""
+    from chatstate.errors import CorruptTranscriptError
+    from chatstate.session.turn_state import cut_short_reply, interrupted_turn
+    try:
+        conv = store.load(conversation_id)
+    except CorruptTranscriptError as exc:
+        where = f" at seq {exc.position}" if exc.position is not None else ""
+        return [f"damaged{where}"]
+    bad = conv.verify()
+    if bad is not None:
+        return [f"damaged at seq {bad}"]
+    flags = []
+    if interrupted_turn(conv) is not None:
+        flags.append("interrupted")
+    if cut_short_reply(conv) is not None:
+        flags.append("cut short")
+    return flags
 
 
 @click.command()
@@ -116,12 +154,22 @@ def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
 @click.command("import")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--id", "conversation_id", help="Import under this id instead.")
+@click.option("--salvage", is_flag=True, help="A damaged transcript (a file `repair` moved "
+              "aside, or a cut or garbled export): import the messages before the first break.")
 @click.pass_obj
-def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
-    """Import a chatstate export, or OpenAI messages as a JSON list or jsonl."""
+def import_cmd(env: Env, path: Path, conversation_id: str | None, salvage: bool) -> None:
+    """Import a chatstate export, or OpenAI messages as a JSON list or jsonl.
+
+    A file that `repair` moved aside imports back as it is (a json store's file is an
+    export); a damaged one with --salvage, up to its first break.
+    """
     from chatstate.core.transcript import validate_id
     from chatstate.errors import ConflictError
     from chatstate.ops.transfer import import_into, read_import
+
+    if salvage:
+        salvage_into(env.store(), path, conversation_id)
+        return
 
     imported = read_import(path)
     conv = imported.conversation
@@ -140,10 +188,14 @@ def import_cmd(env: Env, path: Path, conversation_id: str | None) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def rm(env: Env, conversation_id: str, yes: bool) -> None:
-    """Delete a conversation."""
+    """Delete a conversation (asks first; --yes where there is no terminal to ask on)."""
     store = env.store()
     conv = store.load(conversation_id)
-    if not yes and sys.stdin.isatty():
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError(f"rm would delete {conv.id} ({len(conv.messages)} "
+                                   "messages) and there is no terminal to ask on; nothing was "
+                                   "deleted. Add --yes to delete it.")
         click.confirm(f"delete {conv.id} ({len(conv.messages)} messages)?", abort=True)
     store.delete(conversation_id)
     click.echo(f"deleted {conversation_id}", err=True)
@@ -255,12 +307,20 @@ def search(env: Env, text: str, limit: int) -> None:
 @click.command()
 @click.argument("conversation_id", metavar="ID")
 @click.option("--force", is_flag=True, help="Quarantine it even if it loads and verifies.")
+@click.option("--salvage", is_flag=True, help="Then store the messages before the first "
+              "break again, as a new conversation (ID-salvaged, or --as).")
+@click.option("--as", "new_id", metavar="NEW_ID", help="With --salvage: the new id.")
 @click.pass_obj
-def repair(env: Env, conversation_id: str, force: bool) -> None:
+def repair(env: Env, conversation_id: str, force: bool, salvage: bool,
+           new_id: str | None) -> None:
     """Quarantine a damaged transcript (moved aside, never deleted).
 
-    A conversation that loads and verifies is left alone unless --force.
+    A conversation that loads and verifies is left alone unless --force. With --salvage,
+    the verified messages before the first break become a new conversation; the damaged
+    data stays in the quarantine exactly as it was.
     """
+    if new_id and not salvage:
+        raise click.UsageError("--as names the salvaged conversation; add --salvage")
     from chatstate.errors import CorruptTranscriptError
     from chatstate.stores import Quarantines
 
@@ -280,3 +340,27 @@ def repair(env: Env, conversation_id: str, force: bool) -> None:
     where = quarantine(conversation_id)
     click.echo(f"moved {conversation_id} to {where}; the conversation id is free again",
                err=True)
+    if salvage:
+        moved = Path(where)
+        if not moved.is_file():
+            fail(f"{where} is not a local file, so it cannot be salvaged here: copy it to a "
+                 "file and run `chatstate import --salvage FILE`")
+        salvage_into(store, moved, new_id or f"{conversation_id}-salvaged")
+
+
+def salvage_into(store: Store, path: Path, new_id: str | None) -> None:
+    """Import the verified prefix of the transcript in ``path`` and say what was kept."""
+    from chatstate.errors import ConflictError
+    from chatstate.ops.salvage import salvage_file
+    from chatstate.ops.transfer import Imported, import_into
+
+    found = salvage_file(path, new_id)
+    conv = found.conversation
+    try:
+        import_into(store, Imported(conv, conv.messages))
+    except ConflictError as exc:
+        fail(f"{exc}; nothing was salvaged. Choose another id (--as / --id NEW_ID).")
+    why = f"; it stops where {found.stopped}" if found.stopped else ""
+    click.echo(conv.id)
+    click.echo(f"salvaged {len(conv.messages)} of the {found.found} message(s) read from "
+               f"{path} as {conv.id}{why}; {path} was only read", err=True)

@@ -87,7 +87,9 @@ class SqliteConnection:
             self._db = self._open_read_only(exc)
 
     def _connect(self, network: bool, *, read_only: bool) -> sqlite3.Connection:
-        target = (f"file:{quote(str(self.path))}?mode=ro&immutable=1" if read_only
+        # one leading slash: "file://x" would make x the URI's authority (sqlite:////abs paths)
+        uri_path = "/" + str(self.path).lstrip("/") if self.path.is_absolute() else str(self.path)
+        target = (f"file:{quote(uri_path)}?mode=ro&immutable=1" if read_only
                   else str(self.path))
         with translate(self.path, "open"):
             db = sqlite3.connect(target, timeout=self.busy_timeout_ms / 1000, uri=read_only,
@@ -108,8 +110,9 @@ class SqliteConnection:
         if (wal.exists() and wal.stat().st_size > 0) or self.path.stat().st_size == 0:
             raise cause
         db = self._connect(False, read_only=True)
-        self.read_only_reason = str(cause)
-        self.recovery.append(f"opened read-only, writes will fail: {cause}")
+        self.read_only_reason = unwritable(self.path) or str(cause)
+        self.recovery.append(f"opened read-only (reading works, writes will fail): "
+                             f"{self.read_only_reason}")
         return db
 
     def _configure(self, db: sqlite3.Connection, network: bool, *, read_only: bool) -> None:
@@ -287,3 +290,18 @@ class SqliteConnection:
                 self._settle(flush=True)  # what is read is what is durable
             yield self.db
 
+
+def unwritable(path: Path) -> str | None:
+    """Why SQLite cannot write beside ``path`` (it needs the directory for -wal and -shm)."""
+    folder = path.parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return (f"{folder} is on a file system mounted read-only; remount it read-write "
+                    "to write to the store")
+    except OSError:
+        return None
+    for where in (path, folder):
+        if not os.access(where, os.W_OK):
+            return (f"{where} is not writable by this user; fix its permissions (SQLite also "
+                    "writes -wal and -shm files beside the database) to write to the store")
+    return None

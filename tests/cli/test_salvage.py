@@ -1,0 +1,102 @@
+"""`repair --salvage` and `import --salvage`: a damaged conversation is recovered up to its
+first break as a new conversation; the damaged bytes are only ever read."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from support.cli_helpers import cli_env, invoke, replay_json
+
+
+def three_turns(store: str, env: dict[str, str], cid: str = "k") -> None:
+    for text in ("first", "second", "third"):
+        done = invoke(["ask", "--model", "fake", "--id", cid, text], store=store, env=env)
+        assert done.code == 0, done.err
+
+
+def quarantined(root: Path) -> list[Path]:
+    return sorted((root / ".quarantine").iterdir())
+
+
+def test_a_chain_break_keeps_what_comes_before_it(tmp_path: Path) -> None:
+    store, env = f"json://{tmp_path}/s", cli_env(tmp_path)
+    three_turns(store, env)
+    page = tmp_path / "s" / "k.json"
+    doc = json.loads(page.read_text())
+    doc["messages"][3]["content"] = "edited by someone"  # the chain breaks at seq 3
+    page.write_text(json.dumps(doc))
+    damaged = page.read_bytes()
+
+    done = invoke(["repair", "k", "--salvage"], store=store, env=env)
+    assert done.code == 0, done.err
+    assert done.out.strip() == "k-salvaged"
+    assert "salvaged 3 of the 6 message(s)" in done.err
+    assert "the hash chain breaks at seq 3" in done.err
+    [moved] = quarantined(tmp_path / "s")
+    assert moved.read_bytes() == damaged  # the damaged file, byte for byte
+    kept = replay_json(store, "k-salvaged")["messages"]
+    assert [m["content"] for m in kept if m["role"] == "user"] == ["first", "second"]
+    assert invoke(["replay", "k-salvaged", "--verify"], store=store, env=env).code == 0
+    # and the salvaged conversation goes on like any other
+    more = invoke(["ask", "--model", "fake", "--id", "k-salvaged", "fourth"], store=store,
+                  env=env)
+    assert more.code == 0, more.err
+
+
+def test_a_file_cut_short_is_read_line_by_line(tmp_path: Path) -> None:
+    store, env = f"json://{tmp_path}/s", cli_env(tmp_path)
+    three_turns(store, env)
+    page = tmp_path / "s" / "k.json"
+    raw = page.read_bytes()
+    cut = raw[: raw.index(b'"seq":4') + 20]  # the file ends inside seq 4
+    aside = tmp_path / "cut.json"
+    aside.write_bytes(cut)
+
+    done = invoke(["import", "--salvage", str(aside), "--id", "back"], store=store, env=env)
+    assert done.code == 0, done.err
+    assert "salvaged 4 of the 4 message(s)" in done.err
+    assert aside.read_bytes() == cut
+    assert len(replay_json(store, "back")["messages"]) == 4
+
+
+def test_a_moved_aside_file_imports_back_as_it_is(tmp_path: Path) -> None:
+    store, env = f"json://{tmp_path}/s", cli_env(tmp_path)
+    three_turns(store, env)
+    before = replay_json(store, "k")["messages"]
+    assert invoke(["repair", "k", "--force"], store=store, env=env).code == 0
+    [moved] = quarantined(tmp_path / "s")
+    back = invoke(["import", str(moved)], store=store, env=env)
+    assert back.code == 0, back.err
+    assert replay_json(store, "k")["messages"] == before
+
+
+def test_sqlite_row_dump_is_salvaged(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    store, env = f"sqlite://{db}", cli_env(tmp_path)
+    three_turns(store, env)
+    with sqlite3.connect(db) as conn:
+        body = json.loads(conn.execute("SELECT body FROM messages WHERE seq=5").fetchone()[0])
+        body["content"] = "tampered"
+        conn.execute("UPDATE messages SET body=? WHERE seq=5", (json.dumps(body),))
+    done = invoke(["repair", "k", "--salvage", "--as", "rescued"], store=store, env=env)
+    assert done.code == 0, done.err
+    assert "salvaged 5 of the 6 message(s)" in done.err, done.err
+    assert len(replay_json(store, "rescued")["messages"]) == 5
+
+
+def test_nothing_readable_is_a_clear_error(tmp_path: Path) -> None:
+    store, env = f"json://{tmp_path}/s", cli_env(tmp_path)
+    junk = tmp_path / "junk.json"
+    junk.write_bytes(b"\x00\x01 not a transcript")
+    done = invoke(["import", "--salvage", str(junk)], store=store, env=env)
+    assert done.code == 1
+    assert str(junk) in done.err and "no message of a chatstate transcript" in done.err
+
+
+@pytest.mark.parametrize("args", [["repair", "k", "--as", "x"]])
+def test_as_needs_salvage(tmp_path: Path, args: list[str]) -> None:
+    done = invoke(args, store=f"json://{tmp_path}/s", env=cli_env(tmp_path))
+    assert done.code == 2 and "--salvage" in done.err
