@@ -381,3 +381,17 @@ def test_a_record_rolled_back_to_an_earlier_version_of_its_seq_is_caught(
     assert "conversation 'c1' seq 4" in str(info.value), str(info.value)
     assert "authentication tag" in str(info.value)
     store.close()
+
+
+def test_gc_on_an_encrypted_store_keeps_named_blobs_and_sweeps_the_rest(
+        tmp_path: Path, key: str) -> None:
+    from chatstate.ops.blobgc import collect_blobs
+
+    url = f"sqlite://{tmp_path}/s.db"
+    _, ref = _fill(url)
+    store = open_store(url)
+    orphan = store.put_blob(b"nobody names this " * 100)  # type: ignore[attr-defined]
+    sweep = collect_blobs(store, grace=0.0)
+    assert sweep.removed == [orphan["sha256"]] and sweep.named == 1
+    assert store.get_blob(str(ref["sha256"])) == PNG  # type: ignore[attr-defined]
+    store.close()
