@@ -395,3 +395,16 @@ def test_gc_on_an_encrypted_store_keeps_named_blobs_and_sweeps_the_rest(
     assert sweep.removed == [orphan["sha256"]] and sweep.named == 1
     assert store.get_blob(str(ref["sha256"])) == PNG  # type: ignore[attr-defined]
     store.close()
+
+
+def test_cryptography_is_imported_only_when_a_key_is_set(tmp_path: Path) -> None:
+    import subprocess
+
+    code = ("import sys; from chatstate.stores import open_store; "
+            f"s = open_store('sqlite://{tmp_path}/s.db'); s.close(); "
+            "print('cryptography' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATSTATE_")}
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() == "False"
