@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import threading
 from collections.abc import Sequence
@@ -70,6 +71,12 @@ MARKER_TITLE = ("chatstate: this store is encrypted; open it with its key set "
 
 _Tail = tuple[int, str | None, str | None]
 """(message count, stored hash of the last message, its plaintext chain hash)"""
+
+
+_SEALED_HEAD = b'{"content":[{"data":"'
+_SEALED_TAIL = b'","type":"' + SEALED_PART.encode() + b'"}],'
+"""How a stored row of a sealed message without blobs starts and where its sealed data
+ends (canonical JSON: sorted keys), so a load need not parse it."""
 
 
 def chain_of(prev: str | None, body: bytes) -> str:
@@ -255,7 +262,15 @@ class SealedStore(ForwardingStore):
                     f"{where}: hash chain broken at seq {position} (a record was edited, "
                     "removed or reordered); the database was left as it is", where=where,
                     position=position)
-            bodies.append(self._open_parts(cid, seq, self._parts(cid, seq, raw, named), last))
+            end = raw.find(_SEALED_TAIL, len(_SEALED_HEAD)) if raw.startswith(_SEALED_HEAD) \
+                else -1
+            if end > 0 and raw.find(b'"', len(_SEALED_HEAD)) == end:  # one part: no blob
+                sealed = binascii.a2b_base64(raw[len(_SEALED_HEAD):end])
+                bodies.append(self.codec.open("message", cid, seq, sealed,
+                                              functools.partial(self._at, cid, seq), last))
+            else:  # blob parts, or anything unusual: parsed in full
+                bodies.append(self._open_parts(cid, seq, self._parts(cid, seq, raw, named),
+                                               last))
             last = chain_of(last, bodies[-1])
             hashes.append(last)
             prev = digest.encode()
