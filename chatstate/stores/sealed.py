@@ -27,7 +27,6 @@ hidden from callers here; a store with the mark refuses to open without a key.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import functools
 import hashlib
@@ -476,9 +475,9 @@ def is_sealed(conversation: Conversation) -> bool:
 def describe_sealed(conversation: Conversation) -> str:
     """What ``replay --verify`` proved of an encrypted conversation without the key."""
     tip = conversation.last.hash[:16] if conversation.last else "-"
-    keys = sorted({str(m.content[0]["data"])[:11] for m in conversation.messages
-                   if isinstance(m.content, list) and m.content})
-    fps = ", ".join(base64.b64decode(k + "=")[:FP_BYTES].hex() for k in keys) or "-"
+    fps = ", ".join(sorted({binascii.a2b_base64(str(m.content[0].get("data", ""))[:12])
+                            [:FP_BYTES].hex() for m in conversation.messages
+                            if isinstance(m.content, list) and m.content})) or "-"
     return (f"verified without the key: {len(conversation.messages)} sealed messages of "
             f"{conversation.id!r}, the hash chain over the stored ciphertext intact (head "
             f"{tip}…), sealed by key {fps}; the authentication tags need the key to check")

@@ -192,6 +192,8 @@ def test_replay_verify_checks_the_chain_without_the_key_and_the_tags_with_it(
                      env={"CHATSTATE_ENCRYPTION_KEY": None})  # type: ignore[dict-item]
     assert without.code == 0, without.err
     assert "verified without the key: 3 sealed messages" in without.err
+    fingerprint = AeadCodec(parse_key(KEY, "test")).fingerprint
+    assert f"sealed by key {fingerprint};" in without.err  # one key, named once
     assert SECRET not in without.out + without.err
     with_key = invoke(["replay", "c1", "--verify"], store=url,
                       env={"CHATSTATE_ENCRYPTION_KEY": KEY})
