@@ -155,6 +155,7 @@ def _body(url: str, cid: str, seq: int) -> str:
     return row[0].decode() if isinstance(row[0], bytes) else str(row[0])
 
 
+@pytest.mark.invariant(6)
 @pytest.mark.parametrize("how", ["tampered", "swapped"])
 def test_a_rechained_record_fails_its_tag_naming_conversation_and_seq(
         tmp_path: Path, key: str, how: str) -> None:
