@@ -102,6 +102,13 @@ def migrate(src: Store, dst: Store, *, verify: bool = True, progress: Progress |
     return report
 
 
+def copy_conversation(src: Store, dst: Store, cid: str, *, verify: bool = True) -> MigrateReport:
+    """Copy one conversation (messages, partial reply, the blobs they name), as migrate does."""
+    report = MigrateReport(source=src.url, destination=dst.url)
+    _one(src, dst, cid, report, verify, lambda _: None, 500)
+    return report
+
+
 def _one(src: Store, dst: Store, cid: str, report: MigrateReport, verify: bool,
          say: Progress, batch_size: int) -> None:
     conv = src.load(cid)

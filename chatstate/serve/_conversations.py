@@ -4,7 +4,9 @@
 (``limit``, default 100, at most 1000; ``after``: the last id of the previous
 page; ``has_more`` says whether there is another), and with ``q=`` only those with
 a message containing the text (on stores that search: sqlite, postgresql).
-``GET /{id}`` is the conversation as ``replay --format json`` shows it; ``DELETE
+``GET /{id}`` is the conversation as ``replay --format json`` shows it (with
+``?requests=true``: the requests its turns made, as ``replay --requests --format
+json`` shows them, ``chatstate.ops.request_log``); ``DELETE
 /{id}`` removes it, as ``chatstate rm`` does, and logs it. A conversation of
 another namespace is a 404, like one that does not exist.
 """
@@ -106,4 +108,10 @@ class Conversations:
             log.info("serve: deleted conversation %s (%d messages)", cid, len(conv.messages))
             return JSONResponse({"id": cid, "object": "chatstate.conversation.deleted",
                                  "deleted": True})
-        return Response(render(conv, "json"), media_type="application/json")
+        if request.query_params.get("requests") in ("1", "true"):
+            from chatstate.ops.request_log import requests_of
+
+            rows = await asyncio.to_thread(requests_of, conv)
+            return JSONResponse({"object": "list", "data": rows})
+        return Response(await asyncio.to_thread(render, conv, "json"),
+                        media_type="application/json")

@@ -20,15 +20,24 @@ delta arrives, that event and every later one is held back and written after the
 commit, which stores the calls whole.
 
 What the reader may hold ahead of the client is bounded (``RELAY_BUFFER`` bytes of
-event data): the relay moves at the client's pace, and a slow reader holds the
-upstream back rather than making the proxy buffer its reply. The bound is in bytes
-and large enough that a fast stream's group commits stay few (each partial save
-writes the reply so far).
+event data, or the length of the reply saved so far if that is more, up to
+``READ_AHEAD_MAX`` times that: never more than the reply the relay holds anyway):
+the relay moves at the client's pace, and
+a slow reader holds the upstream back rather than making the proxy buffer its
+reply.
+
+Partial saves are paced so their cost stays in proportion to the reply (each one
+writes the whole reply so far): a save waits, after the previous one, as long as
+that one took (``PACE`` times, at most ``PACE_MAX`` seconds), and the read-ahead
+grows with the reply, so each save carries at least as much new text as it
+rewrites. Saves of a short reply take a millisecond, so it still moves piece by
+piece; a 50 MB reply is written a handful of times, not once per network read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -46,7 +55,13 @@ log = logging.getLogger("chatstate.serve")
 _END = object()
 RELAY_BUFFER = 8 * 1024 * 1024
 """Bytes of upstream events read ahead of the client at most (one group commit takes
-them all)."""
+them all), unless the reply saved so far is longer."""
+READ_AHEAD_MAX = 4
+"""... and never more than this many times ``RELAY_BUFFER``."""
+PACE = 1.0
+"""After a partial save that took ``d`` seconds, the next waits ``PACE * d``."""
+PACE_MAX = 0.5
+"""... but never longer than this many seconds."""
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -79,6 +94,8 @@ class StreamRelay:
         self._redact = redact  # the one redactor, for error events (they may echo a key)
         self.acc = StreamAccumulator()
         self.saved = ""
+        self.grown = False  # text arrived since the last save
+        self._next_save = 0.0  # monotonic time before which no partial save starts
         self.committed = False
         self.holding = False  # a tool-call delta arrived: hold events until the commit
         self.held: list[bytes] = []
@@ -92,12 +109,15 @@ class StreamRelay:
         queue: asyncio.Queue[object] = asyncio.Queue()
         held = [0]  # bytes in the queue
         drained = asyncio.Event()
+        full = asyncio.Event()  # the reader waits for room
 
         async def read() -> None:
             try:
                 async for data in sse_data(self._lines):
-                    while held[0] >= self._buffer:
+                    while held[0] >= min(max(self._buffer, len(self.saved)),
+                                         READ_AHEAD_MAX * self._buffer):
                         drained.clear()
+                        full.set()  # a paced save need wait no longer: nothing more comes
                         await drained.wait()
                     held[0] += len(data)
                     queue.put_nowait(data)
@@ -107,13 +127,20 @@ class StreamRelay:
             queue.put_nowait(end)
 
         reader = asyncio.create_task(read())
+        loop = asyncio.get_running_loop()
         try:
             ended = False
             while not ended:
+                pause = self._next_save - loop.time()
+                if pause > 0 and not full.is_set():
+                    # what arrives meanwhile joins the next save (until the read-ahead is full)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(full.wait(), pause)
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
                 held[0] = 0
+                full.clear()
                 drained.set()
                 out: list[bytes] = []
                 done = False
@@ -142,8 +169,11 @@ class StreamRelay:
                     await asyncio.to_thread(self._commit, self.reply())
                     self.committed = True
                     out, self.held, self.holding = out + self.held, [], False
-                elif self.acc.text != self.saved and not self.committed:
+                elif self.grown and not self.committed:
+                    started = loop.time()
                     await self.save()
+                    spent = loop.time() - started
+                    self._next_save = loop.time() + min(PACE * spent, PACE_MAX)
                 if out:
                     yield b"".join(out)
         except Exception as exc:
@@ -183,7 +213,8 @@ class StreamRelay:
             status, text = upstream_event_error(chunk["error"])
             self.upstream_error = status, self._redact(text)
         try:
-            self.acc.feed(chunk)
+            if self.acc.feed(chunk):
+                self.grown = True
         except AttemptFailed as exc:  # an error event or a misshapen chunk: relayed as is
             log.warning("serve: upstream stream: %s", exc)
         choices = chunk.get("choices") if isinstance(chunk, dict) else None
@@ -192,15 +223,20 @@ class StreamRelay:
         return isinstance(delta, dict) and bool(delta.get("tool_calls"))
 
     async def save(self) -> None:
-        text = self.acc.text
-        await asyncio.to_thread(self._save_partial, text, self.acc.model)
+        text, self.grown = self.acc.text, False
+        try:
+            await asyncio.to_thread(self._save_partial, text, self.acc.model)
+        except BaseException:
+            self.grown = True
+            raise
         self.saved = text
 
     def save_now(self) -> None:
         """Keep what arrived but was not relayed yet (the client went away): blocking."""
-        if not self.committed and self.acc.text != self.saved:
-            self._save_partial(self.acc.text, self.acc.model)
-            self.saved = self.acc.text
+        if not self.committed and self.grown:
+            text, self.grown = self.acc.text, False
+            self._save_partial(text, self.acc.model)
+            self.saved = text
 
     def reply(self) -> dict[str, Any]:
         r = self.acc.reply()

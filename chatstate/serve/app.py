@@ -38,6 +38,7 @@ from chatstate.errors import (
 from chatstate.serve._auth import Auth, BrowserGuard
 from chatstate.serve._conversations import Conversations
 from chatstate.serve._errors import EXCEPTION_HANDLERS
+from chatstate.serve._headers import forwarded, relayed_headers
 from chatstate.serve._history import Ambiguous
 from chatstate.serve._identity import (
     IDEMPOTENCY_HEADER,
@@ -49,6 +50,7 @@ from chatstate.serve._identity import (
 from chatstate.serve._index import StoreIndex
 from chatstate.serve._limits import ConversationLocks, NamespaceLimits, namespace_of
 from chatstate.serve._metrics import CountRequests, Metrics, clock, first_chunk_timed
+from chatstate.serve._nolog import no_log_refusal
 from chatstate.serve._offload import (
     JSON,
     MAX_DEPTH,
@@ -61,6 +63,7 @@ from chatstate.serve._passthrough import PassThrough
 from chatstate.serve._readiness import Readiness
 from chatstate.serve._relay import RelayResponse, StreamRelay, client_failure
 from chatstate.serve._replay import replay_response
+from chatstate.serve._request_record import RESPONSE, outcome, request_record
 from chatstate.serve._stream_check import event_stream
 from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
 from chatstate.serve._wire import (
@@ -164,7 +167,7 @@ class Proxy:
         return self.auth.namespace(request)
 
     def upstream_headers(self, request: Request) -> dict[str, str]:
-        headers = {"User-Agent": "chatstate-serve"}
+        headers = {"User-Agent": "chatstate-serve", **forwarded(request.headers)}
         if self.config.pass_client_key:
             if "authorization" in request.headers:
                 headers["Authorization"] = request.headers["authorization"]
@@ -219,6 +222,9 @@ class Proxy:
             return None
 
     async def _chat(self, request: Request, namespace: str, slot: list[bool]) -> Response:
+        refused = no_log_refusal(request)
+        if refused is not None:
+            return refused
         body = await read_body(request, self.config.max_body)
         if isinstance(body, Response):
             return body
@@ -235,7 +241,8 @@ class Proxy:
         # that left while waiting is not sent upstream.
         space: str = request.state.namespace  # the store's; ``namespace``: the label
         forward = forward_body(data)
-        rkey = request_key(request, space, forward, cid)
+        # a digest of the whole body: CPU in proportion to it, off the event loop
+        rkey = await asyncio.to_thread(request_key, request, space, forward, cid)
         target = await self._target(space, cid, messages)
         key = None if target is None else space + "\n" + target
         if not await self._hold(key, request):
@@ -244,7 +251,8 @@ class Proxy:
         try:
             turn = await asyncio.to_thread(functools.partial(
                 self.writer.begin, cid, messages, namespace=space, key=rkey,
-                keyed=IDEMPOTENCY_HEADER in request.headers))
+                keyed=IDEMPOTENCY_HEADER in request.headers,
+                record=request_record(forward, None)))
             if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
@@ -305,8 +313,9 @@ class Proxy:
 
         return await self.locks.acquire(key, request.is_disconnected if wait_gone else never)
 
-    def _committed(self, turn: Turn, reply: Mapping[str, Any], namespace: str) -> Any:
-        message = self.writer.commit(turn, reply)
+    def _committed(self, turn: Turn, reply: Mapping[str, Any], namespace: str,
+                   found: dict[str, Any]) -> Any:
+        message = self.writer.commit(turn, {**reply, "params": {RESPONSE: found}})
         self.metrics.reply(reply, namespace)
         return message
 
@@ -327,15 +336,18 @@ class Proxy:
             stored, relayed = upstream_error(resp.content, resp.status_code, headers,
                                              resp.headers, self.config.api_key,
                                              bearer(request.headers.get("authorization", "")))
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored,
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             return relayed
         try:
             reply = reply_fields(resp.json())
         except ValueError as exc:
-            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
+            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc),
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             return openai_error(502, f"the upstream reply is not a chat completion: {exc}",
                                 "upstream_error", headers=headers)
-        await asyncio.to_thread(self._committed, turn, reply, namespace)
+        await asyncio.to_thread(self._committed, turn, reply, namespace,
+                                outcome(resp.status_code, clock() - started, resp.headers))
         return passthrough(resp, headers)
 
     async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
@@ -363,7 +375,8 @@ class Proxy:
             stored, relayed = upstream_error(content, resp.status_code, headers,
                                              resp.headers, self.config.api_key,
                                              bearer(request.headers.get("authorization", "")))
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored,
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             await end()
             return relayed
         lines, problem = await event_stream(resp, self.config.api_key,
@@ -376,8 +389,11 @@ class Proxy:
         relay = StreamRelay(
             lines,
             save_partial=lambda text, model: writer.save_partial(turn, text, model),
-            commit=lambda reply: self._committed(turn, reply, namespace),
-            fail=lambda status, detail: writer.note_failure(turn, status, detail),
+            commit=lambda reply: self._committed(
+                turn, reply, namespace, outcome(resp.status_code, clock() - started,
+                                                resp.headers)),
+            fail=lambda status, detail: writer.note_failure(
+                turn, status, detail, outcome(status, clock() - started, resp.headers)),
             redact=lambda text: scrub(text, self.config.api_key, bearer(
                 request.headers.get("authorization", "")), limit=None))
 
@@ -398,7 +414,8 @@ class Proxy:
 
         events = first_chunk_timed(relay.events(), request.state.started,
                                    self.metrics.first_chunk)
-        return RelayResponse(events, cleanup, headers=headers,
+        return RelayResponse(events, cleanup,
+                             headers={**relayed_headers(resp.headers), **headers},
                              media_type="text/event-stream")
 
     async def models(self, request: Request) -> Response:

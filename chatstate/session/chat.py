@@ -47,6 +47,7 @@ from chatstate.errors import (
     ConflictError,
     ConversationNotFound,
     LeaseLost,
+    ModelError,
     Unsupported,
 )
 from chatstate.session import tool_loop as toolloop
@@ -106,6 +107,7 @@ class Chat:
         self.id = validate_id(conversation_id) if conversation_id else new_id()
         self.context_window = context_window  # None: learned, else the built-in table
         self.last_fit: Any = None  # what the last request sent (context.Fit)
+        self.unlogged = False  # True for a copy whose turns are not stored (unlogged.py)
         self._title = title
         self._system = system
         # the writer lease (see writer_lease): a second writer waits lease_wait seconds,
@@ -346,16 +348,22 @@ class Chat:
     def _call(self, turn_id: str, model: str | None, params: dict[str, Any],
               streaming: bool) -> Any:
         """The adapter call, refitted and retried once if the provider names its window."""
-        from chatstate.session.context import call_fitted, learn, peek
+        from chatstate.session.context import alone_too_big, call_fitted, learn, peek
 
         def call(history: list[dict[str, Any]]) -> Any:
             if streaming:
                 return peek(self.adapter.stream(history, model=model, params=params or None))
             return self.adapter.complete(history, model=model, params=params or None)
-        return call_fitted(lambda: self._history(turn_id, model, params), call,
-                           lambda window, prompt: learn(
-                               self.writer, self.context_window, model, window, prompt,
-                               self.last_fit.tokens if self.last_fit else None))
+        try:
+            return call_fitted(lambda: self._history(turn_id, model, params), call,
+                               lambda window, prompt: learn(
+                                   self.writer, self.context_window, model, window, prompt,
+                                   self.last_fit.tokens if self.last_fit else None))
+        except ModelError as exc:
+            better = alone_too_big(exc, self.last_fit, turn_id)
+            if better is None:
+                raise
+            raise better from exc
 
     def _store_blobs(self, content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
         """Large images and files go to the store's blob area, durably, before the message."""

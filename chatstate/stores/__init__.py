@@ -94,8 +94,12 @@ TRUTHY = {"1", "true", "yes", "on"}
 
 
 def default_store_url() -> str:
-    """``CHATSTATE_STORE``, else SQLite in the platform's user data directory."""
-    url = os.environ.get("CHATSTATE_STORE")
+    """``CHATSTATE_STORE`` (the environment, else a .env file), else ``store`` in
+    config.toml (``chatstate.core.config``), else SQLite in the platform's user data
+    directory."""
+    from chatstate.core.config import store_url
+
+    url = store_url()
     if url:
         return url
     from platformdirs import user_data_dir

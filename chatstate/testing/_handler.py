@@ -51,6 +51,7 @@ class FakeHTTPServer(ThreadingHTTPServer):
         self.script = script
         self.stopping = threading.Event()
         self.ids = itertools.count(1)
+        self.request_ids = itertools.count(1)
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)
@@ -85,6 +86,11 @@ class _Handler(BaseHTTPRequestHandler):
     # ~40 ms for a delayed ACK, which would make the fake slower than any real server.
     disable_nagle_algorithm = True
     server: FakeHTTPServer
+    request_id: str | None = None  # the chat request being answered (keep-alive: reset)
+
+    def parse_request(self) -> bool:
+        self.request_id = None
+        return super().parse_request()
 
     def setup(self) -> None:
         super().setup()
@@ -165,6 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
     # -- the chat endpoint ---------------------------------------------------------------------
 
     def _chat(self, body: dict[str, Any]) -> None:
+        # every chat answer names its request, as OpenAI's ``x-request-id`` does, and
+        # carries the scripted ``reply_headers`` (rate-limit headers, say)
+        self.request_id = f"req_fake_{next(self.server.request_ids)}"
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             self._json(400, error_body(400, "messages must be a list of objects (fake)"))
@@ -321,7 +330,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Cache-Control", "no-cache")
         else:
             self.send_header("Content-Length", str(length))
-        for name, value in (headers or {}).items():
+        answer = dict(headers or {})
+        if self.request_id is not None:
+            answer = {"x-request-id": self.request_id,
+                      **self.server.script.options.reply_headers, **answer}
+        for name, value in answer.items():
             self.send_header(name, value)
         self.end_headers()
 
@@ -363,11 +376,20 @@ class _Handler(BaseHTTPRequestHandler):
             "authorization": "Authorization" in self.headers,
             "authorization_fingerprint": fingerprint(self.headers.get("Authorization")),
             "status": status, "behaviour": behaviour,
+            "request_id": self.request_id,
+            # every other header, names lower-cased: credentials never
+            "headers": {k.lower(): v for k, v in self.headers.items()
+                        if k.lower() not in SECRET_HEADERS},
         }
 
     def _pause(self, seconds: float) -> None:
         if seconds > 0:
             self.server.stopping.wait(seconds)
+
+
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key",
+                            "api-key"})
+"""Request headers the log never records (only whether ``Authorization`` came)."""
 
 
 def fingerprint(value: str | None) -> str | None:

@@ -90,6 +90,9 @@ class Options:
     overflow_style: str = "openai"
     """How a request past ``context_window`` is refused: "openai" (its 400 text) or
     "llama" (llama.cpp's JSON with ``n_prompt_tokens`` and ``n_ctx``)."""
+    reply_headers: dict[str, str] = field(default_factory=dict)
+    """Headers every chat answer carries (besides its ``x-request-id``), e.g.
+    ``{"x-ratelimit-remaining-requests": "99"}``."""
     text_only: bool = False
     """Refuse content parts other than text as llama.cpp's server does for a model without
     a vision projector: images with a 500 "image input is not supported", file parts with a

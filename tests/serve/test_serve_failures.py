@@ -304,3 +304,19 @@ def test_embeddings_completions_and_one_model_pass_through_unstored(
                          ("/v1/models/fake-model", 200), ("/v1/models/no-such-model", 404)]:
         hits = access_paths(proxy, path)
         assert hits and hits[-1]["status"] == status, path
+
+
+# -- --no-log: a turn sent but not stored is a promise serve cannot keep ---
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_asking_not_to_be_stored_is_refused_before_anything_happens(
+        proxy: ServeProcess, fake: FakeModel, stream: bool) -> None:
+    cid = f"nolog-{stream}"
+    resp = httpx2.post(proxy.base_url + "/chat/completions", timeout=30,
+                       headers={ID: cid, "X-Chatstate-No-Log": "1"},
+                       json={"model": "m", "stream": stream, "messages": user("secret")})
+    error = assert_openai_error(resp, 400)
+    assert error["param"] == "X-Chatstate-No-Log"
+    assert "nothing was stored or sent" in error["message"]
+    with pytest.raises(ConversationNotFound):
+        load(proxy, cid)
+    assert fake.request_log == []

@@ -49,17 +49,26 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
     creates it. With --functions, each tool call and its result is described
     on stderr once stored. Exit status: 0 ok, 1 failure, 2 usage.
     """
-    if retry and attach:
-        raise click.UsageError("--retry completes the interrupted turn; it takes no --attach")
-    text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
-    parts = attachments(attach)  # read before anything is stored: a bad path stores nothing
+    if retry and (attach or daily.files):
+        raise click.UsageError("--retry completes the interrupted turn; it takes no --attach "
+                               "or -f")
+    if retry and daily.no_log:
+        raise click.UsageError("--retry stores the turn it completes; it takes no --no-log")
+    stdin_taken = "-" in daily.files
+    if stdin_taken and prompt in (None, "-"):
+        raise click.UsageError("-f - reads stdin as a file: give the prompt as an argument")
+    files = daily.fragment_parts()  # read before anything is stored: a bad path stores nothing
+    text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont,
+                       piped=not stdin_taken)
+    parts = files + attachments(attach)
     tools = load_functions(functions)
     system, model, params = daily.resolve(system, model)
+    env.quiet = daily.quiet = env.quiet or daily.quiet
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system,
-                   lease_wait=lease_wait) as chat:
+                   lease_wait=lease_wait, no_log=daily.no_log) as chat:
         daily.configure(chat, params)
-        click.echo(f"conversation {chat.id}", err=True)
+        env.notice(f"conversation {chat.id}")
         note_before(chat, retry=retry)
         chat.on_tool = tool_printer(lambda line: click.echo(line, err=True))
         fresh = not chat.writer.created  # this command starts the conversation
@@ -108,7 +117,7 @@ def discard_failed_start(chat: Any) -> bool:
 
 
 def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
-                cont: bool) -> str:
+                cont: bool, piped: bool = True) -> str:
     """The prompt text, checked before anything is opened; empty for --retry."""
     if retry:
         if prompt is not None:
@@ -121,10 +130,10 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
             click.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
         # like $(...) in a shell: the newline that ends the piped text is not part of it
         prompt = sys.stdin.read().removesuffix("\n")
-    else:
-        piped = piped_text()
-        if piped:  # `cat notes.md | chatstate ask "Summarise:"`: the prompt, then the text
-            prompt = f"{prompt}\n\n{piped}"
+    elif piped:
+        extra = piped_text()
+        if extra:  # `cat notes.md | chatstate ask "Summarise:"`: the prompt, then the text
+            prompt = f"{prompt}\n\n{extra}"
     text = valid_text(prompt, "the prompt")
     if not text.strip():
         raise click.UsageError("empty prompt: pass PROMPT or pipe text on stdin")
@@ -164,6 +173,7 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
     if not stream:
         with waiting.waiting(spin):
             reply = chat.send(text, tools=tools, **more) if text else chat.retry(tools=tools)
+        note_fit(chat)
         if not show:
             return reply
         printer = ReplyPrinter(markdown=daily.markdown())
@@ -173,7 +183,11 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
         try:
             deltas = (chat.stream(text, tools=tools, **more) if text
                       else chat.retry_stream(tools=tools))
+            first = True
             for delta in waiting.until_first(deltas, spin):
+                if first:  # the request was fitted before the first delta came back
+                    note_fit(chat)
+                    first = False
                 printer.feed(delta)
         except BaseException:
             printer.abort()
@@ -183,6 +197,13 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
     if printer.markdown and not daily.quiet:
         print_stats(printer.stats(reply.usage))
     return reply
+
+
+def note_fit(chat: Any) -> None:
+    """Before the reply: that the request left older messages out (the store keeps them)."""
+    fit = chat.last_fit
+    if fit is not None and fit.trimmed:
+        click.echo(f"note: {fit.describe()}; the older ones stay stored", err=True)
 
 
 def retry_hint(cid: str, exc: BaseException | None = None) -> str:

@@ -47,6 +47,8 @@ HELP = """commands:
   /fork            continue in a copy of this conversation (this one stays as it is)
   /edit TEXT       ask again with TEXT instead of your last message (same attachments), in a fork
   /attach PATH     attach an image or file (or an image URL) to your next message
+  /editor          write your next message in $EDITOR (as Ctrl-X Ctrl-E)
+  /copy [code]     copy the last reply (or its last code block) to the clipboard
   /exit            leave (or Ctrl-D)
 Enter sends; Esc then Enter (or Alt-Enter) inserts a newline; Ctrl-X Ctrl-E edits the
 message in $EDITOR."""
@@ -65,12 +67,16 @@ def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: st
          daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
     """The chat REPL. --attach goes with the first message you send; with --functions,
     each tool call and result is shown once stored."""
-    parts = attachments(attach)
+    if "-" in daily.files:
+        raise click.UsageError("-f - reads stdin, which the REPL reads your messages from: "
+                               "name the file instead")
+    parts = daily.fragment_parts() + attachments(attach)
     tools = load_functions(functions)
     system, model, params = daily.resolve(system, model)
+    env.quiet = daily.quiet = env.quiet or daily.quiet
     with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
                    offline=offline, base_url=base_url, system=system,
-                   lease_wait=lease_wait) as session:
+                   lease_wait=lease_wait, no_log=daily.no_log) as session:
         daily.configure(session, params)
         repl = Repl(session, stream=not no_stream, daily=daily, tools=tools)
         repl.pending = parts
@@ -112,15 +118,16 @@ class Repl(ForkCommands):
             if self.handle(line) == "exit":
                 return
 
-    def handle(self, line: str) -> str | None:
-        """One input line; a failed command says why and the REPL carries on."""
+    def handle(self, line: str, *, as_message: bool = False) -> str | None:
+        """One input line (``as_message``: sent even if it starts with /); a failed command
+        says why and the REPL carries on."""
         from chatstate.errors import ChatstateError
 
         if not line.strip():
             return None
         try:
             text = valid_text(line, "that input")
-            if text.startswith("/"):
+            if text.startswith("/") and not as_message:
                 return self.command(text.strip())
             turn = self.chat.interrupted
             if turn is not None:  # another writer may have finished it since it was loaded
@@ -140,7 +147,9 @@ class Repl(ForkCommands):
 
     def greet(self) -> None:
         c = self.chat
-        self.say(f"conversation {c.id} · model {c.model or '(default)'} · /help for commands")
+        kept = " · not stored (--no-log)" if c.unlogged else ""
+        self.say(f"conversation {c.id} · model {c.model or '(default)'}{kept} · /help for "
+                 "commands")
         for m in c.messages[-6:]:
             self.show(m)
         turn = c.interrupted
@@ -297,6 +306,43 @@ class Repl(ForkCommands):
         self.pending.append(part)
         self.say(f"attached {part_text(part)}; it goes with your next message")
 
+    def do_editor(self, _: str) -> None:
+        """Open $EDITOR for the next message (the same editor Ctrl-X Ctrl-E opens); what is
+        saved is sent as it is, and an empty file sends nothing."""
+        from chatstate.cli.repl.line_input import read_in_editor
+
+        text = read_in_editor(self.read)
+        if text is None:
+            self.say("/editor needs a terminal (it opens $EDITOR there); pipe the message in "
+                     "instead")
+        elif not text.strip():
+            self.say("[the editor left no message: nothing sent]")
+        else:
+            self.handle(text.removesuffix("\n"), as_message=True)
+
+    def do_copy(self, arg: str) -> None:
+        from chatstate.cli.clipboard import copy, last_code_block
+
+        reply = next((m for m in reversed(self.chat.messages)
+                      if m.role == "assistant" and m.text), None)
+        if reply is None:
+            self.say("nothing to copy: there is no reply yet")
+            return
+        if arg not in ("", "code"):
+            self.say("/copy copies the last reply; /copy code its last code block")
+            return
+        text = reply.text if arg == "" else last_code_block(reply.text)
+        if text is None:
+            self.say("the last reply has no code block; /copy copies all of it")
+            return
+        used = copy(text)
+        what = "the last code block" if arg else "the last reply"
+        if used is None:
+            self.say("no clipboard here: no wl-copy, xclip or pbcopy, and no terminal for "
+                     "OSC 52; `chatstate replay` prints the reply to copy by hand")
+        else:
+            self.say(f"copied {what} ({len(text)} characters) with {used}")
+
     def do_model(self, arg: str) -> None:
         if arg:
             self.chat.model = arg
@@ -330,4 +376,5 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "/system": ("do_system", "TEXT"), "/title": ("do_title", None),
     "/export": ("do_export", "FILE"), "/compact": ("do_compact", None),
     "/fork": ("do_fork", None), "/edit": ("do_edit", "TEXT"), "/attach": ("do_attach", "PATH"),
+    "/editor": ("do_editor", None), "/copy": ("do_copy", None),
 }
