@@ -38,11 +38,13 @@ Commands:
   fork         Copy a conversation's first messages into a new one.
   gc           Remove images and files no message names (dry run unless --yes).
   import       Import a transcript file.
+  keygen       Print a new encryption key.
   list         List conversations, newest first.
   migrate      Copy every conversation between stores.
   models       List the endpoint's models; * marks the default.
   probe        Boot id, hostname and where writes land.
   prune        Delete old conversations (dry run unless --yes).
+  rekey        Re-encrypt a store under a new key (into a new store, resumable).
   repair       Quarantine a damaged transcript.
   replay       Print a stored transcript.
   rm           Delete a conversation.

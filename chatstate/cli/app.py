@@ -35,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("chatstate.cli.commands.demo", "demo", "The main job, offline, in a few seconds."),
     "fake-server": ("chatstate.cli.commands.fake_server", "fake_server", "Run the built-in fake "
                     "OpenAI-compatible model."),
+    "keygen": ("chatstate.cli.commands.keys", "keygen", "Print a new encryption key."),
+    "rekey": ("chatstate.cli.commands.migrate", "rekey", "Re-encrypt a store under a new key "
+              "(into a new store, resumable)."),
     "migrate": ("chatstate.cli.commands.migrate", "migrate", "Copy every conversation between "
                 "stores."),
     "batch": ("chatstate.cli.commands.batch", "batch", "Resumable batch runner."),

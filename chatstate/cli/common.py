@@ -37,17 +37,21 @@ class Env:
         root.handlers[:] = [handler]
         root.setLevel(logging.DEBUG if self.debug else logging.WARNING)
 
-    def store(self, *, quiet: bool = False, writes: bool = True) -> OpenedStore:
+    def store(self, *, quiet: bool = False, writes: bool = True,
+              keyless: bool = False) -> OpenedStore:
         """Open the store once; print where its bytes land and the verdict to stderr first.
 
         The line is printed when the command writes (invariant 8: location and verdict at
         startup) unless -q, for a read-only command (``writes=False``) only with -v; a
-        verdict other than durable, and any recovery, are printed always."""
+        verdict other than durable, and any recovery, are printed always. ``keyless``: an
+        encrypted store opens without its key, its records sealed (for the checks that
+        need no key)."""
         if self._store is None:
             from chatstate.stores import open_store
 
             self._store = store = open_store(self.store_url,
-                                             allow_ephemeral=self.allow_ephemeral)
+                                             allow_ephemeral=self.allow_ephemeral,
+                                             keyless=keyless)
             ctx = click.get_current_context(silent=True)
             if ctx is not None:  # close (sqlite: release the connection) when the command ends
                 ctx.call_on_close(self.close)

@@ -20,7 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from chatstate.core.transcript import ConversationSummary, validate_id
-from chatstate.errors import ChatstateError, ConversationNotFound, InvalidConversationId
+from chatstate.errors import (
+    ChatstateError,
+    ConversationNotFound,
+    InvalidConversationId,
+    Unsupported,
+)
 from chatstate.serve._history import HistoryIndex, namespace_of
 from chatstate.serve._wire import openai_error
 from chatstate.stores.base import Searchable, Store
@@ -78,8 +83,12 @@ class Conversations:
         if q is not None and not isinstance(self.store, Searchable):
             return openai_error(400, f"this store ({type(self.store).__name__}) has no "
                                 "search: leave q= out, or use a sqlite or postgresql store")
-        rows, more = await asyncio.to_thread(self._rows, request.state.namespace, q, limit,
-                                             params.get("after"))
+        try:
+            rows, more = await asyncio.to_thread(self._rows, request.state.namespace, q, limit,
+                                                 params.get("after"))
+        except Unsupported:  # search on an encrypted store: off (the store URL stays hidden)
+            return openai_error(400, "this store is encrypted: full-text search is off (an "
+                                "index would keep every word in the clear); leave q= out")
         return JSONResponse({"object": "list", "data": [r.model_dump() for r in rows],
                              "has_more": more,
                              "first_id": rows[0].id if rows else None,

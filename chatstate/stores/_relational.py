@@ -207,6 +207,24 @@ class RelationalStore(ABC):
             id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
             metadata=json.loads(head[4]), messages=messages, partial=partial)
 
+    def stored_rows(self, conversation_id: str) -> tuple[
+            tuple[Any, ...], list[tuple[int, bytes, str]], tuple[int, bytes] | None]:
+        """The head row, every (seq, body, hash) message row and the partial row, as
+        stored, read in one snapshot and not parsed: the encrypted store's fast load
+        (``chatstate.stores.sealed``) verifies and opens them itself."""
+        cid = conversation_id
+        with self._snapshot("read") as db:
+            head = self._header(db, cid)
+            rows = self._q(db, f"SELECT seq, {self.dialect.body}, hash FROM messages WHERE "
+                           "conversation_id=? ORDER BY seq", (cid,)).fetchall()
+            partial = self._partial_row(db, cid)
+        return head, [(int(seq), _raw(body), str(h)) for seq, body, h in rows], partial
+
+    def blob_sizes(self, digests: list[str]) -> dict[str, int]:
+        """Stored sizes of these blobs (absent ones left out)."""
+        with self._snapshot("read") as db:
+            return self._held_blob_sizes(db, digests)
+
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
         with self._snapshot("list") as db:
             rows = self._q(db, "SELECT id, title, created_at, updated_at, message_count FROM "

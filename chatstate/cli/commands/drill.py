@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -47,11 +48,14 @@ from chatstate.cli.common import Env, describe_store, fail
 @click.option("--mcp", "mcp", is_flag=True,
               help="With --tools: the tool with side effects is an MCP server's (the "
                    "drill's own, over stdio; needs the mcp extra).")
+@click.option("--encrypted", is_flag=True,
+              help="Drill encrypted stores: the configured key, else a fresh one for this "
+                   "drill (its stores must be new then, as with --all).")
 @click.pass_obj
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
           max_seconds: float, as_json: bool, serve_mode: bool, clients: int,
-          tools: bool, mcp: bool) -> None:
+          tools: bool, mcp: bool, encrypted: bool) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -81,6 +85,12 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
         raise click.UsageError("--mcp goes with --tools: drill --tools --mcp")
 
     configured = store_url or env.store_url or default_store_url()
+    if encrypted:
+        from chatstate.stores.codec import new_key
+        from chatstate.stores.keys import configured as key_configured
+
+        if not key_configured():  # the writers inherit it; it is gone with this process
+            os.environ["CHATSTATE_ENCRYPTION_KEY"] = new_key()
     scratch: Path | None = None
     if all_stores:
         scratch = _scratch_dir(directory, configured)

@@ -91,10 +91,15 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool,
     from chatstate.ops.transfer import render
 
     try:
-        conv = env.reader().load(conversation_id)
+        conv = env.store(writes=False, keyless=verify).load(conversation_id)
     except CorruptTranscriptError as exc:
         where = f" at seq {exc.position}" if exc.position is not None else ""
         fail(f"verification failed{where}: {exc}")
+    from chatstate.stores.sealed import describe_sealed, is_sealed
+
+    if verify and is_sealed(conv):  # an encrypted store, no key: the chain over ciphertext
+        click.echo(describe_sealed(conv), err=True)
+        return
     from chatstate.cli.daily_options import use_markdown
 
     if requests:
@@ -128,6 +133,8 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool,
             fail(f"verification failed: {exc}")
         tip = conv.last.hash[:16] if conv.last else "-"
         checked = f", {blobs} blob(s) match their sha256" if blobs else ""
+        if getattr(env.store(), "codec", None) is not None:
+            checked += ", every record's authentication tag checked with the key"
         click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)"
                    f"{checked}", err=True)
     if conv.partial is not None or (conv.last and conv.last.role == "user"):
