@@ -6,7 +6,8 @@ The defaults are written once, in ``PlainSettings``: ``ModelSettings``,
 
 Only what ModelSettings needs: variable names matched case-insensitively, empty
 values treated as unset (``OPENAI_API_KEY=`` in .env.example means "no key"),
-and the real environment ranked above the ``.env`` file as a whole. The
+and the real environment ranked above the ``.env`` files as a whole (the current
+directory's, then the user config directory's), and those above ``config.toml``. The
 ``.env`` syntax is the common subset: ``KEY=value`` lines, an optional
 ``export``, single or double quotes, ``#`` comments.
 """
@@ -19,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatstate.core.config import VARIABLE_NAMES, read_dotenv
+
 DEFAULT_MODEL = "gpt-4o-mini"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # field -> the variables it is read from, first wins (CHATSTATE_* over OPENAI_*)
 VARIABLES = {
-    "model": ("CHATSTATE_MODEL",),
-    "base_url": ("CHATSTATE_BASE_URL", "OPENAI_BASE_URL"),
-    "api_key": ("CHATSTATE_API_KEY", "OPENAI_API_KEY"),
+    **{k: v for k, v in VARIABLE_NAMES.items() if k != "store"},  # the store is not the adapter's
     **{name: (f"CHATSTATE_{name.upper()}",) for name in (
         "timeout", "connect_timeout", "max_retries", "backoff_base", "backoff_max",
         "retry_after_max")},
@@ -74,49 +75,45 @@ def resolve(overrides: Mapping[str, Any]) -> Any:
     return ModelSettings(**overrides)
 
 
-def read_dotenv(path: Path) -> dict[str, str]:
-    """The variables of a .env file (upper-cased names); {} if there is none."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"could not read {path.resolve()} ({exc}); fix or remove the file, "
-                         "or set the variables in the environment instead") from exc
-    out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        line = line.removeprefix("export ").lstrip()
-        name, sep, value = line.partition("=")
-        if not sep:
-            continue
-        value = value.strip()
-        quote = value[:1]
-        if quote in ("'", '"') and value.find(quote, 1) > 0:
-            value = value[1:value.find(quote, 1)]  # anything after the closing quote is a comment
-            if quote == '"':
-                value = value.replace("\\n", "\n")
-        else:
-            value = value.split(" #", 1)[0].rstrip()
-        out[name.strip().upper()] = value
-    return out
+_DEFAULT: Any = object()
 
 
-def lookup(names: Mapping[str, Sequence[str]], dotenv: Path | None = Path(".env"),
+def lookup(names: Mapping[str, Sequence[str]], dotenv: Path | None = _DEFAULT,
            environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """field -> value: the first of its variable names set (non-empty) in the
-    environment, else the first set in the .env file (read only if needed)."""
+    environment, else in the .env files (the current directory's, then the config
+    directory's; read only if needed), else the setting of the same name in
+    ``config.toml`` (``chatstate.core.config``). An explicit ``dotenv`` path reads
+    that one file and no config file."""
     env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
     file_vars: dict[str, str] | None = None
+    config: dict[str, Any] | None = None
     found: dict[str, str] = {}
     for name, variables in names.items():
         value = next((env[v] for v in variables if env.get(v)), None)
         if value is None:
             if file_vars is None:
-                file_vars = read_dotenv(dotenv) if dotenv is not None else {}
+                file_vars = _dotenv_vars(dotenv)
             value = next((file_vars[v] for v in variables if file_vars.get(v)), None)
+        if value is None and dotenv is _DEFAULT:
+            if config is None:
+                from chatstate.core.config import load
+
+                config = load().as_dict()
+            value = config.get(name) if name in TEXT_FIELDS else None
         if value is not None:
             found[name] = value
     return found
+
+
+def _dotenv_vars(dotenv: Path | None) -> dict[str, str]:
+    if dotenv is None:
+        return {}
+    if dotenv is not _DEFAULT:
+        return read_dotenv(dotenv)
+    from chatstate.core.config import dotenv_paths
+
+    merged: dict[str, str] = {}
+    for path in reversed(dotenv_paths()):  # the first file wins, so it is merged last
+        merged.update({k: v for k, v in read_dotenv(path).items() if v})
+    return merged

@@ -172,6 +172,28 @@ class RetryingAdapter:
 
         return self._run(attempt)
 
+    def list_models(self) -> list[str]:
+        """The model ids the endpoint lists (``GET /models``), through the same retry loop.
+
+        Raises ModelError when the endpoint has no such list (HTTP 404) or fails."""
+        get = getattr(self.backend, "get", None)
+        if get is None:
+            raise ModelError(f"{type(self.backend).__name__} cannot list models (it has no "
+                             "get method)")
+
+        def attempt() -> Generator[str | Completion, None, None]:
+            reply = get("/models")
+            data = reply.get("data") if isinstance(reply, Mapping) else None
+            if not isinstance(data, list):
+                raise AttemptFailed("malformed", "malformed /models reply: no data list")
+            ids = sorted(str(m["id"]) for m in data if isinstance(m, Mapping) and "id" in m)
+            yield Completion("\n".join(ids), None, None, "stop")
+
+        for item in self._run(attempt):
+            if isinstance(item, Completion):
+                return [line for line in item.text.split("\n") if line]
+        raise AssertionError("unreachable: _run always ends with a Completion")
+
     def _run(self, attempt: Attempt) -> Iterator[str | Completion]:
         """The one retry loop: run attempts until one finishes, yielding each new character once.
 

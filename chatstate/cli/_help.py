@@ -8,11 +8,16 @@ Usage: chatstate [OPTIONS] COMMAND [ARGS]...
 
 Options:
   --store URL               json:///dir, sqlite:///file.db or s3://bucket/prefix
-                            (default: CHATSTATE_STORE, else SQLite in the user
-                            data directory).
+                            (default: CHATSTATE_STORE, else .env, else store in
+                            config.toml, else SQLite in the user data
+                            directory).
   --allow-ephemeral         Accept a store on tmpfs, /tmp or a container layer
                             (data will not survive a restart).
   --debug                   Show tracebacks and debug logs.
+  -v, --verbose             Also print the store's location and verdict for
+                            commands that only read it.
+  -q, --quiet               No notices on stderr (warnings, errors and the
+                            output asked for stay).
   --log-format [text|json]  Format of log lines (always on stderr).  [default:
                             text]
   --version                 Show the version and exit.
@@ -23,6 +28,7 @@ Commands:
   batch        Resumable batch runner.
   chat         The chat REPL.
   compact      Summarise older turns; requests send the summary.
+  config       config.toml's path, and the settings in effect (secrets hidden).
   demo         The main job, offline, in a few seconds.
   doctor       Readiness check that touches real state.
   drill        kill -9 a writer again and again; prove nothing acknowledged was
@@ -32,10 +38,13 @@ Commands:
   fork         Copy a conversation's first messages into a new one.
   gc           Remove images and files no message names (dry run unless --yes).
   import       Import a transcript file.
+  keygen       Print a new encryption key.
   list         List conversations, newest first.
   migrate      Copy every conversation between stores.
+  models       List the endpoint's models; * marks the default.
   probe        Boot id, hostname and where writes land.
   prune        Delete old conversations (dry run unless --yes).
+  rekey        Re-encrypt a store under a new key (into a new store, resumable).
   repair       Quarantine a damaged transcript.
   replay       Print a stored transcript.
   rm           Delete a conversation.

@@ -35,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("chatstate.cli.commands.demo", "demo", "The main job, offline, in a few seconds."),
     "fake-server": ("chatstate.cli.commands.fake_server", "fake_server", "Run the built-in fake "
                     "OpenAI-compatible model."),
+    "keygen": ("chatstate.cli.commands.keys", "keygen", "Print a new encryption key."),
+    "rekey": ("chatstate.cli.commands.migrate", "rekey", "Re-encrypt a store under a new key "
+              "(into a new store, resumable)."),
     "migrate": ("chatstate.cli.commands.migrate", "migrate", "Copy every conversation between "
                 "stores."),
     "batch": ("chatstate.cli.commands.batch", "batch", "Resumable batch runner."),
@@ -48,6 +51,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "new one."),
     "compact": ("chatstate.cli.commands.daily", "compact", "Summarise older turns; requests send "
                 "the summary."),
+    "models": ("chatstate.cli.commands.settings", "models", "List the endpoint's models; * "
+               "marks the default."),
+    "config": ("chatstate.cli.commands.settings", "config", "config.toml's path, and the "
+               "settings in effect (secrets hidden)."),
     "usage": ("chatstate.cli.commands.daily", "usage", "Token usage (and cost, given prices) from "
               "the store."),
     "web": ("chatstate.cli.commands.web", "web", "Browse, search and verify conversations in a "
@@ -75,22 +82,27 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--store", "store_url", envvar="CHATSTATE_STORE", metavar="URL",
               help="json:///dir, sqlite:///file.db or s3://bucket/prefix (default: "
-                   "CHATSTATE_STORE, else SQLite in the user data directory).")
+                   "CHATSTATE_STORE, else .env, else store in config.toml, else SQLite in "
+                   "the user data directory).")
 @click.option("--allow-ephemeral", is_flag=True, envvar="CHATSTATE_ALLOW_EPHEMERAL",
               help="Accept a store on tmpfs, /tmp or a container layer (data will not "
                    "survive a restart).")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("-v", "--verbose", is_flag=True, help="Also print the store's location and "
+              "verdict for commands that only read it.")
+@click.option("-q", "--quiet", is_flag=True, help="No notices on stderr (warnings, errors "
+              "and the output asked for stay).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="Format of log lines (always on stderr).")
 @click.version_option(version=__version__, package_name="chatstate")
 @click.pass_context
 def cli(ctx: click.Context, store_url: str | None, allow_ephemeral: bool, debug: bool,
-        log_format: str) -> None:
+        verbose: bool, quiet: bool, log_format: str) -> None:
     """chatstate: an LLM chat client whose history survives kill -9, restarts and redeploys."""
     from chatstate.cli.common import Env
 
     ctx.obj = Env(store_url=store_url, allow_ephemeral=allow_ephemeral, debug=debug,
-                  log_format=log_format)
+                  log_format=log_format, verbose=verbose, quiet=quiet)
     ctx.obj.setup_logging()
 
 

@@ -25,6 +25,8 @@ class Env:
     allow_ephemeral: bool = False
     debug: bool = False
     log_format: str = "text"
+    verbose: bool = False
+    quiet: bool = False  # -q: notices off (warnings, errors and what a command asked for stay)
     _store: OpenedStore | None = field(default=None, repr=False)
 
     def setup_logging(self) -> None:
@@ -35,20 +37,38 @@ class Env:
         root.handlers[:] = [handler]
         root.setLevel(logging.DEBUG if self.debug else logging.WARNING)
 
-    def store(self, *, quiet: bool = False) -> OpenedStore:
-        """Open the store once; print where its bytes land and the verdict to stderr first."""
+    def store(self, *, quiet: bool = False, writes: bool = True,
+              keyless: bool = False) -> OpenedStore:
+        """Open the store once; print where its bytes land and the verdict to stderr first.
+
+        The line is printed when the command writes (invariant 8: location and verdict at
+        startup) unless -q, for a read-only command (``writes=False``) only with -v; a
+        verdict other than durable, and any recovery, are printed always. ``keyless``: an
+        encrypted store opens without its key, its records sealed (for the checks that
+        need no key)."""
         if self._store is None:
             from chatstate.stores import open_store
 
             self._store = store = open_store(self.store_url,
-                                             allow_ephemeral=self.allow_ephemeral)
+                                             allow_ephemeral=self.allow_ephemeral,
+                                             keyless=keyless)
             ctx = click.get_current_context(silent=True)
             if ctx is not None:  # close (sqlite: release the connection) when the command ends
                 ctx.call_on_close(self.close)
             if not quiet:
-                describe_store(store)
+                shown = self.verbose or (writes and not self.quiet)
+                describe_store(store, durable_line=shown)
             return store
         return self._store
+
+    def reader(self) -> OpenedStore:
+        """The store for a command that only reads it: its durable line only with -v."""
+        return self.store(writes=False)
+
+    def notice(self, text: str) -> None:
+        """A notice on stderr (what happened, a hint): silenced by -q."""
+        if not self.quiet:
+            click.echo(text, err=True)
 
     def close(self) -> None:
         store, self._store = self._store, None
@@ -56,12 +76,15 @@ class Env:
             store.close()
 
 
-def describe_store(store: OpenedStore) -> None:
+def describe_store(store: OpenedStore, *, durable_line: bool = True) -> None:
+    """The store's location and verdict on stderr; a durable verdict only if ``durable_line``
+    (any other verdict is a warning, always shown), then what recovery did."""
     report = store.guard_report
     line = f"store {store.url} {report.one_line()}"
     if report.verdict != "durable":
         line += " (" + " ".join(report.reasons[:1]) + ")"
-    click.echo(line, err=True)
+    if durable_line or report.verdict != "durable":
+        click.echo(line, err=True)
     for note in store.recovery:
         click.echo(f"recovered: {note}", err=True)
 

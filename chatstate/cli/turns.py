@@ -97,13 +97,15 @@ def fake_chunk_delay() -> float:
 @contextlib.contextmanager
 def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
               model: str | None, offline: bool, base_url: str | None,
-              system: str | None, lease_wait: float = 0.0) -> Iterator[Any]:
-    """A Chat over the configured store; with --model fake, a fake model for its lifetime."""
+              system: str | None, lease_wait: float = 0.0, no_log: bool = False
+              ) -> Iterator[Any]:
+    """A Chat over the configured store; with --model fake, a fake model for its lifetime.
+    ``no_log``: the store is only read; the Chat's turns are kept nowhere (--no-log)."""
     from chatstate.session.chat import Chat
 
     if sum(bool(x) for x in (conversation_id, cont, new)) > 1:
         raise click.UsageError("choose one of --id, --continue and --new")
-    store = env.store()
+    store = env.store(writes=not no_log)
     cid = pick_conversation(store, conversation_id, cont)
     with contextlib.ExitStack() as stack:
         api_key = None
@@ -115,6 +117,11 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
             base_url, model, api_key = fake.base_url, "fake", "offline"
         chat = Chat(store, conversation_id=cid, model=model, base_url=base_url,
                     api_key=api_key, system=system, lease_wait=lease_wait)
+        if no_log:
+            from chatstate.session.unlogged import NOTICE, unlogged
+
+            chat = unlogged(chat)
+            click.echo(NOTICE, err=True)  # said even under -q: nothing of it will be kept
         yield chat
 
 

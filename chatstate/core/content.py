@@ -109,8 +109,14 @@ def is_attachment(part: Part) -> bool:
     return str(part.get("text", "")).startswith('<file name="')
 
 
-def text_file(path: Path) -> Part | None:
-    """``path`` as a text part naming the file, or None when it is not UTF-8 text."""
+def named_text(name: str, body: str) -> Part:
+    """A file's text as a text part naming it (``<file name="...">``), as llm's fragments."""
+    return text(f'<file name="{name}">\n{body.removesuffix(chr(10))}\n</file>')
+
+
+def text_file(path: Path, name: str | None = None) -> Part | None:
+    """``path`` as a text part naming the file (``name``, default its name), or None when
+    it is not UTF-8 text."""
     try:
         with path.open("rb") as f:
             data = f.read(TEXT_ATTACHMENT_LIMIT + 1)
@@ -122,7 +128,7 @@ def text_file(path: Path) -> Part | None:
         body = data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    return text(f'<file name="{path.name}">\n{body.removesuffix(chr(10))}\n</file>')
+    return named_text(name or path.name, body)
 
 
 def content(message: str | Sequence[Part] | None,

@@ -6,7 +6,8 @@
 ``scrub`` removes, wherever they appear in the text: the secrets it is given
 (an API key), the value of every secret-looking environment variable
 (``*KEY*``, ``*SECRET*``, ``*TOKEN*``, ``*PASSW*``, ...), anything shaped like
-an OpenAI-style key, and the user:password part of any URL. Every front end,
+an OpenAI-style key or a chatstate encryption key (``csk1-...``), and the
+user:password part of any URL. Every front end,
 the adapter's errors and the stores' errors call it, so a new surface needs
 one call, not a new rule.
 """
@@ -28,6 +29,8 @@ LIMIT = 2000  # no single message needs more; a dump longer than this is noise
 
 # Providers echo keys in 401 texts ("Incorrect API key provided: sk-ab***yz").
 _KEY_PATTERN = re.compile(r"\b(sk|rk)-[A-Za-z0-9_*\-]{8,}")
+# chatstate's own encryption keys (`chatstate keygen`), wherever they came from.
+_STORE_KEY_PATTERN = re.compile(r"\b(csk1)-[A-Za-z0-9_\-]{20,}")
 # scheme://userinfo@ inside any text: the userinfo goes, the host stays.
 _URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@?#]+@")
 # A client library's multi-line debug dump (obstore appends one) is not for users.
@@ -45,6 +48,7 @@ def scrub(text: str, *secrets: str | None, limit: int | None = LIMIT) -> str:
             text = _as_token(value).sub(REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
     text = _KEY_PATTERN.sub(lambda m: f"{m.group(1)}-{REDACTED}", text)
+    text = _STORE_KEY_PATTERN.sub(lambda m: f"{m.group(1)}-{REDACTED}", text)
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
     return text

@@ -103,6 +103,8 @@ class DoctorReport:
     survived: Survived | None = None
     state: list[StateRow] = field(default_factory=list)
     host: dict[str, str | None] = field(default_factory=host_identity)
+    encryption: str | None = None
+    """How the store is encrypted and what was checked (None: a plain store)."""
     serve: dict[str, Any] | None = None
     """A running ``chatstate serve``'s own /readyz, when asked for (``--serve-url``)."""
 
@@ -209,6 +211,9 @@ def diagnose(store: OpenedStore, *, limit: int = DEFAULT_LIMIT) -> DoctorReport:
     report.check = _scrubbed(check.to_dict())
     if not check.ok:
         report.problems.append(f"the store's probe write/read/delete failed: {check.error}")
+    from chatstate.stores.sealed import encryption_note
+
+    report.encryption = encryption_note(store)
     report.conversations = check_conversations(store, limit)
     for failure in report.conversations.failures:
         report.problems.append(f"conversation {failure['id']!r} does not load: "
@@ -240,7 +245,7 @@ def run(url: str | None = None, *, allow_ephemeral: bool = False,
 
     url = url or default_store_url()
     try:
-        store = open_store(url, allow_ephemeral=allow_ephemeral)
+        store = open_store(url, allow_ephemeral=allow_ephemeral, keyless=True)
     except ChatstateError as exc:
         report = unreachable(url, exc)
     else:

@@ -102,12 +102,21 @@ def migrate(src: Store, dst: Store, *, verify: bool = True, progress: Progress |
     return report
 
 
+def copy_conversation(src: Store, dst: Store, cid: str, *, verify: bool = True) -> MigrateReport:
+    """Copy one conversation (messages, partial reply, the blobs they name), as migrate does."""
+    report = MigrateReport(source=src.url, destination=dst.url)
+    _one(src, dst, cid, report, verify, lambda _: None, 500)
+    return report
+
+
 def _one(src: Store, dst: Store, cid: str, report: MigrateReport, verify: bool,
          say: Progress, batch_size: int) -> None:
     conv = src.load(cid)
     if verify and conv.verify() is not None:
         raise CorruptTranscriptError(f"{src.url} conversation {cid!r}: hash chain broken at seq "
                                      f"{conv.verify()}")
+    conv, readdressed = _readdress_blobs(src, dst, conv)
+    report.blobs_copied += readdressed
     created = False
     try:
         have = dst.load(cid)
@@ -140,6 +149,49 @@ def _one(src: Store, dst: Store, cid: str, report: MigrateReport, verify: bool,
     else:
         report.skipped.append(cid)
         say(f"{cid}: already there, identical")
+
+
+def _readdress_blobs(src: Store, dst: Store, conv: Conversation) -> tuple[Conversation, int]:
+    """``conv`` as the destination names its blobs, and how many blobs that copied.
+
+    Between stores whose blob addresses differ (an encrypted store's are keyed digests:
+    plain to encrypted, encrypted to plain, one key to another) the blobs are copied
+    first and the references rewritten, which re-seals the chain from the first message
+    naming one: the copy's hashes differ from there on (its content does not). Between
+    stores that address blobs alike nothing changes. Idempotent, so a rerun resumes.
+    """
+    named = named_blobs([*conv.messages, *([conv.partial] if conv.partial else [])])
+    if not named or not isinstance(src, BlobStore) or not isinstance(dst, BlobStore):
+        return conv, 0
+    if getattr(src, "codec", None) is None and getattr(dst, "codec", None) is None:
+        return conv, 0  # two plain stores address every blob by its sha256
+    where: dict[str, str] = {}
+    copied = 0
+    for sha in named:
+        ref = next(r for m in [*conv.messages, *([conv.partial] if conv.partial else [])]
+                   for r in m.blob_refs() if r.get("sha256") == sha)
+        data = src.get_blob(sha)
+        copied += 0 if dst.has_blob(sha) else 1
+        where[sha] = str(dst.put_blob(data, media_type=ref.get("media_type"))["sha256"])
+    if all(old == new for old, new in where.items()):
+        return conv, copied
+
+    def moved(msg: Message, prev: Message | None) -> Message:
+        content = msg.content
+        if isinstance(content, list):
+            content = [{**p, "blob": {**p["blob"], "sha256": where.get(
+                p["blob"].get("sha256"), p["blob"].get("sha256"))}}
+                       if isinstance(p.get("blob"), dict) else p for p in content]
+        draft = msg.model_copy(update={"content": content})
+        return draft.model_copy(update={"hash": draft.expected_hash(prev.hash if prev else
+                                                                     None)})
+
+    messages: list[Message] = []
+    for msg in conv.messages:
+        messages.append(moved(msg, messages[-1] if messages else None))
+    partial = None if conv.partial is None else \
+        moved(conv.partial, messages[-1] if messages else None)
+    return conv.model_copy(update={"messages": messages, "partial": partial}), copied
 
 
 def _copy_blobs(src: Store, dst: Store, messages: list[Message]) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from chatstate.serve._errors import error_body
 from chatstate.serve._wire import bearer
 
 NAMESPACE_KEY_ENV = "CHATSTATE_SERVE_NAMESPACE_KEY"
@@ -133,7 +134,7 @@ class BrowserGuard:
 
 
 async def _error(send: Send, status: int, message: str, kind: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": kind}}).encode()
+    body = json.dumps(error_body(message, kind)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})

@@ -4,7 +4,9 @@
 (``limit``, default 100, at most 1000; ``after``: the last id of the previous
 page; ``has_more`` says whether there is another), and with ``q=`` only those with
 a message containing the text (on stores that search: sqlite, postgresql).
-``GET /{id}`` is the conversation as ``replay --format json`` shows it; ``DELETE
+``GET /{id}`` is the conversation as ``replay --format json`` shows it (with
+``?requests=true``: the requests its turns made, as ``replay --requests --format
+json`` shows them, ``chatstate.ops.request_log``); ``DELETE
 /{id}`` removes it, as ``chatstate rm`` does, and logs it. A conversation of
 another namespace is a 404, like one that does not exist.
 """
@@ -18,7 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from chatstate.core.transcript import ConversationSummary, validate_id
-from chatstate.errors import ChatstateError, ConversationNotFound, InvalidConversationId
+from chatstate.errors import (
+    ChatstateError,
+    ConversationNotFound,
+    InvalidConversationId,
+    Unsupported,
+)
 from chatstate.serve._history import HistoryIndex, namespace_of
 from chatstate.serve._wire import openai_error
 from chatstate.stores.base import Searchable, Store
@@ -76,8 +83,12 @@ class Conversations:
         if q is not None and not isinstance(self.store, Searchable):
             return openai_error(400, f"this store ({type(self.store).__name__}) has no "
                                 "search: leave q= out, or use a sqlite or postgresql store")
-        rows, more = await asyncio.to_thread(self._rows, request.state.namespace, q, limit,
-                                             params.get("after"))
+        try:
+            rows, more = await asyncio.to_thread(self._rows, request.state.namespace, q, limit,
+                                                 params.get("after"))
+        except Unsupported:  # search on an encrypted store: off (the store URL stays hidden)
+            return openai_error(400, "this store is encrypted: full-text search is off (an "
+                                "index would keep every word in the clear); leave q= out")
         return JSONResponse({"object": "list", "data": [r.model_dump() for r in rows],
                              "has_more": more,
                              "first_id": rows[0].id if rows else None,
@@ -106,4 +117,10 @@ class Conversations:
             log.info("serve: deleted conversation %s (%d messages)", cid, len(conv.messages))
             return JSONResponse({"id": cid, "object": "chatstate.conversation.deleted",
                                  "deleted": True})
-        return Response(render(conv, "json"), media_type="application/json")
+        if request.query_params.get("requests") in ("1", "true"):
+            from chatstate.ops.request_log import requests_of
+
+            rows = await asyncio.to_thread(requests_of, conv)
+            return JSONResponse({"object": "list", "data": rows})
+        return Response(await asyncio.to_thread(render, conv, "json"),
+                        media_type="application/json")

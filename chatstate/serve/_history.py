@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatstate.core.transcript import Conversation, Message, canonical_json
+from chatstate.serve._request_record import key_of
 
 # Message fields that a later request needs; the rest of a wire message goes to ``extra``.
 WIRE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -121,7 +122,7 @@ class HistoryIndex:
                                             self._follows[source] < (conv.created_at, conv.id)):
                 self._follows[source] = (conv.created_at, conv.id)
             for m in conv.messages:
-                key = (m.params or {}).get("request")
+                key = key_of(m.params)
                 if isinstance(key, str) and (source is None  # a fork's copies: its source's
                                              or (namespace, key) not in self._requests):
                     self._requests[(namespace, key)] = (conv.id, m.turn_id)

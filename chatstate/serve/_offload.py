@@ -4,7 +4,8 @@ Parsing, checking and digesting a body is proportional to its size: an 8.5 MB
 body of 200,001 messages held the event loop (every other client) for seconds.
 ``parse_request`` runs in a worker thread and refuses, before any of it is kept,
 a body with more messages than ``max_messages`` (413) or JSON nested deeper than
-``max_depth`` (400; that includes a body the JSON parser itself cannot nest).
+``max_depth`` (400; that includes a body the JSON parser itself cannot nest), and
+``NaN``/``Infinity`` (400: not JSON, and the upstream request could not carry them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ MAX_DEPTH = 64
 class Refusal:
     status: int
     message: str
+    param: str | None = None  # the request field at fault, as OpenAI's errors name it
 
 
 def nesting_depth(value: object, limit: int) -> int:
@@ -48,12 +50,14 @@ def parse_request(body: bytes, *, max_messages: int = MAX_MESSAGES,
                   max_depth: int = MAX_DEPTH) -> Any:
     """The body as JSON, or a Refusal (blocking: run it in a worker thread)."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_no_constant)
     except RecursionError:
         return Refusal(400, f"the request body is nested deeper than {max_depth} levels "
                        "(--max-depth)")
-    except ValueError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return Refusal(400, f"the request body is not JSON ({exc})")
+    except ValueError as exc:  # NaN or Infinity (``_no_constant``)
+        return Refusal(400, str(exc))
     messages = data.get("messages") if isinstance(data, dict) else None
     if isinstance(messages, list) and len(messages) > max_messages:
         return Refusal(413, f"the request has {len(messages)} messages, over the limit of "
@@ -62,6 +66,12 @@ def parse_request(body: bytes, *, max_messages: int = MAX_MESSAGES,
         return Refusal(400, f"the request body is nested deeper than {max_depth} levels "
                        "(--max-depth)")
     return data
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json takes NaN and Infinity; JSON, the upstream and encode_json do not.
+    # Refused here, before the request's messages are stored.
+    raise ValueError(f"the request body has {name}, which is not JSON: send a number or null")
 
 
 JSON = {"Content-Type": "application/json"}

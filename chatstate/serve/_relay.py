@@ -8,20 +8,36 @@ events are written after the reply is committed into the chain. So whatever a
 client received is a prefix of what the store holds, and a slow disk makes the
 client's stream move in larger steps, not fall behind.
 
+A stream that fails after it began (the upstream connection breaks, or its body
+ends with no finish_reason and no ``[DONE]``, or it sends an ``{"error": ...}``
+event) is a failure, never a complete reply: the text so far is saved as the
+partial reply, the failure is recorded (``fail``) and only then does the client get
+an OpenAI-shaped error event (the upstream's own, or the proxy's), so its SDK
+raises as it would have against the upstream directly.
+
 Tool calls are not text: the partial reply holds text only, so once a tool-call
 delta arrives, that event and every later one is held back and written after the
 commit, which stores the calls whole.
 
 What the reader may hold ahead of the client is bounded (``RELAY_BUFFER`` bytes of
-event data): the relay moves at the client's pace, and a slow reader holds the
-upstream back rather than making the proxy buffer its reply. The bound is in bytes
-and large enough that a fast stream's group commits stay few (each partial save
-writes the reply so far).
+event data, or the length of the reply saved so far if that is more, up to
+``READ_AHEAD_MAX`` times that: never more than the reply the relay holds anyway):
+the relay moves at the client's pace, and
+a slow reader holds the upstream back rather than making the proxy buffer its
+reply.
+
+Partial saves are paced so their cost stays in proportion to the reply (each one
+writes the whole reply so far): a save waits, after the previous one, as long as
+that one took (``PACE`` times, at most ``PACE_MAX`` seconds), and the read-ahead
+grows with the reply, so each save carries at least as much new text as it
+rewrites. Saves of a short reply take a millisecond, so it still moves piece by
+piece; a 50 MB reply is written a handful of times, not once per network read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -32,13 +48,20 @@ from starlette.types import Receive, Scope, Send
 
 from chatstate.adapter import AttemptFailed
 from chatstate.adapter.dialects.chat_completions import StreamAccumulator
+from chatstate.serve._errors import stream_error
 
 log = logging.getLogger("chatstate.serve")
 
 _END = object()
 RELAY_BUFFER = 8 * 1024 * 1024
 """Bytes of upstream events read ahead of the client at most (one group commit takes
-them all)."""
+them all), unless the reply saved so far is longer."""
+READ_AHEAD_MAX = 4
+"""... and never more than this many times ``RELAY_BUFFER``."""
+PACE = 1.0
+"""After a partial save that took ``d`` seconds, the next waits ``PACE * d``."""
+PACE_MAX = 0.5
+"""... but never longer than this many seconds."""
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -61,17 +84,24 @@ class StreamRelay:
     def __init__(self, lines: AsyncIterator[str], *,
                  save_partial: Callable[[str, str | None], Any],
                  commit: Callable[[Mapping[str, Any]], Any],
-                 fail: Callable[[str], Any], buffer: int = RELAY_BUFFER) -> None:
+                 fail: Callable[[int, str], Any], buffer: int = RELAY_BUFFER,
+                 redact: Callable[[str], str] = str) -> None:
         self._buffer = buffer
         self._lines = lines
         self._save_partial = save_partial  # blocking store calls, run in a thread
         self._commit = commit
-        self._fail = fail
+        self._fail = fail  # (status, detail): record why the turn has no complete reply
+        self._redact = redact  # the one redactor, for error events (they may echo a key)
         self.acc = StreamAccumulator()
         self.saved = ""
+        self.grown = False  # text arrived since the last save
+        self._next_save = 0.0  # monotonic time before which no partial save starts
         self.committed = False
         self.holding = False  # a tool-call delta arrived: hold events until the commit
         self.held: list[bytes] = []
+        self.failed: str | None = None  # why the stream failed, once recorded
+        self.upstream_error: tuple[int, str] | None = None  # an error event it relayed
+        self.broke: BaseException | None = None  # the relay itself failed (the store)
 
     async def events(self) -> AsyncIterator[bytes]:
         # Bounded: a client that reads slowly makes the reader wait, and so the upstream
@@ -79,12 +109,15 @@ class StreamRelay:
         queue: asyncio.Queue[object] = asyncio.Queue()
         held = [0]  # bytes in the queue
         drained = asyncio.Event()
+        full = asyncio.Event()  # the reader waits for room
 
         async def read() -> None:
             try:
                 async for data in sse_data(self._lines):
-                    while held[0] >= self._buffer:
+                    while held[0] >= min(max(self._buffer, len(self.saved)),
+                                         READ_AHEAD_MAX * self._buffer):
                         drained.clear()
+                        full.set()  # a paced save need wait no longer: nothing more comes
                         await drained.wait()
                     held[0] += len(data)
                     queue.put_nowait(data)
@@ -94,40 +127,80 @@ class StreamRelay:
             queue.put_nowait(end)
 
         reader = asyncio.create_task(read())
+        loop = asyncio.get_running_loop()
         try:
             ended = False
             while not ended:
+                pause = self._next_save - loop.time()
+                if pause > 0 and not full.is_set():
+                    # what arrives meanwhile joins the next save (until the read-ahead is full)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(full.wait(), pause)
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
                 held[0] = 0
+                full.clear()
                 drained.set()
                 out: list[bytes] = []
                 done = False
+                broke: Exception | None = None
                 for item in batch:
                     if item is _END or isinstance(item, Exception):
                         ended = True
-                        if isinstance(item, Exception):
-                            await asyncio.to_thread(self._fail, f"upstream stream broke: {item}")
+                        broke = item if isinstance(item, Exception) else None
                         break
                     assert isinstance(item, str)
                     if item.strip() == "[DONE]":
                         done = True
                     elif self._feed(item) and not self.holding:
                         self.holding = True
+                    if self.upstream_error is not None:  # an error event: the key stays out
+                        item = self._redact(item)
                     event = f"data: {item}\n\n".encode()
                     (self.held if self.holding else out).append(event)
-                finished = done or (ended and self.acc.finish_reason is not None)
-                if finished and not self.committed:
+                finished = (done or (ended and broke is None
+                                     and self.acc.finish_reason is not None)) \
+                    and self.upstream_error is None
+                if (ended or done) and not finished and not self.committed:
+                    out.append(await self._failure(broke))
+                    ended = True
+                elif finished and not self.committed:
                     await asyncio.to_thread(self._commit, self.reply())
                     self.committed = True
                     out, self.held, self.holding = out + self.held, [], False
-                elif self.acc.text != self.saved and not self.committed:
+                elif self.grown and not self.committed:
+                    started = loop.time()
                     await self.save()
+                    spent = loop.time() - started
+                    self._next_save = loop.time() + min(PACE * spent, PACE_MAX)
                 if out:
                     yield b"".join(out)
+        except Exception as exc:
+            self.broke = exc
+            raise
         finally:
             reader.cancel()
+
+    async def _failure(self, broke: Exception | None) -> bytes:
+        """Keep the text so far as partial, record why, and return what ends the client's
+        stream: nothing more if the upstream's own error event was relayed, else the
+        proxy's error event."""
+        if self.acc.text != self.saved:
+            await self.save()
+        if self.upstream_error is not None:
+            status, detail = self.upstream_error
+            self.failed = f"upstream error event mid-stream: {detail}"
+        else:
+            status = 502
+            if broke is not None:
+                why = f"the upstream stream broke ({type(broke).__name__}: {broke})"
+            else:
+                why = "the upstream stream ended without a finish_reason or [DONE]"
+            self.failed = (f"{why} after {len(self.acc.text)} characters; they are kept as "
+                           "the partial reply")
+        await asyncio.to_thread(self._fail, status, self.failed)
+        return b"" if self.upstream_error is not None else stream_error(self.failed)
 
     def _feed(self, data: str) -> bool:
         """Fold one event into the reply; True when it carries a tool-call delta."""
@@ -136,8 +209,12 @@ class StreamRelay:
         except ValueError:
             log.warning("serve: relaying an upstream event that is not JSON: %.80s", data)
             return False
+        if isinstance(chunk, dict) and chunk.get("error") and self.upstream_error is None:
+            status, text = upstream_event_error(chunk["error"])
+            self.upstream_error = status, self._redact(text)
         try:
-            self.acc.feed(chunk)
+            if self.acc.feed(chunk):
+                self.grown = True
         except AttemptFailed as exc:  # an error event or a misshapen chunk: relayed as is
             log.warning("serve: upstream stream: %s", exc)
         choices = chunk.get("choices") if isinstance(chunk, dict) else None
@@ -146,15 +223,20 @@ class StreamRelay:
         return isinstance(delta, dict) and bool(delta.get("tool_calls"))
 
     async def save(self) -> None:
-        text = self.acc.text
-        await asyncio.to_thread(self._save_partial, text, self.acc.model)
+        text, self.grown = self.acc.text, False
+        try:
+            await asyncio.to_thread(self._save_partial, text, self.acc.model)
+        except BaseException:
+            self.grown = True
+            raise
         self.saved = text
 
     def save_now(self) -> None:
         """Keep what arrived but was not relayed yet (the client went away): blocking."""
-        if not self.committed and self.acc.text != self.saved:
-            self._save_partial(self.acc.text, self.acc.model)
-            self.saved = self.acc.text
+        if not self.committed and self.grown:
+            text, self.grown = self.acc.text, False
+            self._save_partial(text, self.acc.model)
+            self.saved = text
 
     def reply(self) -> dict[str, Any]:
         r = self.acc.reply()
@@ -166,6 +248,27 @@ class StreamRelay:
         if r.finish_reason not in (None, "stop", "tool_calls"):
             fields["finish_reason"] = r.finish_reason
         return fields
+
+
+def client_failure(relay: StreamRelay) -> tuple[int, str]:
+    """(status, detail) to record for a stream that ended on the client's side: it went
+    away (499, as nginx logs it), or the relay failed writing the store (500)."""
+    kept = f"{len(relay.saved)} characters are kept as the partial reply"
+    if relay.broke is not None:
+        return 500, f"the relay failed mid-stream ({type(relay.broke).__name__}: " \
+            f"{relay.broke}); {kept}"
+    return 499, f"the client disconnected mid-stream; {kept}"
+
+
+def upstream_event_error(error: object) -> tuple[int, str]:
+    """(status, text) of an upstream ``{"error": ...}`` event, to record."""
+    if not isinstance(error, dict):
+        return 502, str(error)[:500]
+    code = error.get("code")
+    status = code if isinstance(code, int) and 400 <= code < 600 else (
+        int(code) if isinstance(code, str) and code.isdigit() and 400 <= int(code) < 600
+        else 502)
+    return status, str(error.get("message") or error)[:500]
 
 
 class RelayResponse(StreamingResponse):

@@ -43,6 +43,7 @@ from chatstate.serve._history import (
     reconcile,
     visible,
 )
+from chatstate.serve._request_record import REQUEST
 from chatstate.session.turn_writer import TurnWriter
 from chatstate.stores.base import LEASE_TERM, Store
 
@@ -105,11 +106,13 @@ class Writer:
         return conv
 
     def begin(self, conversation_id: str | None, incoming: Sequence[Mapping[str, Any]], *,
-              namespace: str = "", key: str | None = None, keyed: bool = False
-              ) -> Turn | Replay:
+              namespace: str = "", key: str | None = None, keyed: bool = False,
+              record: Mapping[str, Any] | None = None) -> Turn | Replay:
         """Make the request's new messages durable; returns the turn to answer, holding
         the lease of the conversation it writes (``end`` gives it up), or the Replay of
         a request (``key``; ``keyed``: the client's Idempotency-Key) already answered.
+        ``record``: what the request asked for (``_request_record``), kept with its key
+        in the last new message's ``params["request"]``.
 
         ConversationInUse if another live writer holds it for longer than ``lease_wait``;
         ForeignConversation if ``conversation_id`` is another namespace's.
@@ -122,7 +125,7 @@ class Writer:
             writer = self._writer_for(plan, incoming, namespace)
             held = writer.hold()
             try:
-                turn = self._write(writer, plan, key)
+                turn = self._write(writer, plan, key, record)
             except BaseException as exc:
                 writer.release(held)
                 if attempt == 2 or not isinstance(exc, ConflictError) \
@@ -224,7 +227,8 @@ class Writer:
         """The turn is over: give its lease up (it lapses by itself if this fails)."""
         turn.writer.release()
 
-    def _write(self, writer: TurnWriter, plan: Plan, key: str | None = None) -> Turn:
+    def _write(self, writer: TurnWriter, plan: Plan, key: str | None = None,
+               record: Mapping[str, Any] | None = None) -> Turn:
         forked_from = None
         if plan.fork_of is not None:
             forked_from = self._fork(writer, plan)
@@ -243,7 +247,9 @@ class Writer:
             sealed: list[Message] = []
             for i, raw in enumerate(plan.new):
                 prev = sealed[-1] if sealed else conv.last
-                params = {"request": key} if key and i == len(plan.new) - 1 else None
+                last = i == len(plan.new) - 1
+                params = {REQUEST: {**(record or {}), **({"key": key} if key else {})}} \
+                    if last and (key or record) else None
                 sealed.append(Message.seal(prev, turn_id=turn.turn_id, params=params,
                                            **message_fields(raw)))
             writer.append(sealed)
@@ -270,14 +276,18 @@ class Writer:
         turn.writer.save_partial(turn.turn_id, text, model)
 
     def commit(self, turn: Turn, reply: Mapping[str, Any]) -> Message:
-        """Append the complete reply (``Message.seal`` keywords) and index the new history."""
+        """Append the complete reply (``Message.seal`` keywords; ``params["response"]``:
+        how the upstream answered) and index the new history."""
         message = turn.writer.reply(turn.turn_id, **reply)
         self.index.add(turn.conversation)
         return message
 
-    def note_failure(self, turn: Turn, status: int, detail: str) -> None:
-        """Say in the transcript why the turn has no reply (an upstream error)."""
-        turn.writer.note_upstream_error(turn.turn_id, status, detail)
+    def note_failure(self, turn: Turn, status: int, detail: str,
+                     found: Mapping[str, Any] | None = None) -> None:
+        """Say in the transcript why the turn has no reply (an upstream error); ``found``:
+        the request's outcome (``_request_record.outcome``)."""
+        facts = {k: v for k, v in (found or {}).items() if k != "status"}
+        turn.writer.note_upstream_error(turn.turn_id, status, detail, **facts)
 
 
 def _header(namespace: str) -> dict[str, Any]:

@@ -8,17 +8,17 @@ from typing import Any
 
 import httpx2
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from chatstate.adapter.dialects.chat_completions import parse_usage
 from chatstate.core.redact import scrub
+from chatstate.serve._errors import openai_error
 from chatstate.serve._history import ROLES
 
+__all__ = ["CONVERSATION_HEADER", "bearer", "check_request", "kept_headers", "one_choice",
+           "openai_error", "passthrough", "read_body", "reply_fields", "upstream_error"]
+
 CONVERSATION_HEADER = "X-Chatstate-Conversation"
-
-
-def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
 def bearer(header: str) -> str:
@@ -54,6 +54,19 @@ def check_request(data: object) -> str | None:
     return None
 
 
+def one_choice(data: Mapping[str, Any]) -> str | None:
+    """Why a request asking for more than one choice is refused, or None.
+
+    A turn stores one reply: storing ``n`` choices as one would mix them, keeping the
+    first would drop the rest silently. So ``n>1`` is a 400 before anything is stored.
+    """
+    n = data.get("n")
+    if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
+        return (f"n={n:g}: chatstate serve stores one reply per turn, so it answers n=1 "
+                "only; send n=1 (or leave n out) and repeat the request for more answers")
+    return None
+
+
 def reply_fields(data: object) -> dict[str, Any]:
     """The stored form of a non-streamed chat completion's first choice."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or \
@@ -78,9 +91,14 @@ _HOP_BY_HOP = {"server", "date", "connection", "keep-alive", "transfer-encoding"
                "content-encoding", "upgrade", "proxy-authenticate", "te", "trailer"}
 
 
-def passthrough(resp: httpx2.Response, headers: Mapping[str, str]) -> Response:
-    kept = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_BY_HOP
+def kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The upstream's response headers a client may see (not hop-by-hop, no cookies)."""
+    return {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP
             and not k.lower().startswith("set-cookie")}
+
+
+def passthrough(resp: httpx2.Response, headers: Mapping[str, str]) -> Response:
+    kept = kept_headers(resp.headers)
     return Response(resp.content, resp.status_code, headers={**kept, **headers})
 
 
@@ -93,6 +111,5 @@ def upstream_error(content: bytes, status: int, headers: Mapping[str, str],
     string becomes ``[redacted]``), so the client still gets the provider's error shape.
     """
     text = scrub(content.decode("utf-8", "replace"), *secrets, limit=None)
-    kept = {k: v for k, v in upstream_headers.items() if k.lower() not in _HOP_BY_HOP
-            and not k.lower().startswith("set-cookie")}
+    kept = kept_headers(upstream_headers)
     return text, Response(text.encode(), status, headers={**kept, **headers})

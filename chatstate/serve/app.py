@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from chatstate.core.redact import scrub
 from chatstate.durable.guard import boot_id
 from chatstate.errors import (
     ChatstateError,
@@ -36,6 +37,8 @@ from chatstate.errors import (
 )
 from chatstate.serve._auth import Auth, BrowserGuard
 from chatstate.serve._conversations import Conversations
+from chatstate.serve._errors import EXCEPTION_HANDLERS
+from chatstate.serve._headers import forwarded, relayed_headers
 from chatstate.serve._history import Ambiguous
 from chatstate.serve._identity import (
     IDEMPOTENCY_HEADER,
@@ -47,6 +50,7 @@ from chatstate.serve._identity import (
 from chatstate.serve._index import StoreIndex
 from chatstate.serve._limits import ConversationLocks, NamespaceLimits, namespace_of
 from chatstate.serve._metrics import CountRequests, Metrics, clock, first_chunk_timed
+from chatstate.serve._nolog import no_log_refusal
 from chatstate.serve._offload import (
     JSON,
     MAX_DEPTH,
@@ -55,15 +59,19 @@ from chatstate.serve._offload import (
     encode_json,
     parse_request,
 )
+from chatstate.serve._passthrough import PassThrough
 from chatstate.serve._readiness import Readiness
-from chatstate.serve._relay import RelayResponse, StreamRelay
+from chatstate.serve._relay import RelayResponse, StreamRelay, client_failure
 from chatstate.serve._replay import replay_response
+from chatstate.serve._request_record import RESPONSE, outcome, request_record
+from chatstate.serve._stream_check import event_stream
 from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
 from chatstate.serve._ui import ui_routes
 from chatstate.serve._wire import (
     CONVERSATION_HEADER,
     bearer,
     check_request,
+    one_choice,
     openai_error,
     passthrough,
     read_body,
@@ -160,7 +168,7 @@ class Proxy:
         return self.auth.namespace(request)
 
     def upstream_headers(self, request: Request) -> dict[str, str]:
-        headers = {"User-Agent": "chatstate-serve"}
+        headers = {"User-Agent": "chatstate-serve", **forwarded(request.headers)}
         if self.config.pass_client_key:
             if "authorization" in request.headers:
                 headers["Authorization"] = request.headers["authorization"]
@@ -194,6 +202,9 @@ class Proxy:
             problem = check_request(data)
             if problem:
                 return Refusal(400, problem)
+            problem = one_choice(data)
+            if problem:
+                return Refusal(400, problem, "n")
         return data
 
     async def _target(self, namespace: str, cid: str | None,
@@ -212,12 +223,15 @@ class Proxy:
             return None
 
     async def _chat(self, request: Request, namespace: str, slot: list[bool]) -> Response:
+        refused = no_log_refusal(request)
+        if refused is not None:
+            return refused
         body = await read_body(request, self.config.max_body)
         if isinstance(body, Response):
             return body
         data = await asyncio.to_thread(self._parse, body)
         if isinstance(data, Refusal):
-            return openai_error(data.status, data.message)
+            return openai_error(data.status, data.message, param=data.param)
         try:
             cid = conversation_id(request, data)
         except InvalidConversationId as exc:
@@ -228,7 +242,8 @@ class Proxy:
         # that left while waiting is not sent upstream.
         space: str = request.state.namespace  # the store's; ``namespace``: the label
         forward = forward_body(data)
-        rkey = request_key(request, space, forward, cid)
+        # a digest of the whole body: CPU in proportion to it, off the event loop
+        rkey = await asyncio.to_thread(request_key, request, space, forward, cid)
         target = await self._target(space, cid, messages)
         key = None if target is None else space + "\n" + target
         if not await self._hold(key, request):
@@ -237,7 +252,8 @@ class Proxy:
         try:
             turn = await asyncio.to_thread(functools.partial(
                 self.writer.begin, cid, messages, namespace=space, key=rkey,
-                keyed=IDEMPOTENCY_HEADER in request.headers))
+                keyed=IDEMPOTENCY_HEADER in request.headers,
+                record=request_record(forward, None)))
             if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
@@ -298,8 +314,9 @@ class Proxy:
 
         return await self.locks.acquire(key, request.is_disconnected if wait_gone else never)
 
-    def _committed(self, turn: Turn, reply: Mapping[str, Any], namespace: str) -> Any:
-        message = self.writer.commit(turn, reply)
+    def _committed(self, turn: Turn, reply: Mapping[str, Any], namespace: str,
+                   found: dict[str, Any]) -> Any:
+        message = self.writer.commit(turn, {**reply, "params": {RESPONSE: found}})
         self.metrics.reply(reply, namespace)
         return message
 
@@ -315,20 +332,23 @@ class Proxy:
         except httpx2.HTTPError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
-                                "upstream_error")
+                                "upstream_error", headers=headers)
         if resp.status_code >= 400:
             stored, relayed = upstream_error(resp.content, resp.status_code, headers,
                                              resp.headers, self.config.api_key,
                                              bearer(request.headers.get("authorization", "")))
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored,
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             return relayed
         try:
             reply = reply_fields(resp.json())
         except ValueError as exc:
-            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
+            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc),
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             return openai_error(502, f"the upstream reply is not a chat completion: {exc}",
-                                "upstream_error")
-        await asyncio.to_thread(self._committed, turn, reply, namespace)
+                                "upstream_error", headers=headers)
+        await asyncio.to_thread(self._committed, turn, reply, namespace,
+                                outcome(resp.status_code, clock() - started, resp.headers))
         return passthrough(resp, headers)
 
     async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
@@ -347,7 +367,7 @@ class Proxy:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             await end()
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
-                                "upstream_error")
+                                "upstream_error", headers=headers)
         if resp.status_code >= 400:
             try:
                 content = await resp.aread()
@@ -356,15 +376,27 @@ class Proxy:
             stored, relayed = upstream_error(content, resp.status_code, headers,
                                              resp.headers, self.config.api_key,
                                              bearer(request.headers.get("authorization", "")))
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored)
+            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored,
+                                    outcome(resp.status_code, clock() - started, resp.headers))
             await end()
             return relayed
+        lines, problem = await event_stream(resp, self.config.api_key,
+                                            bearer(request.headers.get("authorization", "")))
+        if problem is not None:  # an HTML page, JSON, nothing: not a stream to relay
+            await asyncio.to_thread(self.writer.note_failure, turn, 502, problem)
+            await end()
+            return openai_error(502, problem, "upstream_error", headers=headers)
         writer = self.writer
         relay = StreamRelay(
-            resp.aiter_lines(),
+            lines,
             save_partial=lambda text, model: writer.save_partial(turn, text, model),
-            commit=lambda reply: self._committed(turn, reply, namespace),
-            fail=lambda detail: writer.note_failure(turn, 502, detail))
+            commit=lambda reply: self._committed(
+                turn, reply, namespace, outcome(resp.status_code, clock() - started,
+                                                resp.headers)),
+            fail=lambda status, detail: writer.note_failure(
+                turn, status, detail, outcome(status, clock() - started, resp.headers)),
+            redact=lambda text: scrub(text, self.config.api_key, bearer(
+                request.headers.get("authorization", "")), limit=None))
 
         async def cleanup() -> None:
             try:
@@ -375,12 +407,16 @@ class Proxy:
                     await asyncio.to_thread(relay.save_now)
                     log.info("serve: %s: turn %s left as partial (%d chars)", turn.id,
                              turn.turn_id, len(relay.saved))
+                    if relay.failed is None:  # the upstream's failure is recorded already
+                        await asyncio.to_thread(self.writer.note_failure, turn,
+                                                *client_failure(relay))
             finally:
                 await end()
 
         events = first_chunk_timed(relay.events(), request.state.started,
                                    self.metrics.first_chunk)
-        return RelayResponse(events, cleanup, headers=headers,
+        return RelayResponse(events, cleanup,
+                             headers={**relayed_headers(resp.headers), **headers},
                              media_type="text/event-stream")
 
     async def models(self, request: Request) -> Response:
@@ -454,11 +490,16 @@ def _indexed(task: asyncio.Future[int]) -> None:
 def create_app(config: ServeConfig) -> Starlette:
     """The proxy as an ASGI app (its lifespan opens the upstream client and the index)."""
     proxy = Proxy(config)
+    unstored = PassThrough(proxy.upstream, proxy._http, proxy.upstream_headers,
+                           max_body=config.max_body, api_key=config.api_key)
     guarded = {"/v1/chat/completions": proxy.chat_completions, "/v1/models": proxy.models,
+               "/v1/embeddings": unstored.embeddings, "/v1/completions": unstored.completions,
+               "/v1/models/{model_id:path}": unstored.model,
                "/v1/chatstate/conversations": proxy.conversations,
                "/v1/chatstate/conversations/{cid}": proxy.conversation,
                "/metrics": proxy.metrics_text}
-    methods = {"/v1/chat/completions": ["POST"],
+    methods = {"/v1/chat/completions": ["POST"], "/v1/embeddings": ["POST"],
+               "/v1/completions": ["POST"],
                "/v1/chatstate/conversations/{cid}": ["GET", "DELETE"]}
     routes: list[BaseRoute] = [Route(path, _authorize(proxy, handler),
                                      methods=methods.get(path, ["GET"]))
@@ -478,7 +519,8 @@ def create_app(config: ServeConfig) -> Starlette:
                          namespace=lambda scope: namespace_of(Request(scope)))
     middleware = [counted, Middleware(BrowserGuard, allowed_hosts=config.allowed_hosts),
                   Middleware(ConversationPath)]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
+                    exception_handlers=EXCEPTION_HANDLERS)
     app.state.proxy = proxy
     return app
 

@@ -344,6 +344,32 @@ def call_fitted(build: Callable[[], list[dict[str, Any]]],
     return call(build())
 
 
+def alone_too_big(exc: BaseException, fit: Fit | None, turn_id: str) -> Any:
+    """For a provider's "does not fit" when the request held nothing older to leave out
+    (the newest turn alone, with the instructions): a ModelError whose advice can work
+    (a new conversation would not help); None for any other error."""
+    from chatstate.errors import ModelError
+
+    if not isinstance(exc, ModelError) or exc.overflow is None or fit is None:
+        return None
+    if any(m.turn_id != turn_id for m in fit.messages if m.role != "system"):
+        return None  # older turns went too: the generic advice stands
+    window, prompt = exc.overflow
+    size = f" ({prompt} tokens as the provider counts them)" if prompt else ""
+    limit = f" of {window} tokens" if window else ""
+    # what failed, in the adapter's words (the provider's own included), less its generic
+    # advice (a new conversation), which cannot help here
+    head = str(exc).rsplit(" The conversation", 1)[0]
+    return ModelError(
+        f"{head} Your message alone{size} is larger than the model's context window{limit}, so "
+        "no trimming or new conversation can make it fit: split it (send the file in "
+        "parts, or name fewer files with -f), or give the model a bigger window (start "
+        "the server with a larger one, e.g. llama.cpp --ctx-size or Ollama's num_ctx, and "
+        "tell chatstate with --context-window N), or pick a model with a larger window "
+        "(--model).", status=exc.status, provider_message=exc.provider_message,
+        retryable=False, overflow=exc.overflow, kind=exc.kind)
+
+
 def peek(events: Iterator[T]) -> Iterator[T]:
     """Start a stream now, so an error answered before the first event is raised here."""
     iterator = iter(events)

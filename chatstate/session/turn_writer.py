@@ -42,13 +42,13 @@ from typing import Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, now_iso
 from chatstate.errors import ChatstateError, ConflictError, ConversationInUse, LeaseLost
+from chatstate.ops.request_log import UPSTREAM_ERROR_KEY as UPSTREAM_ERROR_KEY
 from chatstate.session.writer_lease import Held, hold
 from chatstate.stores.base import LEASE_TERM, Store
 
 log = logging.getLogger("chatstate.session")
 
 DIVERGENT_KEY = "divergent_replies"
-UPSTREAM_ERROR_KEY = "last_upstream_error"
 
 
 class TurnWriter:
@@ -252,11 +252,13 @@ class TurnWriter:
             log.warning("%s: could not record the divergent reply in the metadata: %s",
                         self.id, exc)
 
-    def note_upstream_error(self, turn_id: str, status: int, detail: str) -> None:
-        """Say in the metadata why the turn has no reply (an upstream error)."""
+    def note_upstream_error(self, turn_id: str, status: int, detail: str,
+                            **facts: Any) -> None:
+        """Say in the metadata why the turn has no reply (an upstream error); ``facts``:
+        more about it (the request's duration, the upstream's request id)."""
         try:
             self.update_metadata({UPSTREAM_ERROR_KEY: {
-                "status": status, "detail": detail[:500], "turn_id": turn_id,
+                **facts, "status": status, "detail": detail[:500], "turn_id": turn_id,
                 "at": now_iso()}})
         except Exception as exc:  # the reply is already lost upstream; do not mask that
             log.warning("%s: could not record the upstream error: %s", self.id, exc)

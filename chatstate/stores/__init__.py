@@ -14,9 +14,10 @@ import importlib
 import logging
 import os
 import re
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from chatstate.errors import (
     ConfigurationError,
@@ -93,8 +94,12 @@ TRUTHY = {"1", "true", "yes", "on"}
 
 
 def default_store_url() -> str:
-    """``CHATSTATE_STORE``, else SQLite in the platform's user data directory."""
-    url = os.environ.get("CHATSTATE_STORE")
+    """``CHATSTATE_STORE`` (the environment, else a .env file), else ``store`` in
+    config.toml (``chatstate.core.config``), else SQLite in the platform's user data
+    directory."""
+    from chatstate.core.config import store_url
+
+    url = store_url()
     if url:
         return url
     from platformdirs import user_data_dir
@@ -192,13 +197,21 @@ def refuse_ephemeral(url: str, report: Report) -> NoReturn:
             "CHATSTATE_ALLOW_EPHEMERAL=1.")
 
 
-def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> OpenedStore:
+def open_store(url: str | None = None, *, allow_ephemeral: bool = False,
+               keyless: bool = False, key: bytes | Literal["env"] | None = "env",
+               old_keys: Sequence[bytes] = ()) -> OpenedStore:
     """Open the store at ``url`` (default: ``CHATSTATE_STORE``, else SQLite in the user data dir).
 
     The durability guard runs before anything is written: an ephemeral location
     raises ``EphemeralStoreError`` unless allowed. Opening recovers what a killed
     writer left (``store.recovery`` says what) and records this open (boot id,
     hostname, DEPLOY_ID, time). ``store.guard_report`` holds the guard's verdict.
+
+    With an encryption key configured (``chatstate.stores.keys``) the store comes back
+    sealed (``chatstate.stores.sealed``); an encrypted store refuses to open without
+    its key unless ``keyless`` (then its records come back sealed, for integrity checks).
+    ``key``: the key's bytes, or None for a plain store, instead of the environment's
+    (``migrate`` between plain and encrypted stores); ``old_keys`` are read-only keys.
     """
     from chatstate.durable.guard import host_identity
 
@@ -212,6 +225,14 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False) -> Open
         _raise_missing_extra(scheme, exc)
         raise
     store.guard_report = report
+    from chatstate.stores.sealed import seal_opened
+
+    try:
+        store = seal_opened(store, keyless=keyless, key=key,  # type: ignore[assignment]
+                            old_keys=old_keys)
+    except BaseException:
+        store.close()
+        raise
     log.debug("opened %s: %s", store.url, report.one_line())
     for note in store.recovery:
         log.info("%s: recovered: %s", store.url, note)

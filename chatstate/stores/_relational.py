@@ -43,7 +43,12 @@ from chatstate.errors import (
     StoreUnavailable,
 )
 from chatstate.stores._rows import decode_rows, row_message, row_text
-from chatstate.stores.base import CheckReport, check_append, check_partial_commit
+from chatstate.stores.base import (
+    CheckReport,
+    PreparedBatch,
+    check_append,
+    check_partial_commit,
+)
 from chatstate.stores.blobs import check_stored_blobs, named_blobs, refuse_unheld_blobs
 from chatstate.stores.leases import check_fence
 
@@ -109,8 +114,10 @@ class RelationalStore(ABC):
     def _blob_where(self, sha256: str) -> str: ...
 
     @abstractmethod
-    def _insert_messages(self, db: Any, cid: str, fresh: Sequence[Message]) -> None:
-        """Insert the message rows; ConflictError when another writer took a seq."""
+    def _insert_messages(self, db: Any, cid: str, fresh: Sequence[Message],
+                         bodies: Sequence[str]) -> None:
+        """Insert the message rows (``bodies``: each one's ``body()``); ConflictError when
+        another writer took a seq."""
 
     def _version(self, db: Any) -> int:
         """A number that changes when another connection commits (0: not known)."""
@@ -131,11 +138,20 @@ class RelationalStore(ABC):
 
     def _chain(self, db: Any, cid: str, head: tuple[Any, ...]) -> list[Message]:
         """Every stored message, chain verified, and its tail checked against the head row."""
-        where = self._where(cid)
+        return self._decoded(cid, head, self._rows(db, cid), self._version(db))
+
+    def _rows(self, db: Any, cid: str) -> list[Any]:
         rows = self._q(db, f"SELECT seq, {self.dialect.body}, hash FROM messages WHERE "
                        "conversation_id=? ORDER BY seq", (cid,)).fetchall()
         if rows and isinstance(rows[0][1], str):  # a text column: decode_rows hashes bytes
             rows = [(seq, body.encode(), hash_) for seq, body, hash_ in rows]
+        return list(rows)
+
+    def _decoded(self, cid: str, head: tuple[Any, ...], rows: list[Any], version: int
+                 ) -> list[Message]:
+        """The rows as messages, chain verified (no connection needed: run it outside the
+        snapshot, so decoding a long conversation holds no other reader or writer back)."""
+        where = self._where(cid)
         messages = decode_rows(rows, where)
         if len(messages) != head[5] or (messages[-1].hash if messages else None) != head[6]:
             # the chain cannot see its own tail cut off; the conversation row can
@@ -144,7 +160,7 @@ class RelationalStore(ABC):
                 f"{where}: the conversation row records {head[5]} messages but {len(messages)} "
                 f"are stored (cut off or added by hand from seq {position}); the database "
                 "was left as it is", where=where, position=position)
-        self._seen[cid] = (self._version(db), head[5], head[6])
+        self._seen[cid] = (version, head[5], head[6])
         return messages
 
     def _verified_count(self, db: Any, cid: str, lock: str = "") -> int:
@@ -173,17 +189,41 @@ class RelationalStore(ABC):
         cid = conversation_id
         with self._snapshot("read") as db:  # one snapshot: header, messages and partial
             head = self._header(db, cid)
-            messages = self._chain(db, cid, head)
+            rows, version = self._rows(db, cid), self._version(db)
             row = self._partial_row(db, cid)
-            partial = None
-            if row is not None and row[0] == len(messages):  # not a stale row of an older seq
-                partial = self._partial_message(cid, row, messages[-1].hash if messages else None)
-            named = [*messages, *([partial] if partial else [])]
-            sizes = self._held_blob_sizes(db, list(named_blobs(named)))
+        # decoded after the snapshot: CPU in proportion to the conversation, lock-free
+        messages = self._decoded(cid, head, rows, version)
+        partial = None
+        if row is not None and row[0] == len(messages):  # not a stale row of an older seq
+            partial = self._partial_message(cid, row, messages[-1].hash if messages else None)
+        named = [*messages, *([partial] if partial else [])]
+        digests = list(named_blobs(named))
+        sizes: dict[str, int] = {}
+        if digests:  # blobs are written before the messages naming them, and kept while named
+            with self._snapshot("read") as db:
+                sizes = self._held_blob_sizes(db, digests)
         check_stored_blobs(self._where(cid), named, sizes.get, self._blob_where)
         return Conversation.model_construct(
             id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
             metadata=json.loads(head[4]), messages=messages, partial=partial)
+
+    def stored_rows(self, conversation_id: str) -> tuple[
+            tuple[Any, ...], list[tuple[int, bytes, str]], tuple[int, bytes] | None]:
+        """The head row, every (seq, body, hash) message row and the partial row, as
+        stored, read in one snapshot and not parsed: the encrypted store's fast load
+        (``chatstate.stores.sealed``) verifies and opens them itself."""
+        cid = conversation_id
+        with self._snapshot("read") as db:
+            head = self._header(db, cid)
+            rows = self._q(db, f"SELECT seq, {self.dialect.body}, hash FROM messages WHERE "
+                           "conversation_id=? ORDER BY seq", (cid,)).fetchall()
+            partial = self._partial_row(db, cid)
+        return head, [(int(seq), _raw(body), str(h)) for seq, body, h in rows], partial
+
+    def blob_sizes(self, digests: list[str]) -> dict[str, int]:
+        """Stored sizes of these blobs (absent ones left out)."""
+        with self._snapshot("read") as db:
+            return self._held_blob_sizes(db, digests)
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
         with self._snapshot("list") as db:
@@ -219,6 +259,7 @@ class RelationalStore(ABC):
                fence: str | None = None) -> None:
         cid = conversation_id
         where = self._where(cid)
+        prepared = PreparedBatch(messages)  # before the lock: CPU in proportion to the batch
         with self._write("append to") as db:
             self._check_fence(db, cid, fence)
             count = self._verified_count(db, cid, self.dialect.for_update)
@@ -228,7 +269,8 @@ class RelationalStore(ABC):
                               (cid, seq)).fetchone()
                 return str(row[0]) if row else ""
 
-            fresh = messages[check_append(where, count - 1, hash_at, messages):]
+            already = check_append(where, count - 1, hash_at, prepared.messages, prepared)
+            fresh = prepared.messages[already:]
             if not fresh:
                 return
             named = list(named_blobs(fresh))
@@ -238,7 +280,7 @@ class RelationalStore(ABC):
             if row is not None:
                 held = self._partial_message(cid, row, hash_at(row[0] - 1) if row[0] else None)
                 check_partial_commit(where, fresh, held)
-            self._insert_messages(db, cid, fresh)
+            self._insert_messages(db, cid, fresh, prepared.bodies[already:])
             self._q(db, "UPDATE conversations SET message_count=?, last_hash=?, updated_at=? "
                     "WHERE id=?", (fresh[-1].seq + 1, fresh[-1].hash, now_iso(), cid))
             self._seen[cid] = (self._version(db), fresh[-1].seq + 1, fresh[-1].hash)

@@ -19,6 +19,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
+from chatstate.testing._extras import (
+    HTML_PAGE,
+    embeddings_body,
+    model_body,
+    text_completion_body,
+    text_completion_chunks,
+)
 from chatstate.testing._parts import received_parts
 from chatstate.testing._replies import (
     CHUNK_BOUNDARY,
@@ -44,6 +51,7 @@ class FakeHTTPServer(ThreadingHTTPServer):
         self.script = script
         self.stopping = threading.Event()
         self.ids = itertools.count(1)
+        self.request_ids = itertools.count(1)
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)
@@ -78,6 +86,11 @@ class _Handler(BaseHTTPRequestHandler):
     # ~40 ms for a delayed ACK, which would make the fake slower than any real server.
     disable_nagle_algorithm = True
     server: FakeHTTPServer
+    request_id: str | None = None  # the chat request being answered (keep-alive: reset)
+
+    def parse_request(self) -> bool:
+        self.request_id = None
+        return super().parse_request()
 
     def setup(self) -> None:
         super().setup()
@@ -99,6 +112,14 @@ class _Handler(BaseHTTPRequestHandler):
             model = script.options.model
             self._json(200, {"object": "list", "data": [
                 {"id": model, "object": "model", "created": 0, "owned_by": "chatstate"}]})
+        elif self.path.startswith("/v1/models/"):
+            model_id = self.path.removeprefix("/v1/models/")
+            known = model_id == script.options.model
+            script.record(self._entry(None, status=200 if known else 404, behaviour="ok"))
+            if known:
+                self._json(200, model_body(model_id))
+            else:
+                self._json(404, error_body(404, f"The model '{model_id}' does not exist"))
         elif self.path == "/_fake/log":
             self._json(200, script.apply("log", {}))
         elif self.path == "/_fake/state":
@@ -112,6 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/v1/chat/completions":
             self._chat(body)
+        elif self.path in ("/v1/embeddings", "/v1/completions"):
+            self._other(self.path, body)
         elif self.path == "/_fake/control":
             self._control(body)
         elif self.path == "/_fake/reset":
@@ -128,9 +151,29 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._json(200, {"ok": True, "result": result})
 
+    def _other(self, path: str, body: dict[str, Any]) -> None:
+        """Embeddings and legacy completions: deterministic answers, logged, no faults."""
+        script = self.server.script
+        script.record(self._entry(body, status=200, behaviour="ok"))
+        model = script.options.model
+        cid, created = f"cmpl-fake-{next(self.server.ids)}", int(time.time())
+        if path == "/v1/embeddings":
+            self._json(200, embeddings_body(body, model))
+        elif body.get("stream"):
+            self._send_head(200, "text/event-stream; charset=utf-8", None)
+            for piece in text_completion_chunks(body, model, cid, created):
+                self._event(piece)
+            self._event_raw("[DONE]")
+            self._end_chunks()
+        else:
+            self._json(200, text_completion_body(body, model, cid, created))
+
     # -- the chat endpoint ---------------------------------------------------------------------
 
     def _chat(self, body: dict[str, Any]) -> None:
+        # every chat answer names its request, as OpenAI's ``x-request-id`` does, and
+        # carries the scripted ``reply_headers`` (rate-limit headers, say)
+        self.request_id = f"req_fake_{next(self.server.request_ids)}"
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             self._json(400, error_body(400, "messages must be a list of objects (fake)"))
@@ -161,6 +204,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if act is not None and act.kind == "hang":
             self._pause(act.seconds)
+        if act is not None and act.kind == "html":
+            self._raw(200, HTML_PAGE, "text/html; charset=utf-8")
+            return
         reply = self._reply(body, messages)
         if body.get("stream"):
             include = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -235,7 +281,8 @@ class _Handler(BaseHTTPRequestHandler):
         deltas = [{"content": piece} for piece in reply.chunks]
         deltas += call_deltas(reply.calls, self.server.script.options.arg_chunk)
         for index, delta in enumerate(deltas):
-            if fault is not None and fault.kind == "cut" and index >= fault.after_chunks:
+            if fault is not None and fault.kind in ("cut", "error_event") \
+                    and index >= fault.after_chunks:
                 break
             self._event(chunk(delta=delta))
         else:
@@ -247,7 +294,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._end_chunks()
             return
         assert fault is not None
-        if fault.clean:  # a well-formed body that simply stops: no finish_reason, no [DONE]
+        if fault.kind == "error_event":  # a provider failing mid-generation says so in-band
+            self._event_raw(json.dumps(error_body(500, fault.message or
+                                                  "The server had an error while processing "
+                                                  "your request (fake).")))
+            self._end_chunks()
+        elif fault.clean:  # a well-formed body that simply stops: no finish_reason, no [DONE]
             self._end_chunks()
         else:  # drop the connection mid-body, as a dying proxy or network would
             self.close_connection = True
@@ -278,7 +330,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Cache-Control", "no-cache")
         else:
             self.send_header("Content-Length", str(length))
-        for name, value in (headers or {}).items():
+        answer = dict(headers or {})
+        if self.request_id is not None:
+            answer = {"x-request-id": self.request_id,
+                      **self.server.script.options.reply_headers, **answer}
+        for name, value in answer.items():
             self.send_header(name, value)
         self.end_headers()
 
@@ -320,11 +376,20 @@ class _Handler(BaseHTTPRequestHandler):
             "authorization": "Authorization" in self.headers,
             "authorization_fingerprint": fingerprint(self.headers.get("Authorization")),
             "status": status, "behaviour": behaviour,
+            "request_id": self.request_id,
+            # every other header, names lower-cased: credentials never
+            "headers": {k.lower(): v for k, v in self.headers.items()
+                        if k.lower() not in SECRET_HEADERS},
         }
 
     def _pause(self, seconds: float) -> None:
         if seconds > 0:
             self.server.stopping.wait(seconds)
+
+
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key",
+                            "api-key"})
+"""Request headers the log never records (only whether ``Authorization`` came)."""
 
 
 def fingerprint(value: str | None) -> str | None:

@@ -25,7 +25,10 @@ class Fault:
     rule), ``cut`` (drop the connection after ``after_chunks`` content chunks;
     ``clean`` ends the body properly but without finish_reason or [DONE]),
     ``hang`` (say nothing for ``seconds``, then answer normally),
-    ``malformed`` (a reply that is not valid JSON/SSE).
+    ``malformed`` (a reply that is not valid JSON/SSE), ``error_event`` (a stream that
+    sends ``after_chunks`` content chunks, then an OpenAI-shaped ``{"error": ...}`` event
+    with ``message``, and ends), ``html`` (a 200 whose body is an HTML page, as a
+    captive portal or a misrouted proxy answers).
     """
 
     kind: str
@@ -87,6 +90,9 @@ class Options:
     overflow_style: str = "openai"
     """How a request past ``context_window`` is refused: "openai" (its 400 text) or
     "llama" (llama.cpp's JSON with ``n_prompt_tokens`` and ``n_ctx``)."""
+    reply_headers: dict[str, str] = field(default_factory=dict)
+    """Headers every chat answer carries (besides its ``x-request-id``), e.g.
+    ``{"x-ratelimit-remaining-requests": "99"}``."""
     text_only: bool = False
     """Refuse content parts other than text as llama.cpp's server does for a model without
     a vision projector: images with a 500 "image input is not supported", file parts with a
@@ -165,7 +171,8 @@ class Script:
 
 
 _FAULT_KINDS = {"fail_next": "fail", "cut_stream_next": "cut", "hang_next": "hang",
-                "malformed_next": "malformed"}
+                "malformed_next": "malformed", "error_event_next": "error_event",
+                "html_next": "html"}
 
 
 class Controls(ABC):
@@ -199,6 +206,18 @@ class Controls(ABC):
     def malformed_next(self, *, times: int = 1) -> None:
         """The next ``times`` chat requests get a 200 whose body is not valid JSON/SSE."""
         self._command("malformed_next", {"times": times})
+
+    def error_event_next(self, after_chunks: int = 1, *, times: int = 1,
+                         message: str | None = None) -> None:
+        """The next ``times`` streamed chat requests send ``after_chunks`` content chunks,
+        then ``data: {"error": {...}}`` (as a provider that fails mid-generation does), and
+        end the body without finish_reason or [DONE]."""
+        self._command("error_event_next", {"after_chunks": after_chunks, "times": times,
+                                           "message": message})
+
+    def html_next(self, *, times: int = 1) -> None:
+        """The next ``times`` chat requests get a 200 ``text/html`` page instead of a reply."""
+        self._command("html_next", {"times": times})
 
     def add_rule(self, *, contains: str, status: int = 500,
                  retry_after: float | str | None = None, message: str | None = None) -> None:

@@ -15,6 +15,7 @@ Every case opens ``store_url`` with ``chatstate.stores.open_store``, so the dura
 guard runs first. A subclass may set:
 
 - ``allow_ephemeral = True`` for a store the guard calls ephemeral (``memory://``, tmpfs);
+- ``keyed_blob_addresses = True`` for an encrypted store (blob addresses are keyed digests);
 - ``in_process = True`` when the state lives in the test process (``memory://``): the
   crash cases then reopen within the process; otherwise a child process writes and is
   killed with SIGKILL (it opens the store again from its URL, so the store's class must
@@ -97,6 +98,12 @@ class StoreCase:
 
     allow_ephemeral = False
     in_process = False
+    keyed_blob_addresses = False
+    """True for an encrypted store: a blob's address is a keyed digest, not its sha256."""
+
+    def blob_address(self, store: Any, data: bytes) -> str:
+        """The address ``put_blob(data)`` will give (an encrypted store overrides this)."""
+        return hashlib.sha256(data).hexdigest()
 
     def open(self, url: str) -> Any:
         return open_store(url, allow_ephemeral=self.allow_ephemeral)
@@ -529,7 +536,11 @@ class BlobCases(StoreCase):
         new_conversation(blobs, "c1")
         msg = self.image_message(blobs, None)
         ref = msg.blob_refs()[0]
-        assert ref == {"sha256": hashlib.sha256(self.PNG_1MIB).hexdigest(),
+        plain_digest = hashlib.sha256(self.PNG_1MIB).hexdigest()
+        if self.keyed_blob_addresses:  # an encrypted store: no plaintext digest is stored
+            assert ref["sha256"] != plain_digest and len(ref["sha256"]) == 64
+            plain_digest = ref["sha256"]
+        assert ref == {"sha256": plain_digest,
                        "size": len(self.PNG_1MIB), "media_type": "image/png", "name": "big.png"}
         blobs.append("c1", [msg])
         conv = blobs.load("c1")
@@ -553,7 +564,7 @@ class BlobCases(StoreCase):
 
     def test_append_refuses_a_blob_the_store_lacks(self, blobs: Any) -> None:
         before = new_conversation(blobs, "c1", 1)
-        ref = {"sha256": hashlib.sha256(b"never stored").hexdigest(), "size": 12,
+        ref = {"sha256": self.blob_address(blobs, b"never stored"), "size": 12,
                "media_type": "image/png"}
         msg = Message.seal(before[-1], role="assistant", turn_id="t-x",
                            content=[{"type": "image_url", "image_url": {}, "blob": ref}])

@@ -187,6 +187,40 @@ def test_malformed_next(http: httpx2.Client, fake: FakeModel) -> None:
     assert "{this is not json" in sse_events(chat(http, fake, stream=True))
 
 
+def test_error_event_next_fails_in_band(http: httpx2.Client, fake: FakeModel) -> None:
+    fake.error_event_next(after_chunks=2, message="overloaded (fake)")
+    events = sse_events(chat(http, fake, stream=True))
+    assert len(events) == 4  # the role chunk, two content chunks, the error
+    assert json.loads(events[-1])["error"]["message"] == "overloaded (fake)"
+    assert "[DONE]" not in events
+
+
+def test_html_next_answers_a_page(http: httpx2.Client, fake: FakeModel) -> None:
+    fake.html_next(times=2)
+    for stream in (False, True):
+        r = chat(http, fake, stream=stream)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert r.text.startswith("<!DOCTYPE html>")
+
+
+def test_embeddings_completions_and_one_model(http: httpx2.Client, fake: FakeModel) -> None:
+    emb = http.post(fake.base_url + "/embeddings", json={"model": "e", "input": ["a", "b"]})
+    assert [d["index"] for d in emb.json()["data"]] == [0, 1]
+    assert emb.json() == http.post(fake.base_url + "/embeddings",
+                                   json={"model": "e", "input": ["a", "b"]}).json()
+    done = http.post(fake.base_url + "/completions", json={"model": "m", "prompt": "hi"})
+    assert done.json()["choices"][0]["text"] == "Completed: hi"
+    streamed = http.post(fake.base_url + "/completions",
+                         json={"model": "m", "prompt": "hi", "stream": True})
+    events = sse_events(streamed)
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == "Completed: hi"
+    assert http.get(fake.base_url + "/models/fake-model").json()["id"] == "fake-model"
+    assert http.get(fake.base_url + "/models/other").status_code == 404
+    assert [e["path"] for e in fake.request_log][-2:] == ["/v1/models/fake-model",
+                                                          "/v1/models/other"]
+
+
 def test_latency_and_chunk_delay(http: httpx2.Client, fake: FakeModel) -> None:
     fake.configure(latency=0.1, chunk_delay=0.02)
     started = time.monotonic()

@@ -266,7 +266,10 @@ def test_a_context_length_400_names_the_window_and_says_what_to_change(
     assert result.code == 1
     assert "831 tokens" in result.err
     assert "context window of 512 tokens" in result.err
-    assert "--new" in result.err
+    # "hi" is the whole request: a new conversation cannot help, a bigger window or a
+    # split message can (issue 28)
+    assert "split it" in result.err and "--context-window N" in result.err
+    assert "--new" not in result.err
     assert "complete the turn with" not in result.err
     assert "would fail the same way" in result.err
 

@@ -115,3 +115,28 @@ def test_ctrl_x_ctrl_e_writes_the_message_in_the_editor(tmp_path: Path) -> None:
     screen_of(_chat(tmp_path), tmp_path, env=env, during=during)
     stored = replay_json(f"json://{tmp_path}/s", "k")["messages"]
     assert stored[0]["content"] == "from the editor"
+
+
+def test_slash_editor_opens_the_editor_and_sends_what_is_saved(tmp_path: Path) -> None:
+    """/editor is Ctrl-X Ctrl-E as a command: the saved text is the message, even one that
+    starts with a slash; /copy then copies the reply through the terminal (OSC 52)."""
+    editor = tmp_path / "editor.sh"
+    editor.write_text("#!/bin/sh\nprintf '/not a command\\nsecond line' > \"$1\"\n")
+    editor.chmod(0o755)
+    env = cli_env(tmp_path, EDITOR=str(editor), VISUAL=str(editor), PATH="/usr/bin:/bin",
+                  DISPLAY="", WAYLAND_DISPLAY="")
+
+    def during(tmux: Callable[..., str]) -> None:
+        wait_for(tmux, "you>")
+        tmux("send-keys", "/editor", "Enter")
+        wait_for(tmux, "tokens/s")
+        tmux("send-keys", "/copy", "Enter")
+        wait_for(tmux, "copied the last reply")
+        tmux("send-keys", "/exit", "Enter")
+
+    screen = screen_of(f"{CHATSTATE} --store json://{tmp_path}/s chat --model fake --id k "
+                       "--no-log", tmp_path, env=env, during=during)
+    assert "with OSC 52" in screen, screen
+    assert "not stored (--no-log)" in screen
+    assert not (tmp_path / "s" / "k.json").exists()
+    assert "Echo: /not a command" in screen

@@ -207,3 +207,44 @@ def test_a_canary_key_never_appears_in_drill_output_or_its_store(tmp_path: Path)
     for path in store.rglob("*"):
         if path.is_file():
             assert canary.encode() not in path.read_bytes(), path
+
+
+# -- the encryption key (issue 25) ---------------------------------------------------------
+
+@pytest.mark.invariant(9)
+@pytest.mark.parametrize("source", ["env", "file", "command"])
+def test_the_encryption_key_is_never_shown_or_stored(tmp_path: Path, fake: FakeModel,
+                                                     source: str) -> None:
+    from chatstate.stores.codec import new_key
+
+    key, other = new_key(), new_key()
+    root = tmp_path / "store"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHATSTATE_", "OPENAI_"))}
+    env["CHATSTATE_API_KEY"] = "sk-test-" + secrets.token_hex(8)
+    if source == "env":
+        env["CHATSTATE_ENCRYPTION_KEY"] = key
+    elif source == "file":
+        env["CHATSTATE_KEY_FILE"] = str(key_file)
+    else:
+        env["CHATSTATE_KEY_COMMAND"] = f"cat {key_file}"
+    url = store_url("sqlite", root)
+
+    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, "--store", url, "--debug", *args], env={**env, **extra},
+                              capture_output=True, text=True, timeout=60)
+
+    runs = [cli("ask", "--base-url", fake.base_url, "--id", "sealed", "private words")]
+    assert runs[0].returncode == 0, runs[0].stderr
+    runs += [cli("replay", "sealed", "--verify"), cli("doctor", "--json"),
+             cli("list", CHATSTATE_ENCRYPTION_KEY=other, CHATSTATE_KEY_FILE="",
+                 CHATSTATE_KEY_COMMAND="")]
+    assert runs[1].returncode == 0 and "authentication tag checked" in runs[1].stderr
+    assert runs[3].returncode == 1 and "wrong encryption key" in runs[3].stderr
+    for run in runs:
+        for secret in (key, other, key[5:]):
+            assert secret not in run.stdout + run.stderr
+    assert_not_in_store(root, key[5:])
+    assert_not_in_store(root, "private words")

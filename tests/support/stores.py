@@ -100,13 +100,15 @@ def assert_acked_present(messages: Sequence[Message], acks: Sequence[tuple[int, 
         assert hashes.count(h) == 1, f"acknowledged seq {seq} stored more than once"
 
 
-def tamper(url: str, store: Any, cid: str, seq: int) -> None:
+def tamper(url: str, store: Any, cid: str, seq: int, edit: tuple[str, str] | None = None
+           ) -> None:
     """Edit message ``seq``'s content behind the store's back, the way each kind allows.
 
     Made by ``seal_chain`` (content ``msg <seq>``); its stored hash is left as it was,
-    so the chain no longer verifies at ``seq``.
+    so the chain no longer verifies at ``seq``. ``edit``: (old, new) text to replace
+    instead (an encrypted store's sealed record).
     """
-    old, new = f'"msg {seq}"', f'"msg {seq}, edited"'
+    old, new = edit or (f'"msg {seq}"', f'"msg {seq}, edited"')
     if scheme(url) == "json":
         file = local_path(url) / f"{cid}.json"
         text = file.read_text()

@@ -84,6 +84,13 @@ class SdkBackend:
             reply: Mapping[str, Any] = self._create(body).to_dict()
             return reply
 
+    def get(self, path: str) -> Mapping[str, Any]:
+        """GET ``path`` (``/models``) through the client; the decoded JSON reply."""
+        with _translate(self.dialect):
+            cast_to: Any = object  # the JSON as it came, not a typed SDK model
+            reply: Mapping[str, Any] = self._client.get(path, cast_to=cast_to)
+            return reply
+
     def stream(self, body: Mapping[str, Any]) -> Generator[Mapping[str, Any], None, None]:
         with _translate(self.dialect), self._create(body) as chunks:
             for chunk in chunks:

@@ -34,7 +34,8 @@ class WireBackend:
                  http_client: httpx2.Client | None = None,
                  dialect: Dialect = CHAT_COMPLETIONS) -> None:
         self.dialect = dialect
-        self._url = base_url.rstrip("/") + dialect.path
+        self._base = base_url.rstrip("/")
+        self._url = self._base + dialect.path
         self.endpoint = redact_url(self._url)  # what messages show: never user:password
         self.secret = api_key
         self.timeout = timeout
@@ -55,6 +56,13 @@ class WireBackend:
     def send(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         with _translate():
             response = self._client.post(self._url, json=dict(body), headers=self._headers)
+            self._raise_for_status(response)
+            return _decode(response.content, "response body")
+
+    def get(self, path: str) -> Mapping[str, Any]:
+        """GET ``{base_url}{path}`` (``/models``) and return the decoded JSON reply."""
+        with _translate():
+            response = self._client.get(self._base + path, headers=self._headers)
             self._raise_for_status(response)
             return _decode(response.content, "response body")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -14,6 +15,7 @@ from chatstate.cli import waiting
 from chatstate.cli.common import Env, fail
 from chatstate.cli.daily_options import Daily, daily_options
 from chatstate.cli.functions import functions_option, load_functions, tool_printer
+from chatstate.cli.mcp_options import ToolBox, mcp_options, open_mcp
 from chatstate.cli.turns import (
     attach_option,
     attachments,
@@ -37,29 +39,45 @@ from chatstate.errors import ChatstateError, ConversationInUse, ModelError
 @daily_options
 @attach_option
 @functions_option
+@mcp_options
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
         lease_wait: float, no_stream: bool, as_json: bool, retry: bool, keep_failed: bool,
-        daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
+        daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...],
+        mcp_config: Path | None, mcp_commands: tuple[str, ...], yes: bool) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
     The user message is durable before the request is sent, and each piece of
     the reply is durable before it is printed. `--id ID` continues ID or
-    creates it. With --functions, each tool call and its result is described
-    on stderr once stored. Exit status: 0 ok, 1 failure, 2 usage.
+    creates it. With --functions or MCP servers (--mcp-config, --mcp), each tool
+    call and its result is described on stderr once stored; an MCP tool that is
+    neither read-only nor allow-listed runs only with --yes. Exit status: 0 ok,
+    1 failure, 2 usage.
     """
-    if retry and attach:
-        raise click.UsageError("--retry completes the interrupted turn; it takes no --attach")
-    text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont)
-    parts = attachments(attach)  # read before anything is stored: a bad path stores nothing
-    tools = load_functions(functions)
+    if retry and (attach or daily.files):
+        raise click.UsageError("--retry completes the interrupted turn; it takes no --attach "
+                               "or -f")
+    if retry and daily.no_log:
+        raise click.UsageError("--retry stores the turn it completes; it takes no --no-log")
+    stdin_taken = "-" in daily.files
+    if stdin_taken and prompt in (None, "-"):
+        raise click.UsageError("-f - reads stdin as a file: give the prompt as an argument")
+    files = daily.fragment_parts()  # read before anything is stored: a bad path stores nothing
+    text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont,
+                       piped=not stdin_taken)
+    parts = files + attachments(attach)
+    mcp = open_mcp(mcp_config, mcp_commands, "yes" if yes else "allow-list",
+                   lambda line: click.echo(line, err=True))
+    tools = ToolBox(load_functions(functions), mcp)
     system, model, params = daily.resolve(system, model)
-    with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
-                   offline=offline, base_url=base_url, system=system,
-                   lease_wait=lease_wait) as chat:
+    env.quiet = daily.quiet = env.quiet or daily.quiet
+    with contextlib.closing(tools), open_chat(
+            env, conversation_id=conversation_id, cont=cont, new=new, model=model,
+            offline=offline, base_url=base_url, system=system, lease_wait=lease_wait,
+            no_log=daily.no_log) as chat:
         daily.configure(chat, params)
-        click.echo(f"conversation {chat.id}", err=True)
+        env.notice(f"conversation {chat.id}")
         note_before(chat, retry=retry)
         chat.on_tool = tool_printer(lambda line: click.echo(line, err=True))
         fresh = not chat.writer.created  # this command starts the conversation
@@ -108,7 +126,7 @@ def discard_failed_start(chat: Any) -> bool:
 
 
 def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
-                cont: bool) -> str:
+                cont: bool, piped: bool = True) -> str:
     """The prompt text, checked before anything is opened; empty for --retry."""
     if retry:
         if prompt is not None:
@@ -121,10 +139,10 @@ def read_prompt(prompt: str | None, *, retry: bool, conversation_id: str | None,
             click.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
         # like $(...) in a shell: the newline that ends the piped text is not part of it
         prompt = sys.stdin.read().removesuffix("\n")
-    else:
-        piped = piped_text()
-        if piped:  # `cat notes.md | chatstate ask "Summarise:"`: the prompt, then the text
-            prompt = f"{prompt}\n\n{piped}"
+    elif piped:
+        extra = piped_text()
+        if extra:  # `cat notes.md | chatstate ask "Summarise:"`: the prompt, then the text
+            prompt = f"{prompt}\n\n{extra}"
     text = valid_text(prompt, "the prompt")
     if not text.strip():
         raise click.UsageError("empty prompt: pass PROMPT or pipe text on stdin")
@@ -155,7 +173,7 @@ def piped_text() -> str:
 
 def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
              attach: list[dict[str, Any]] | None = None,
-             tools: list[Any] | None = None) -> Any:
+             tools: Any = None) -> Any:
     """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
     from chatstate.cli.markdown import ReplyPrinter, print_stats
 
@@ -164,6 +182,7 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
     if not stream:
         with waiting.waiting(spin):
             reply = chat.send(text, tools=tools, **more) if text else chat.retry(tools=tools)
+        note_fit(chat)
         if not show:
             return reply
         printer = ReplyPrinter(markdown=daily.markdown())
@@ -173,7 +192,11 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
         try:
             deltas = (chat.stream(text, tools=tools, **more) if text
                       else chat.retry_stream(tools=tools))
+            first = True
             for delta in waiting.until_first(deltas, spin):
+                if first:  # the request was fitted before the first delta came back
+                    note_fit(chat)
+                    first = False
                 printer.feed(delta)
         except BaseException:
             printer.abort()
@@ -183,6 +206,13 @@ def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
     if printer.markdown and not daily.quiet:
         print_stats(printer.stats(reply.usage))
     return reply
+
+
+def note_fit(chat: Any) -> None:
+    """Before the reply: that the request left older messages out (the store keeps them)."""
+    fit = chat.last_fit
+    if fit is not None and fit.trimmed:
+        click.echo(f"note: {fit.describe()}; the older ones stay stored", err=True)
 
 
 def retry_hint(cid: str, exc: BaseException | None = None) -> str:

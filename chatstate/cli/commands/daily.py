@@ -126,7 +126,7 @@ def usage(env: Env, since: str | None, by: str, as_json: bool, prices: Path | No
     """Token usage the provider reported, totalled from the store."""
     from chatstate.ops import usage as lib
 
-    report = lib.collect(env.store(), by=by, since=lib.parse_since(since) if since else None,
+    report = lib.collect(env.reader(), by=by, since=lib.parse_since(since) if since else None,
                          prices=lib.load_prices(prices) if prices else None)
     for note in report.skipped:
         click.echo(f"skipped a damaged transcript: {note}", err=True)

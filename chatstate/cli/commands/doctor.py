@@ -38,7 +38,7 @@ def doctor(env: Env, as_json: bool, limit: int, store_only: bool,
     from chatstate.stores import default_store_url
 
     try:
-        store = env.store()
+        store = env.store(keyless=True)  # an encrypted store's chains check without a key
     except ChatstateError as exc:
         url = env.store_url or default_store_url()
         report = unreachable(url, exc)
@@ -70,6 +70,8 @@ def _summary(report: DoctorReport) -> list[tuple[str, str]]:
         c = report.check
         rows.append(("probe", "ok: " + ", ".join(c["steps"]) if c["ok"]
                      else f"FAILED: {c['error']}"))
+    if report.encryption:
+        rows.append(("encryption", report.encryption))
     if report.conversations:
         c2 = report.conversations
         more = f" (the newest {c2.limit}; --limit to check more)" if c2.more else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -44,11 +45,17 @@ from chatstate.cli.common import Env, describe_store, fail
 @click.option("--tools", is_flag=True,
               help="Drill the tool loop instead: kill a writer at every step of it, then "
                    "count duplicated side effects and orphaned calls (both must be 0).")
+@click.option("--mcp", "mcp", is_flag=True,
+              help="With --tools: the tool with side effects is an MCP server's (the "
+                   "drill's own, over stdio; needs the mcp extra).")
+@click.option("--encrypted", is_flag=True,
+              help="Drill encrypted stores: the configured key, else a fresh one for this "
+                   "drill (its stores must be new then, as with --all).")
 @click.pass_obj
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
           max_seconds: float, as_json: bool, serve_mode: bool, clients: int,
-          tools: bool) -> None:
+          tools: bool, mcp: bool, encrypted: bool) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -64,7 +71,8 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     appends to a file) and is killed while a tool runs, between a stored result
     and the next model call, or at random; the drill proves no call is left
     without its result (stored or sent), no non-idempotent tool ran twice, and
-    every acknowledged message is still there.
+    every acknowledged message is still there. With --mcp that tool is an MCP
+    server's, and duplicates count calls the server received twice.
 
     Exit status 0 when nothing was lost, corrupt or duplicated and no other
     problem was found; 1 otherwise. --json prints the result of one store as
@@ -73,7 +81,16 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     from chatstate.drill import DrillOptions, run_drill
     from chatstate.stores import default_store_url
 
+    if mcp and not tools:
+        raise click.UsageError("--mcp goes with --tools: drill --tools --mcp")
+
     configured = store_url or env.store_url or default_store_url()
+    if encrypted:
+        from chatstate.stores.codec import new_key
+        from chatstate.stores.keys import configured as key_configured
+
+        if not key_configured():  # the writers inherit it; it is gone with this process
+            os.environ["CHATSTATE_ENCRYPTION_KEY"] = new_key()
     scratch: Path | None = None
     if all_stores:
         scratch = _scratch_dir(directory, configured)
@@ -92,7 +109,8 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
                 continue
             left = max_seconds - sum(r.seconds for r in results)
             if tools:
-                results.append(_tool_drill(url, trials, seed, trial_timeout, max(left, 1.0)))
+                results.append(_tool_drill(url, trials, seed, trial_timeout, max(left, 1.0),
+                                           mcp))
                 continue
             opts = DrillOptions(trials=trials, seed=seed, trial_timeout=trial_timeout,
                                 max_seconds=max(left, 1.0))
@@ -190,7 +208,7 @@ def _print(results: list[Any], as_json: bool, all_stores: bool) -> None:
 
 
 def _tool_drill(url: str, trials: int, seed: int | None, trial_timeout: float,
-                max_seconds: float) -> Any:
+                max_seconds: float, mcp: bool = False) -> Any:
     from chatstate.drill.tooldrill import run_tool_drill
 
     def show(result: Any) -> None:
@@ -198,7 +216,8 @@ def _tool_drill(url: str, trials: int, seed: int | None, trial_timeout: float,
             click.echo(f"drill --tools {result.store}: {result.kills}/{trials} kills, "
                        f"{len(result.problems)} problems", err=True)
     return run_tool_drill(url, trials=trials, seed=seed, trial_timeout=trial_timeout,
-                          max_seconds=max_seconds, progress=show)
+                          max_seconds=max_seconds, progress=show,
+                          mcp="builtin" if mcp else None)
 
 
 def _print_tools(results: list[Any], as_json: bool, all_stores: bool) -> None:

@@ -30,7 +30,7 @@ def list_cmd(env: Env, as_json: bool, limit: int | None, check: bool) -> None:
     Listing reads only each conversation's header; --check reads every transcript too
     (on a big store that takes a while), so it can say which are damaged or interrupted.
     """
-    store = env.store()
+    store = env.reader()
     rows = store.list_conversations(limit=limit)
     flagged = {r.id: conversation_flags(store, r.id) for r in rows} if check else {}
     if as_json:
@@ -76,8 +76,12 @@ def conversation_flags(store: Store, conversation_id: str) -> list[str]:
 @click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 naming the first "
               "bad seq.")
 @click.option("--raw", is_flag=True, help="Plain text even on a terminal (no Markdown).")
+@click.option("--requests", "requests", is_flag=True,
+              help="The requests its turns made instead (model, options, tools, schema, "
+              "HTTP status, duration, upstream request id); --format json: one JSON array.")
 @click.pass_obj
-def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) -> None:
+def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool,
+           requests: bool) -> None:
     """Print a stored transcript (a partial reply shows as status partial).
 
     On a terminal the text format is rendered as Markdown, unless --raw, NO_COLOR
@@ -87,13 +91,30 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) ->
     from chatstate.ops.transfer import render
 
     try:
-        conv = env.store().load(conversation_id)
+        conv = env.store(writes=False, keyless=verify).load(conversation_id)
     except CorruptTranscriptError as exc:
         where = f" at seq {exc.position}" if exc.position is not None else ""
         fail(f"verification failed{where}: {exc}")
+    from chatstate.stores.sealed import describe_sealed, is_sealed
+
+    if verify and is_sealed(conv):  # an encrypted store, no key: the chain over ciphertext
+        click.echo(describe_sealed(conv), err=True)
+        return
     from chatstate.cli.daily_options import use_markdown
 
-    if fmt == "text" and use_markdown(raw):
+    if requests:
+        from chatstate.ops.request_log import request_lines, requests_of
+
+        rows = requests_of(conv)
+        if fmt in ("json", "jsonl"):
+            click.echo(json.dumps(rows, indent=2) if fmt == "json" else
+                       "\n".join(json.dumps(r) for r in rows))
+        else:
+            for line in request_lines(rows):
+                click.echo(neutralise(line))
+            if not rows:
+                click.echo("(no requests recorded)", err=True)
+    elif fmt == "text" and use_markdown(raw):
         from chatstate.cli.markdown import print_markdown
 
         print_markdown(render(conv, "markdown"))
@@ -112,6 +133,8 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool) ->
             fail(f"verification failed: {exc}")
         tip = conv.last.hash[:16] if conv.last else "-"
         checked = f", {blobs} blob(s) match their sha256" if blobs else ""
+        if getattr(env.store(), "codec", None) is not None:
+            checked += ", every record's authentication tag checked with the key"
         click.echo(f"verified: {len(conv.messages)} messages, chain intact (head {tip}…)"
                    f"{checked}", err=True)
     if conv.partial is not None or (conv.last and conv.last.role == "user"):
@@ -133,7 +156,7 @@ def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
     from chatstate.durable.files import atomic_write
     from chatstate.ops.transfer import export_json, export_openai
 
-    store = env.store()
+    store = env.reader()
     conv = store.load(conversation_id)
     data = export_json(conv, store) if fmt == "chatstate" else \
         export_openai(conv, store, jsonl=fmt == "jsonl")
@@ -274,7 +297,7 @@ def search(env: Env, text: str, limit: int) -> None:
     """
     from chatstate.stores import Searchable
 
-    store = env.store()
+    store = env.reader()
     if isinstance(store, Searchable):  # an optional part of the Store protocol
         hits = store.search(text, limit=limit)
     else:

@@ -38,7 +38,28 @@ def make_reader() -> Callable[[], str]:
     session: PromptSession[str] = PromptSession(history=FileHistory(str(path)),
                                                 key_bindings=keys, multiline=False,
                                                 enable_open_in_editor=True)
-    return lambda: session.prompt("you> ")
+
+    def read(*, editor: bool = False) -> str:
+        # editor: open $EDITOR at once, as Ctrl-X Ctrl-E does (prompt_toolkit's own
+        # open_in_editor), and take what is saved as the line
+        def open_editor() -> None:
+            session.default_buffer.open_in_editor(validate_and_handle=True)
+
+        return session.prompt("you> ", pre_run=open_editor if editor else None)
+
+    read.editor = True  # type: ignore[attr-defined]
+    return read
+
+
+def read_in_editor(read: Callable[..., str]) -> str | None:
+    """The next message, written in $EDITOR through ``read`` (a terminal reader from
+    ``make_reader``); None when input is not a terminal (no editor can be opened)."""
+    if not getattr(read, "editor", False):
+        return None
+    try:
+        return read(editor=True)
+    except (EOFError, KeyboardInterrupt):
+        return ""
 
 
 def _tolerant_mouse() -> Callable[[Any], Any]:

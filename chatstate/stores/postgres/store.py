@@ -57,12 +57,14 @@ class PostgresStore(PgLease, PgBase, RelationalStore):
     def _held_blob_sizes(self, db: Any, digests: list[str]) -> dict[str, int]:
         return self._blob_sizes(digests, db)
 
-    def _insert_messages(self, db: Any, cid: str, fresh: Sequence[Message]) -> None:
+    def _insert_messages(self, db: Any, cid: str, fresh: Sequence[Message],
+                         bodies: Sequence[str]) -> None:
         # a seq another writer took first is a UniqueViolation: ConflictError (_errors)
         with db.cursor() as cur:
             cur.executemany("INSERT INTO messages (conversation_id, seq, body, hash, "
                             "search_text) VALUES (%s, %s, %s, %s, %s)",
-                            [(cid, m.seq, m.body(), m.hash, _searchable(m)) for m in fresh])
+                            [(cid, m.seq, body, m.hash, _searchable(m))
+                             for m, body in zip(fresh, bodies, strict=True)])
 
     # -- search ----------------------------------------------------------------------
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:

@@ -75,10 +75,11 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         return self._blob_sizes(digests)
 
     def _insert_messages(self, db: sqlite3.Connection, cid: str,
-                         fresh: Sequence[Message]) -> None:
+                         fresh: Sequence[Message], bodies: Sequence[str]) -> None:
         try:
             db.executemany("INSERT INTO messages (conversation_id, seq, body, hash) "
-                           "VALUES (?, ?, ?, ?)", [(cid, m.seq, m.body(), m.hash) for m in fresh])
+                           "VALUES (?, ?, ?, ?)", [(cid, m.seq, body, m.hash)
+                                                   for m, body in zip(fresh, bodies, strict=True)])
         except sqlite3.IntegrityError:
             raise ConflictError(f"{self._where(cid)}: another writer took seq {fresh[0].seq}; "
                                 "reload and retry") from None

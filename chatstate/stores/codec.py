@@ -1,0 +1,237 @@
+"""The store layer's one codec seam: how a record's bytes are sealed on the way to a store.
+
+Two codecs. ``PLAIN`` is the identity: a record is stored as it is today, so a
+plain store keeps exactly its bytes and hashes. ``AeadCodec`` seals a record
+with AES-256-GCM-SIV (``cryptography``, the ``chatstate[crypto]`` extra,
+imported only when a key is configured). Every sealed record carries the keyed
+fingerprint of the key that sealed it, and its associated data binds it to
+what it is: (kind, conversation id, seq, the plaintext chain hash before it) for
+messages and partial replies (so the tags fix the order too),
+(kind, conversation id) for a title or metadata, the kind alone for a blob
+(blobs are shared between conversations). A record moved to another
+conversation, seq or kind fails its tag.
+
+The nonce is synthetic: HMAC-SHA256 under a nonce key of (associated data,
+plaintext), cut to 96 bits. The same record at the same place therefore seals
+to the same bytes, so a retried append is still a no-op, the partial reply a
+writer commits seals exactly as the stored partial, and a blob is stored once
+per key; distinct records get distinct nonces with the odds of random ones
+(and GCM-SIV stays safe even if two ever met). What that reveals: that two
+sealed records at the same place are equal, which the hash chain shows anyway.
+
+Subkeys (encryption, nonce, fingerprint) are derived from the 32-byte master
+key with HMAC-SHA256 under distinct labels; the master key never leaves this module.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatstate.errors import (
+    ChatstateError,
+    ConfigurationError,
+    CorruptTranscriptError,
+    MissingExtra,
+)
+
+Where = str | Callable[[], str]
+"""How an error names the record: the text, or a function making it (only on failure)."""
+
+KEY_PREFIX = "csk1-"
+"""What a chatstate key looks like: ``csk1-`` and 43 base64url characters (32 bytes)."""
+AEAD_NAME = "AES-256-GCM-SIV"
+SEALED_PART = "chatstate.sealed"
+"""The content part type of a sealed message as a store holds it."""
+SEALED_BLOB_PART = "chatstate.blob"
+"""A stored message's part naming a sealed blob (so the store's blob checks and gc see it)."""
+SEALED_META = "chatstate.sealed"
+"""The one metadata key of a sealed header."""
+BLOB_MAGIC = b"CSB1"
+FP_BYTES = 8
+NONCE_BYTES = 12
+TAG_BYTES = 16
+BLOB_OVERHEAD = len(BLOB_MAGIC) + FP_BYTES + NONCE_BYTES + TAG_BYTES
+"""A sealed blob is this many bytes longer than its plaintext."""
+
+
+def new_key() -> str:
+    """A fresh random key, as ``chatstate keygen`` prints it."""
+    return KEY_PREFIX + base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+
+
+def parse_key(text: str, source: str) -> bytes:
+    """The 32 key bytes of ``text``; a clear error naming ``source`` (never the key)."""
+    value = text.strip()
+    if value.startswith(KEY_PREFIX):
+        value = value[len(KEY_PREFIX):]
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise ConfigurationError(f"the encryption key from {source} is not a chatstate key "
+                                 f"(expected {KEY_PREFIX} and 43 base64url characters, 32 "
+                                 "bytes); make one with `chatstate keygen`")
+    return raw
+
+
+def _derive(master: bytes, label: str) -> bytes:
+    return hmac.new(master, b"chatstate/v1/" + label.encode(), hashlib.sha256).digest()
+
+
+def fingerprint_of(master: bytes) -> str:
+    """The keyed fingerprint of a key: names it in records and messages, reveals nothing."""
+    return _derive(master, "fingerprint")[:FP_BYTES].hex()
+
+
+def _ad(kind: str, cid: str, seq: int | None, prev: str | None) -> bytes:
+    return f"chatstate/v1\0{kind}\0{cid}\0{'' if seq is None else seq}\0{prev or ''}".encode()
+
+
+class PlainCodec:
+    """The identity codec: records are stored exactly as they are (every plain store)."""
+
+    encrypted = False
+
+    def seal(self, kind: str, cid: str, seq: int | None, plaintext: bytes,
+             prev: str | None = None) -> bytes:
+        return plaintext
+
+    def open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: Where,
+             prev: str | None = None) -> bytes:
+        return stored
+
+
+PLAIN = PlainCodec()
+
+
+@dataclass
+class _Key:
+    fingerprint: str
+    aead: Any
+    nonce_key: bytes
+
+
+def _aead_class() -> Any:
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
+    except ModuleNotFoundError as exc:
+        raise MissingExtra("an encryption key is configured, but the 'cryptography' package "
+                           "is missing: pip install 'chatstate[crypto]'",
+                           extra="crypto") from exc
+    return AESGCMSIV
+
+
+def _load(master: bytes) -> _Key:
+    aead = _aead_class()
+    try:
+        cipher = aead(_derive(master, "encrypt"))
+    except Exception as exc:  # cryptography built on an OpenSSL without GCM-SIV (< 3.2)
+        raise ConfigurationError(f"this cryptography build cannot do {AEAD_NAME} ({exc}); "
+                                 "install the cryptography wheel from PyPI") from exc
+    return _Key(fingerprint_of(master), cipher, _derive(master, "nonce"))
+
+
+@dataclass
+class AeadCodec:
+    """Seals records under the primary key; opens records sealed by any key it holds.
+
+    ``older`` keys are accepted for reading only (a ``rekey`` that has not finished).
+    """
+
+    primary: bytes = field(repr=False)
+    older: Iterable[bytes] = field(default=(), repr=False)
+    encrypted = True
+
+    def __post_init__(self) -> None:
+        self._primary = _load(self.primary)
+        self._keys = {self._primary.fingerprint: self._primary}
+        for key in self.older:
+            loaded = _load(key)
+            self._keys.setdefault(loaded.fingerprint, loaded)
+        self.primary = b""  # the master key is not kept: only its subkeys
+        self.older = ()
+
+    @property
+    def fingerprint(self) -> str:
+        return self._primary.fingerprint
+
+    def knows(self, fingerprint: str) -> bool:
+        return fingerprint in self._keys
+
+    def seal(self, kind: str, cid: str, seq: int | None, plaintext: bytes,
+             prev: str | None = None) -> bytes:
+        """fingerprint (8) | nonce (12) | ciphertext and tag. ``prev``: the plaintext chain
+        hash before a message, bound too, so the tags alone also fix the order."""
+        key, ad = self._primary, _ad(kind, cid, seq, prev)
+        nonce = hmac.new(key.nonce_key, ad + b"\0" + plaintext,
+                         hashlib.sha256).digest()[:NONCE_BYTES]
+        sealed: bytes = key.aead.encrypt(nonce, plaintext, ad)
+        return bytes.fromhex(key.fingerprint) + nonce + sealed
+
+    def open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: Where,
+             prev: str | None = None) -> bytes:
+        """The plaintext; one clear line naming ``where`` (conversation and seq) when not."""
+        if not isinstance(where, str):
+            try:
+                return self._open(kind, cid, seq, stored, "", prev)
+            except ChatstateError:
+                pass  # again, to name the place (made only on failure: loads are hot)
+            where = where()
+        return self._open(kind, cid, seq, stored, where, prev)
+
+    def _open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: str,
+              prev: str | None) -> bytes:
+        if len(stored) < FP_BYTES + NONCE_BYTES + TAG_BYTES:
+            raise CorruptTranscriptError(f"{where}: the sealed record is cut short "
+                                         f"({len(stored)} bytes); nothing was changed",
+                                         where=where, position=seq)
+        fp = stored[:FP_BYTES].hex()
+        key = self._keys.get(fp)
+        if key is None:
+            raise ConfigurationError(f"{where}: sealed by key {fp}, but the configured key is "
+                           f"{self.fingerprint}: set the key that encrypted this store "
+                           "(CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or "
+                           "CHATSTATE_KEY_COMMAND); nothing was changed")
+        nonce = stored[FP_BYTES:FP_BYTES + NONCE_BYTES]
+        try:
+            return bytes(key.aead.decrypt(nonce, stored[FP_BYTES + NONCE_BYTES:],
+                                          _ad(kind, cid, seq, prev)))
+        except Exception as exc:  # cryptography's InvalidTag
+            raise CorruptTranscriptError(
+                f"{where}: the sealed record fails its authentication tag (it was altered, or "
+                "moved here from another conversation or position); nothing was changed",
+                where=where, position=seq) from exc
+
+    # text forms, for records a store keeps as strings --------------------------------
+    def seal_text(self, kind: str, cid: str, seq: int | None, plaintext: str,
+                  prev: str | None = None) -> str:
+        sealed = self.seal(kind, cid, seq, plaintext.encode("utf-8", "surrogatepass"), prev)
+        return base64.b64encode(sealed).decode()
+
+    def open_text(self, kind: str, cid: str, seq: int | None, stored: object,
+                  where: str) -> str:
+        try:
+            raw = base64.b64decode(str(stored), validate=True)
+        except ValueError as exc:
+            raise CorruptTranscriptError(f"{where}: the sealed record is not base64; nothing "
+                                         "was changed", where=where, position=seq) from exc
+        return self.open(kind, cid, seq, raw, where).decode("utf-8", "surrogatepass")
+
+    # blobs ---------------------------------------------------------------------------
+    def seal_blob(self, data: bytes) -> bytes:
+        return BLOB_MAGIC + self.seal("blob", "", None, data)
+
+    def open_blob(self, stored: bytes, where: str) -> bytes:
+        if not stored.startswith(BLOB_MAGIC):
+            raise CorruptTranscriptError(f"{where}: not a sealed blob (an encrypted store "
+                                         "holds only sealed blobs); nothing was changed",
+                                         where=where)
+        return self.open("blob", "", None, stored[len(BLOB_MAGIC):], where)
+

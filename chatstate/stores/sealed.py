@@ -1,0 +1,537 @@
+"""An encrypted store: every store, sealed at its record boundary by the AEAD codec.
+
+``open_store`` wraps the store it opened in ``SealedStore`` when a key is
+configured (``chatstate.stores.keys``), so json, sqlite, s3, postgresql, memory
+and third-party stores are encrypted by this one module, and each keeps its own
+layout, compare-and-append, leases and crash recovery unchanged.
+
+What the store holds for a message is itself a valid message: the seq, status
+and time in the clear, role ``event``, and as content one ``chatstate.sealed``
+part (the sealed canonical JSON of the real message, associated data: kind,
+conversation id, seq) plus one ``chatstate.blob`` part per blob it names (the
+sealed blob's keyed address and size, so the store's blob checks and ``gc`` see
+them). The store chains its hashes over those stored bodies, so its chain, and
+``replay --verify`` and ``doctor`` without the key, check the ciphertext; the
+caller sees the real messages, whose hashes are today's chain over their
+plaintext bodies, recomputed (and so checked) after every tag is.
+
+A title and the metadata are sealed too (kinds ``title`` and ``metadata``). A
+blob is sealed with a nonce derived from its bytes, so its address (the sha256
+of the sealed bytes, checkable without the key) is a keyed digest: equal files
+are stored once under one key, and nobody without the key can confirm a guess.
+
+The store is marked encrypted by a conversation named ``chatstate.encryption``
+(its title says so, its metadata names the AEAD and the key's fingerprint),
+hidden from callers here; a store with the mark refuses to open without a key.
+"""
+
+from __future__ import annotations
+
+import binascii
+import functools
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import orjson
+
+from chatstate.core.content import blob_area
+from chatstate.core.transcript import (
+    Conversation,
+    ConversationSummary,
+    Message,
+    canonical_json,
+    chain_hash,
+)
+from chatstate.errors import (
+    ConfigurationError,
+    ConflictError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+    Unsupported,
+)
+from chatstate.stores._fastload import validate_json_array
+from chatstate.stores.base import CollectsBlobs, Searchable, Store, check_append
+from chatstate.stores.codec import (
+    AEAD_NAME,
+    BLOB_OVERHEAD,
+    FP_BYTES,
+    SEALED_BLOB_PART,
+    SEALED_META,
+    SEALED_PART,
+    AeadCodec,
+)
+from chatstate.stores.forwarding import ForwardingStore
+
+MARKER_ID = "chatstate.encryption"
+MARKER_TITLE = ("chatstate: this store is encrypted; open it with its key set "
+                "(CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND)")
+
+_Tail = tuple[int, str | None, str | None]
+"""(message count, stored hash of the last message, its plaintext chain hash)"""
+
+
+_SEALED_HEAD = b'{"content":[{"data":"'
+_SEALED_TAIL = b'","type":"' + SEALED_PART.encode() + b'"}],'
+"""How a stored row of a sealed message without blobs starts and where its sealed data
+ends (canonical JSON: sorted keys), so a load need not parse it."""
+
+
+def chain_of(prev: str | None, body: bytes) -> str:
+    """The plaintext chain hash of a message body after ``prev`` (``chain_hash`` on bytes)."""
+    h = hashlib.sha256((prev or "").encode())
+    h.update(body)
+    return h.hexdigest()
+
+
+def marker(store: Store) -> dict[str, Any] | None:
+    """The store's encryption mark (``{"aead", "key", "format"}``), None for a plain store."""
+    try:
+        found = store.load(MARKER_ID)
+    except ConversationNotFound:
+        return None
+    mark = found.metadata.get("encryption")
+    return mark if isinstance(mark, dict) else {"key": "?"}
+
+
+def mark_encrypted(store: Store, fingerprint: str) -> None:
+    store.create(Conversation(id=MARKER_ID, title=MARKER_TITLE, metadata={
+        "encryption": {"aead": AEAD_NAME, "format": 1, "key": fingerprint}}))
+
+
+class SealedStore(ForwardingStore):
+    """``inner`` with every record sealed by ``codec`` (see the module docstring)."""
+
+    def __init__(self, inner: Store, codec: AeadCodec) -> None:
+        super().__init__(inner)
+        self.codec = codec
+        self._tails: dict[str, _Tail] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def parts(cls, inner: Store) -> list[type]:
+        return [p for p in super().parts(inner) if p is not Searchable]
+
+    # -- naming ------------------------------------------------------------------------
+    def _at(self, cid: str, seq: int | None = None, what: str = "") -> str:
+        where = f"{self.inner.url}: conversation {cid!r}"
+        return where + (f" seq {seq}" if seq is not None else "") + (f" {what}" if what else "")
+
+    def _own(self, cid: str) -> str:
+        if cid == MARKER_ID:
+            raise ConversationNotFound(f"{MARKER_ID!r} is the encryption mark of "
+                                       f"{self.inner.url}, not a conversation")
+        return cid
+
+    # -- messages ----------------------------------------------------------------------
+    def _seal(self, cid: str, msg: Message, prev_stored: str | None,
+              prev: str | None) -> Message:
+        """``msg`` as stored: sealed, bound to (cid, seq, ``prev``: the plaintext chain hash
+        before it), chained from ``prev_stored`` (the stored hash before it)."""
+        parts: list[dict[str, Any]] = [{"type": SEALED_PART, "data": self.codec.seal_text(
+            "message", cid, msg.seq, msg.body(), prev)}]
+        for ref in msg.blob_refs():
+            size = ref.get("size")
+            parts.append({"type": SEALED_BLOB_PART, "blob": {
+                "sha256": ref.get("sha256"),
+                "size": size + BLOB_OVERHEAD if isinstance(size, int) else size}})
+        sealed = Message(seq=msg.seq, role="event", content=parts, created_at=msg.created_at,
+                         turn_id="sealed", status=msg.status)
+        return sealed.model_copy(update={"hash": chain_hash(prev_stored, sealed.body())})
+
+    def _body(self, cid: str, stored: Message, prev: str | None) -> bytes:
+        return self._open_parts(cid, stored.seq, stored.content, prev)
+
+    def _open_parts(self, cid: str, seq: int, content: object, prev: str | None) -> bytes:
+        """The plaintext body of a stored record's content (its tag checked)."""
+        if not isinstance(content, list) or not content or not isinstance(content[0], dict) \
+                or content[0].get("type") != SEALED_PART:
+            where = self._at(cid, seq)
+            raise CorruptTranscriptError(f"{where} is not sealed, but this store is encrypted "
+                                         "(a plain record was put in it); nothing was changed",
+                                         where=where, position=seq)
+        try:
+            raw = binascii.a2b_base64(str(content[0].get("data")))
+        except (binascii.Error, ValueError) as exc:
+            where = self._at(cid, seq)
+            raise CorruptTranscriptError(f"{where}: the sealed record is not base64; nothing "
+                                         "was changed", where=where, position=seq) from exc
+        return self.codec.open("message", cid, seq, raw, lambda: self._at(cid, seq), prev)
+
+    def _open_chain(self, cid: str, stored: Sequence[Message]) -> list[Message]:
+        bodies: list[bytes] = []
+        hashes: list[str] = []
+        prev: str | None = None
+        for record in stored:
+            bodies.append(self._body(cid, record, prev))
+            prev = chain_of(prev, bodies[-1])
+            hashes.append(prev)
+        return self._open_bodies(cid, bodies, hashes)
+
+    def _open_bodies(self, cid: str, bodies: list[bytes], hashes: list[str],
+                     chunk: int = 4096) -> list[Message]:
+        """The plaintext messages from their opened bodies and plaintext chain hashes,
+        validated in chunks by one pydantic-core call each."""
+        messages: list[Message] = []
+        for start in range(0, len(bodies), chunk):
+            items = [body[:-1] + b',"hash":"' + h.encode() + b'"}' for body, h in
+                     zip(bodies[start:start + chunk], hashes[start:start + chunk], strict=True)]
+            try:
+                part = validate_json_array(b"[" + b",".join(items) + b"]")
+            except ValueError as exc:
+                where = self._at(cid)
+                raise CorruptTranscriptError(f"{where}: a sealed message does not hold a valid "
+                                             "message; nothing was changed",
+                                             where=where) from exc
+            for offset, msg in enumerate(part):
+                if msg.seq != start + offset:
+                    where = self._at(cid, start + offset)
+                    raise CorruptTranscriptError(f"{where}: the sealed message holds another "
+                                                 "position; nothing was changed", where=where,
+                                                 position=start + offset)
+            messages.extend(part)
+        return messages
+
+    def _open_partial(self, cid: str, stored: Message, prev: str | None) -> Message:
+        return self._partial_from(cid, stored.seq, self._body(cid, stored, prev), prev)
+
+    def _partial_from(self, cid: str, seq: int, body: bytes, prev: str | None) -> Message:
+        msg = Message.model_validate_json(body[:-1] + b',"hash":"' +
+                                          chain_of(prev, body).encode() + b'"}')
+        if msg.seq != seq:
+            where = self._at(cid, seq)
+            raise CorruptTranscriptError(f"{where}: the sealed partial reply holds another "
+                                         "position; nothing was changed", where=where,
+                                         position=seq)
+        return msg
+
+    # -- header ------------------------------------------------------------------------
+    def _seal_title(self, cid: str, title: str) -> str:
+        return self.codec.seal_text("title", cid, None, title)
+
+    def _seal_metadata(self, cid: str, metadata: dict[str, Any]) -> dict[str, Any]:
+        return {SEALED_META: self.codec.seal_text("metadata", cid, None,
+                                                  canonical_json(metadata))}
+
+    def _open_title(self, cid: str, title: str) -> str:
+        return self.codec.open_text("title", cid, None, title, self._at(cid, what="title"))
+
+    def _open_metadata(self, cid: str, metadata: dict[str, Any]) -> dict[str, Any]:
+        where = self._at(cid, what="metadata")
+        if set(metadata) != {SEALED_META}:
+            raise CorruptTranscriptError(f"{where} is not sealed, but this store is "
+                                         "encrypted; nothing was changed", where=where)
+        import json
+
+        opened = json.loads(self.codec.open_text("metadata", cid, None,
+                                                 metadata[SEALED_META], where))
+        if not isinstance(opened, dict):
+            raise CorruptTranscriptError(f"{where} is not an object", where=where)
+        return opened
+
+    # -- the contract ------------------------------------------------------------------
+    def create(self, conversation: Conversation) -> None:
+        cid = self._own(conversation.id)
+        self.inner.create(conversation.model_copy(update={
+            "title": self._seal_title(cid, conversation.title),
+            "metadata": self._seal_metadata(cid, conversation.metadata)}))
+        with self._lock:
+            self._tails[cid] = (0, None, None)
+
+    def _fast_load(self, cid: str) -> Conversation | None:
+        """The relational stores' rows, their stored chain verified and opened here
+        without building the sealed messages first; None for other stores."""
+        rows_of = getattr(self.inner, "stored_rows", None)
+        sizes_of = getattr(self.inner, "blob_sizes", None)
+        if rows_of is None or sizes_of is None:
+            return None
+        head, rows, partial_row = rows_of(cid)
+        where = self._at(cid)
+        bodies: list[bytes] = []
+        hashes: list[str] = []
+        named: dict[str, tuple[int, int]] = {}
+        prev = b""
+        last: str | None = None
+        for position, (seq, raw, digest) in enumerate(rows):
+            h = hashlib.sha256(prev)
+            h.update(raw)
+            if seq != position or h.hexdigest() != digest:
+                raise CorruptTranscriptError(
+                    f"{where}: hash chain broken at seq {position} (a record was edited, "
+                    "removed or reordered); the database was left as it is", where=where,
+                    position=position)
+            end = raw.find(_SEALED_TAIL, len(_SEALED_HEAD)) if raw.startswith(_SEALED_HEAD) \
+                else -1
+            if end > 0 and raw.find(b'"', len(_SEALED_HEAD)) == end:  # one part: no blob
+                sealed = binascii.a2b_base64(raw[len(_SEALED_HEAD):end])
+                bodies.append(self.codec.open("message", cid, seq, sealed,
+                                              functools.partial(self._at, cid, seq), last))
+            else:  # blob parts, or anything unusual: parsed in full
+                bodies.append(self._open_parts(cid, seq, self._parts(cid, seq, raw, named),
+                                               last))
+            last = chain_of(last, bodies[-1])
+            hashes.append(last)
+            prev = digest.encode()
+        if len(rows) != head[5] or (rows[-1][2] if rows else None) != head[6]:
+            position = min(int(head[5]), len(rows))
+            raise CorruptTranscriptError(
+                f"{where}: the conversation row records {head[5]} messages but {len(rows)} "
+                f"are stored (cut off or added by hand from seq {position}); the database "
+                "was left as it is", where=where, position=position)
+        messages = self._open_bodies(cid, bodies, hashes)
+        partial = None
+        if partial_row is not None and partial_row[0] == len(rows):
+            seq = partial_row[0]
+            body = self._open_parts(cid, seq, self._parts(cid, seq, partial_row[1], named), last)
+            partial = self._partial_from(cid, seq, body, last)
+        if named:
+            held = sizes_of(list(named))
+            for sha, (size, seq) in named.items():
+                if held.get(sha) != size:
+                    what = "is missing" if sha not in held else \
+                        f"has {held[sha]} bytes, not {size}"
+                    raise CorruptTranscriptError(
+                        f"blob {sha}: the blob named by message seq {seq} of {where} {what}; "
+                        "nothing was changed. Restore the blob from a backup.",
+                        where=f"blob {sha}", position=seq)
+        with self._lock:
+            self._tails[cid] = (len(rows), rows[-1][2] if rows else None,
+                                messages[-1].hash if messages else None)
+        return Conversation.model_construct(
+            id=head[0], title=self._open_title(cid, head[1]), created_at=head[2],
+            updated_at=head[3], metadata=self._open_metadata(cid, orjson.loads(head[4])),
+            messages=messages, partial=partial)
+
+    def _parts(self, cid: str, seq: int, raw: bytes,
+               named: dict[str, tuple[int, int]]) -> object:
+        """A stored row's content parts; the blobs it names noted in ``named``."""
+        try:
+            content = orjson.loads(raw)["content"]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            where = self._at(cid, seq)
+            raise CorruptTranscriptError(f"{where} is unreadable; the database was left as "
+                                         "it is", where=where, position=seq) from exc
+        if isinstance(content, list):
+            for part in content[1:]:
+                ref = part.get("blob") if isinstance(part, dict) else None
+                if isinstance(ref, dict) and isinstance(ref.get("sha256"), str):
+                    size = ref.get("size")
+                    named.setdefault(ref["sha256"], (size if isinstance(size, int) else -1, seq))
+        return content
+
+    def load(self, conversation_id: str) -> Conversation:
+        cid = self._own(conversation_id)
+        fast = self._fast_load(cid)
+        if fast is not None:
+            return fast
+        stored = self.inner.load(cid)
+        messages = self._open_chain(cid, stored.messages)
+        last = messages[-1].hash if messages else None
+        partial = None if stored.partial is None else \
+            self._open_partial(cid, stored.partial, last)
+        with self._lock:
+            self._tails[cid] = (len(messages), stored.messages[-1].hash if messages else None,
+                                last)
+        return Conversation.model_construct(
+            id=stored.id, title=self._open_title(cid, stored.title),
+            created_at=stored.created_at, updated_at=stored.updated_at,
+            metadata=self._open_metadata(cid, stored.metadata), messages=messages,
+            partial=partial)
+
+    def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
+        found = [s for s in self.inner.list_conversations(None if limit is None else limit + 1)
+                 if s.id != MARKER_ID]
+        return [s.model_copy(update={"title": self._open_title(s.id, s.title)})
+                for s in found[:limit]]
+
+    def delete(self, conversation_id: str) -> None:
+        cid = self._own(conversation_id)
+        with self._lock:
+            self._tails.pop(cid, None)
+        self.inner.delete(cid)
+
+    def _tail(self, cid: str, fresh: bool = False) -> _Tail:
+        with self._lock:
+            tail = None if fresh else self._tails.get(cid)
+        if tail is None:
+            self.load(cid)
+            with self._lock:
+                tail = self._tails[cid]
+        return tail
+
+    def _logical_hashes(self, cid: str) -> list[str]:
+        return [m.hash for m in self.load(cid).messages]
+
+    def append(self, conversation_id: str, messages: Sequence[Message], *,
+               fence: str | None = None) -> None:
+        cid = self._own(conversation_id)
+        if not messages:
+            self.inner.append(cid, [], **({} if fence is None else {"fence": fence}))
+            return
+        for attempt in (0, 1):
+            count, stored_last, last = self._tail(cid, fresh=attempt == 1)
+            every: list[str] | None = None
+
+            def hash_at(seq: int, count: int = count, last: str | None = last) -> str:
+                nonlocal every
+                if seq == count - 1:
+                    return last or ""
+                if every is None:
+                    every = self._logical_hashes(cid)
+                return every[seq] if seq < len(every) else ""
+
+            try:
+                already = check_append(self._at(cid), count - 1, hash_at, messages)
+            except ConflictError:
+                if attempt == 0:
+                    continue  # what this process knew may be stale: look again
+                raise
+            break
+        fresh = list(messages[already:])
+        if not fresh:
+            return
+        sealed: list[Message] = []
+        prev, logical = stored_last, last
+        for msg in fresh:
+            sealed.append(self._seal(cid, msg, prev, logical))
+            prev, logical = sealed[-1].hash, msg.hash
+        try:
+            self.inner.append(cid, sealed, **({} if fence is None else {"fence": fence}))
+        except BaseException:
+            with self._lock:
+                self._tails.pop(cid, None)
+            raise
+        with self._lock:
+            self._tails[cid] = (fresh[-1].seq + 1, prev, fresh[-1].hash)
+
+    def save_partial(self, conversation_id: str, partial: Message, *,
+                     fence: str | None = None) -> None:
+        cid = self._own(conversation_id)
+        count, stored_last, last = self._tail(cid)
+        if partial.seq != count:
+            count, stored_last, last = self._tail(cid, fresh=True)
+        self.inner.save_partial(cid, self._seal(cid, partial, stored_last, last),
+                                **({} if fence is None else {"fence": fence}))
+
+    def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
+        self.inner.clear_partial(self._own(conversation_id),
+                                 **({} if fence is None else {"fence": fence}))
+
+    def set_header(self, conversation_id: str, *, title: str | None = None,
+                   metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
+        cid = self._own(conversation_id)
+        self.inner.set_header(
+            cid, title=None if title is None else self._seal_title(cid, title),
+            metadata=None if metadata is None else self._seal_metadata(cid, metadata),
+            **({} if fence is None else {"fence": fence}))
+
+    def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
+        raise Unsupported(f"{self.inner.url} is encrypted: full-text search is off, because "
+                          "an index would keep the words of every message in the clear. "
+                          "Decrypt a conversation with `chatstate show ID` instead")
+
+    # -- blobs -------------------------------------------------------------------------
+    def put_blob(self, data: bytes, *, media_type: str | None = None,
+                 name: str | None = None) -> dict[str, Any]:
+        ref = blob_area(self.inner, "images and files").put_blob(self.codec.seal_blob(data))
+        out: dict[str, Any] = {"sha256": ref["sha256"], "size": len(data)}
+        if media_type:
+            out["media_type"] = media_type
+        if name:
+            out["name"] = name
+        return out
+
+    def get_blob(self, sha256: str) -> bytes:
+        stored = blob_area(self.inner, "images and files").get_blob(sha256)
+        return self.codec.open_blob(stored, f"{self.inner.url}: blob {sha256}")
+
+    def has_blob(self, sha256: str) -> bool:
+        return blob_area(self.inner, "images and files").has_blob(sha256)
+
+    def list_blobs(self) -> list[tuple[str, int, float]]:
+        """(address, plaintext size, age): the sizes the references record."""
+        return [(sha, max(size - BLOB_OVERHEAD, 0), age)
+                for sha, size, age in self._collector().list_blobs()]
+
+    def remove_blob(self, sha256: str, *, idle_for: float) -> bool:
+        return self._collector().remove_blob(sha256, idle_for=idle_for)
+
+    def _collector(self) -> CollectsBlobs:
+        if not isinstance(self.inner, CollectsBlobs):
+            raise Unsupported(f"{self.inner.url}: this store cannot list or remove blobs")
+        return self.inner
+
+
+def is_sealed(conversation: Conversation) -> bool:
+    """Does this conversation, loaded without the key, hold sealed records?"""
+    first = conversation.messages[0] if conversation.messages else conversation.partial
+    content = first.content if first is not None else None
+    return bool(isinstance(content, list) and content and
+                content[0].get("type") == SEALED_PART) or \
+        SEALED_META in conversation.metadata
+
+
+def describe_sealed(conversation: Conversation) -> str:
+    """What ``replay --verify`` proved of an encrypted conversation without the key."""
+    tip = conversation.last.hash[:16] if conversation.last else "-"
+    fps = ", ".join(sorted({binascii.a2b_base64(str(m.content[0].get("data", ""))[:12])
+                            [:FP_BYTES].hex() for m in conversation.messages
+                            if isinstance(m.content, list) and m.content})) or "-"
+    return (f"verified without the key: {len(conversation.messages)} sealed messages of "
+            f"{conversation.id!r}, the hash chain over the stored ciphertext intact (head "
+            f"{tip}…), sealed by key {fps}; the authentication tags need the key to check")
+
+
+def encryption_note(store: Store) -> str | None:
+    """For ``doctor``: how the store is encrypted and what a load checks (None: plain)."""
+    if isinstance(store, SealedStore):
+        return (f"{AEAD_NAME}, key {store.codec.fingerprint} configured: every record "
+                "loaded has its authentication tag checked")
+    mark = marker(store)
+    if mark is None:
+        return None
+    return (f"{mark.get('aead', AEAD_NAME)}, sealed by key {mark.get('key')}; no key "
+            "configured: the hash chains over the stored ciphertext are verified, the "
+            "authentication tags are not (set the key to check them too)")
+
+
+def seal_opened(store: Store, *, keyless: bool = False,
+                key: bytes | Literal["env"] | None = "env",
+                old_keys: Sequence[bytes] = ()) -> Store:
+    """``store`` (opened) sealed by the configured key; refused when key and store disagree.
+
+    ``keyless``: an encrypted store may be returned as it is stored, without a key
+    (sealed records, for checks that need none: ``replay --verify``, ``doctor``).
+    """
+    from chatstate.stores.keys import load_key
+
+    if key == "env":
+        key = load_key()
+        old = load_key(old=True)
+        old_keys = [*old_keys, old] if old else old_keys
+    mark = marker(store)
+    if key is None:
+        if mark is None or keyless:
+            return store
+        raise ConfigurationError(
+            f"{store.url} is encrypted (key {mark.get('key')}) and no key is configured: set "
+            "CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND "
+            "(`chatstate replay --verify` and `chatstate doctor` check it without one)")
+    codec = AeadCodec(key, older=list(old_keys))
+    if mark is None:
+        if store.list_conversations(limit=1):
+            raise ConfigurationError(
+                f"{store.url} holds plain conversations, and an encryption key is configured: "
+                "a store created without a key stays plain. Unset the key to use it, or copy "
+                "it into a new encrypted store with `chatstate migrate`")
+        try:
+            mark_encrypted(store, codec.fingerprint)
+        except ConflictError:  # another process marked it first
+            mark = marker(store)
+    if mark is not None and not codec.knows(str(mark.get("key"))):
+        raise ConfigurationError(
+            f"{store.url}: wrong encryption key: the store was encrypted by key "
+            f"{mark.get('key')}, the configured key is {codec.fingerprint}; nothing was read "
+            "or changed")
+    return SealedStore(store, codec)

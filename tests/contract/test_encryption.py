@@ -1,0 +1,413 @@
+"""Encryption at rest (issue 25): what an encrypted store holds, how it refuses, and what
+it checks with and without its key. The contract itself runs encrypted on every store in
+test_store_encrypted.py; these cases use the local stores (their bytes are files)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from support.cli_helpers import invoke
+from support.sealed import KEY, OTHER_KEY, flip_sealed, keyless, open_raw
+from support.stores import local_path, scheme, snapshot, stored_state
+
+from chatstate.core.content import image, store_parts, text
+from chatstate.core.transcript import Conversation, Message, chain_hash
+from chatstate.errors import ConfigurationError, CorruptTranscriptError, Unsupported
+from chatstate.stores import open_store
+from chatstate.stores.codec import AeadCodec, new_key, parse_key
+from chatstate.stores.keys import load_key
+from chatstate.stores.sealed import SealedStore
+from chatstate.testing.store_contract import seal_chain
+
+SECRET = "my-health-question-7f3a"
+PNG = b"\x89PNG\r\n\x1a\n" + b"secret-image-bytes" * 4096
+
+
+@pytest.fixture
+def key(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("CHATSTATE_ENCRYPTION_KEY", KEY)
+    return KEY
+
+
+def _fill(url: str) -> tuple[list[Message], dict[str, object]]:
+    """c1 with a title, metadata, three messages (one naming an image) and a partial;
+    c2 with two messages. Returns c1's messages and the image's reference."""
+    store = open_store(url)
+    store.create(Conversation(id="c1", title=f"title {SECRET}",
+                              metadata={"summary": f"summary {SECRET}"}))
+    msgs = seal_chain(2, prefix=f"msg {SECRET}")
+    parts = store_parts(store, [text(f"look {SECRET}"), image(PNG, name=f"{SECRET}.png")])
+    msgs.append(Message.seal(msgs[-1], role="user", content=parts, turn_id="t-2"))
+    store.append("c1", msgs)
+    store.save_partial("c1", Message.seal(msgs[-1], role="assistant", status="partial",
+                                          content=f"half {SECRET}", turn_id="t-2"))
+    store.create(Conversation(id="c2"))
+    store.append("c2", seal_chain(2, prefix="other"))
+    ref = msgs[-1].blob_refs()[0]
+    store.close()
+    return msgs, ref
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_an_encrypted_store_holds_no_user_text_and_no_plaintext_digest(
+        tmp_path: Path, key: str, kind: str) -> None:
+    url = f"json://{tmp_path}/store" if kind == "json" else f"sqlite://{tmp_path}/s.db"
+    msgs, ref = _fill(url)
+    plain_digest = hashlib.sha256(PNG).hexdigest()
+    assert ref["sha256"] != plain_digest
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    for path in files:
+        data = path.read_bytes()
+        for needle in (SECRET.encode(), plain_digest.encode(), b"secret-image-bytes",
+                       KEY.encode(), key[5:].encode()):
+            assert needle not in data, f"{needle[:20]!r} is stored in the clear in {path}"
+    store = open_store(url)
+    conv = store.load("c1")
+    assert conv.messages == msgs  # hashes too: the chain over the plaintext, as before
+    assert conv.title == f"title {SECRET}" and conv.metadata == {"summary": f"summary {SECRET}"}
+    assert conv.partial is not None and conv.partial.content == f"half {SECRET}"
+    assert isinstance(store, SealedStore)
+    assert store.get_blob(str(ref["sha256"])) == PNG
+    assert [s.id for s in store.list_conversations()] == ["c2", "c1"]
+    store.close()
+
+
+def test_a_plain_store_is_not_wrapped_and_its_hashes_are_unchanged(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/s.db"
+    store = open_store(url)
+    store.create(Conversation(id="c1"))
+    msgs = seal_chain(3)
+    store.append("c1", msgs)
+    assert not isinstance(store, SealedStore)
+    store.close()
+    db = sqlite3.connect(local_path(url))
+    rows = db.execute("SELECT body, hash FROM messages ORDER BY seq").fetchall()
+    db.close()
+    assert [r[0] for r in rows] == [m.body() for m in msgs]  # today's bytes
+    assert [r[1] for r in rows] == [m.hash for m in msgs]
+
+
+def test_missing_wrong_key_and_a_plain_store_with_a_key_each_refuse_in_one_line(
+        tmp_path: Path, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite://{tmp_path}/s.db"
+    _fill(url)
+    before = snapshot(local_path(url))
+    with keyless(), pytest.raises(ConfigurationError) as missing:
+        open_store(url)
+    assert "is encrypted" in str(missing.value) and "CHATSTATE_KEY_FILE" in str(missing.value)
+    monkeypatch.setenv("CHATSTATE_ENCRYPTION_KEY", OTHER_KEY)
+    with pytest.raises(ConfigurationError) as wrong:
+        open_store(url)
+    assert "wrong encryption key" in str(wrong.value)
+    for refusal in (missing.value, wrong.value):
+        assert "\n" not in str(refusal)
+        assert KEY not in str(refusal) and OTHER_KEY not in str(refusal)
+    assert snapshot(local_path(url)) == before  # nothing overwritten
+    plain = f"sqlite://{tmp_path}/plain.db"
+    with keyless():
+        made = open_store(plain)
+        made.create(Conversation(id="c1"))
+        made.close()
+    with pytest.raises(ConfigurationError, match="a store created without a key stays plain"):
+        open_store(plain)
+
+
+def test_a_record_sealed_by_another_key_names_conversation_and_seq(
+        tmp_path: Path, key: str) -> None:
+    url = f"sqlite://{tmp_path}/s.db"
+    _fill(url)
+    raw = open_raw(url)
+    other = SealedStore(raw, AeadCodec(parse_key(OTHER_KEY, "test")))
+    with pytest.raises(ConfigurationError) as info:
+        other.load("c1")
+    assert "conversation 'c1' seq 0" in str(info.value) and "sealed by key" in str(info.value)
+    raw.close()
+
+
+def _rechain(url: str, cid: str, bodies: dict[int, str]) -> None:
+    """Replace message bodies of ``cid`` and recompute the stored chain over them, as
+    someone with write access but no key can: only the tags can tell."""
+    db = sqlite3.connect(local_path(url))
+    with db:
+        rows = db.execute("SELECT seq, body FROM messages WHERE conversation_id=? ORDER BY "
+                          "seq", (cid,)).fetchall()
+        prev = None
+        for seq, body in rows:
+            body = bodies.get(seq, body.decode() if isinstance(body, bytes) else body)
+            prev = chain_hash(prev, body)
+            db.execute("UPDATE messages SET body=?, hash=? WHERE conversation_id=? AND seq=?",
+                       (body, prev, cid, seq))
+        db.execute("UPDATE conversations SET last_hash=? WHERE id=?", (prev, cid))
+    db.close()
+
+
+def _body(url: str, cid: str, seq: int) -> str:
+    db = sqlite3.connect(local_path(url))
+    row = db.execute("SELECT body FROM messages WHERE conversation_id=? AND seq=?",
+                     (cid, seq)).fetchone()
+    db.close()
+    return row[0].decode() if isinstance(row[0], bytes) else str(row[0])
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize("how", ["tampered", "swapped"])
+def test_a_rechained_record_fails_its_tag_naming_conversation_and_seq(
+        tmp_path: Path, key: str, how: str) -> None:
+    url = f"sqlite://{tmp_path}/s.db"
+    _fill(url)
+    body = _body(url, "c1", 1)
+    if how == "tampered":
+        data = body.split('"data":"', 1)[1].split('"', 1)[0]
+        new = body.replace(data, flip_sealed(data))
+    else:  # c2's seq 1, a valid record under this key, moved into c1
+        new = _body(url, "c2", 1)
+    _rechain(url, "c1", {1: new})
+    with keyless():  # without the key the stored chain verifies: it was rebuilt
+        raw = open_raw(url)
+        assert raw.load("c1").verify() is None
+        raw.close()
+    store = open_store(url)
+    before = stored_state(url, store)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c1")
+    assert "conversation 'c1' seq 1" in str(info.value)
+    assert "authentication tag" in str(info.value)
+    assert info.value.position == 1
+    with pytest.raises(CorruptTranscriptError):
+        store.append("c1", seal_chain(1, seal_chain(4)[-1]))
+    assert stored_state(url, store) == before
+    store.close()
+
+
+def test_replay_verify_checks_the_chain_without_the_key_and_the_tags_with_it(
+        tmp_path: Path, key: str) -> None:
+    url = f"sqlite://{tmp_path}/s.db"
+    _fill(url)
+    without = invoke(["replay", "c1", "--verify"], store=url,
+                     env={"CHATSTATE_ENCRYPTION_KEY": None})  # type: ignore[dict-item]
+    assert without.code == 0, without.err
+    assert "verified without the key: 3 sealed messages" in without.err
+    fingerprint = AeadCodec(parse_key(KEY, "test")).fingerprint
+    assert f"sealed by key {fingerprint};" in without.err  # one key, named once
+    assert SECRET not in without.out + without.err
+    with_key = invoke(["replay", "c1", "--verify"], store=url,
+                      env={"CHATSTATE_ENCRYPTION_KEY": KEY})
+    assert with_key.code == 0, with_key.err
+    assert "authentication tag checked" in with_key.err and SECRET in with_key.out
+    doctor = invoke(["doctor", "--json"], store=url,
+                    env={"CHATSTATE_ENCRYPTION_KEY": None})  # type: ignore[dict-item]
+    assert "no key configured: the hash chains over the stored ciphertext are verified" in \
+        doctor.out
+    body = _body(url, "c1", 1)
+    data = body.split('"data":"', 1)[1].split('"', 1)[0]
+    _rechain(url, "c1", {1: body.replace(data, flip_sealed(data))})
+    bad = invoke(["replay", "c1", "--verify"], store=url, env={"CHATSTATE_ENCRYPTION_KEY": KEY})
+    assert bad.code == 1
+    assert "conversation 'c1' seq 1" in bad.err and "authentication tag" in bad.err
+    for result in (without, with_key, doctor, bad):
+        assert KEY not in result.out + result.err
+
+
+def test_search_is_off_on_an_encrypted_store(tmp_path: Path, key: str) -> None:
+    url = f"sqlite://{tmp_path}/s.db"
+    _fill(url)
+    store = open_store(url)
+    with pytest.raises(Unsupported, match="full-text search is off"):
+        store.search(SECRET)  # type: ignore[attr-defined]
+    store.close()
+
+
+def test_keys_come_from_the_environment_a_private_file_or_a_command(
+        tmp_path: Path) -> None:
+    made = new_key()
+    assert len(parse_key(made, "test")) == 32
+    assert load_key({}) is None
+    assert load_key({"CHATSTATE_ENCRYPTION_KEY": made}) == parse_key(made, "test")
+    key_file = tmp_path / "key"
+    key_file.write_text(made + "\n")
+    key_file.chmod(0o644)
+    with pytest.raises(ConfigurationError, match="chmod 600") as loose:
+        load_key({"CHATSTATE_KEY_FILE": str(key_file)})
+    assert made not in str(loose.value)
+    key_file.chmod(0o600)
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+    assert load_key({"CHATSTATE_KEY_FILE": str(key_file)}) == parse_key(made, "test")
+    command = f"{sys.executable} -c \"print(open('{key_file}').read())\""
+    assert load_key({"CHATSTATE_KEY_COMMAND": command}) == parse_key(made, "test")
+    with pytest.raises(ConfigurationError, match="exited with status 3") as failed:
+        load_key({"CHATSTATE_KEY_COMMAND": f"{sys.executable} -c 'print(\"{made}\"); exit(3)'"})
+    assert made not in str(failed.value)
+    with pytest.raises(ConfigurationError, match="not a chatstate key") as bad:
+        load_key({"CHATSTATE_ENCRYPTION_KEY": "hunter2-not-a-key"})
+    assert "hunter2" not in str(bad.value)
+
+
+def test_keygen_prints_a_key_that_opens_a_store(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    printed = invoke(["keygen"])
+    assert printed.code == 0
+    made = printed.out.strip()
+    assert made.startswith("csk1-") and len(parse_key(made, "keygen")) == 32
+    assert invoke(["keygen"]).out.strip() != made
+    monkeypatch.setenv("CHATSTATE_ENCRYPTION_KEY", made)
+    store = open_store(f"json://{tmp_path}/store")
+    assert isinstance(store, SealedStore)
+    store.close()
+    assert scheme(store.url) == "json"
+
+
+def _content(url: str, key: str | None) -> list[tuple[str, str, object, list[object], object]]:
+    """Every conversation as the user sees it (no hashes: blob addresses are per key)."""
+    with keyless():
+        store = open_store(url, key=None if key is None else parse_key(key, "test"))
+    try:
+        out = []
+        for summary in sorted(store.list_conversations(), key=lambda s: s.id):
+            conv = store.load(summary.id)
+            parts = [m.text for m in conv.messages]
+            blobs = [store.get_blob(str(r["sha256"])) for m in conv.messages  # type: ignore[attr-defined]
+                     for r in m.blob_refs()]
+            out.append((conv.id, conv.title, conv.metadata, [*parts, *blobs],
+                        conv.partial.text if conv.partial else None))
+        return out
+    finally:
+        store.close()
+
+
+def test_migrate_copies_plain_to_encrypted_and_back(tmp_path: Path) -> None:
+    plain = f"sqlite://{tmp_path}/plain.db"
+    with keyless():
+        msgs, _ = _fill(plain)
+    sealed, back = f"json://{tmp_path}/sealed", f"sqlite://{tmp_path}/back.db"
+    env = {"CHATSTATE_ENCRYPTION_KEY": KEY}
+    to = invoke(["migrate", "--encrypt", "--from", plain, "--to", sealed], env=env)
+    assert to.code == 0, to.err
+    assert _content(sealed, KEY) == _content(plain, None)
+    for path in (tmp_path / "sealed").rglob("*"):
+        assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
+    again = invoke(["migrate", "--encrypt", "--from", plain, "--to", sealed], env=env)
+    assert again.code == 0 and "2 already identical" in again.out, again.out + again.err
+    home = invoke(["migrate", "--decrypt", "--from", sealed, "--to", back], env=env)
+    assert home.code == 0, home.err
+    assert _content(back, None) == _content(plain, None)
+    with keyless():
+        restored = open_store(back)
+        assert restored.load("c1").messages == msgs  # the very hashes of the original
+        restored.close()
+
+
+def test_rekey_killed_midway_resumes_and_loses_nothing(tmp_path: Path) -> None:
+    import subprocess
+
+    from support.cli_helpers import CHATSTATE, cli_env
+
+    old_url, new_url = f"sqlite://{tmp_path}/old.db", f"sqlite://{tmp_path}/new.db"
+    with keyless():
+        store = open_store(old_url, key=parse_key(KEY, "test"))
+        for i in range(12):
+            store.create(Conversation(id=f"c{i:02d}", title=f"t{i} {SECRET}"))
+            store.append(f"c{i:02d}", seal_chain(250, prefix=f"m{i}"))
+        store.close()
+    env = cli_env(tmp_path, CHATSTATE_OLD_ENCRYPTION_KEY=KEY, CHATSTATE_ENCRYPTION_KEY=OTHER_KEY)
+    argv = [CHATSTATE, "rekey", "--from", old_url, "--to", new_url]
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    seen = 0
+    for line in proc.stderr:
+        seen += "messages" in line
+        if seen == 5:  # mid-way through the third conversation
+            proc.kill()
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -9, "the rekey finished before it could be killed"
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert KEY not in done.stdout + done.stderr and OTHER_KEY not in done.stderr
+    assert _content(new_url, OTHER_KEY) == _content(old_url, KEY)
+    with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
+        open_store(new_url, key=parse_key(KEY, "test"))
+
+
+def test_drill_encrypted_kills_writers_of_an_encrypted_store(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from support.cli_helpers import CHATSTATE, cli_env
+
+    from chatstate.stores.sealed import marker
+
+    url = f"sqlite://{tmp_path}/drill.db"
+    done = subprocess.run([CHATSTATE, "drill", "--store", url, "--encrypted", "--trials", "3",
+                           "--json"], env=cli_env(tmp_path, CHATSTATE_ENCRYPTION_KEY=KEY),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
+    raw = open_raw(url)
+    try:
+        mark = marker(raw)
+        assert mark is not None and mark["key"] == AeadCodec(parse_key(KEY, "t")).fingerprint
+    finally:
+        raw.close()
+
+
+def test_a_record_rolled_back_to_an_earlier_version_of_its_seq_is_caught(
+        tmp_path: Path, key: str) -> None:
+    """Same conversation, same seq, sealed under the key (the partial reply streamed there
+    before another reply was committed): only binding the previous plaintext hash into
+    the next record's tag catches it, and it does, at the next seq."""
+    url = f"sqlite://{tmp_path}/s.db"
+    msgs, _ = _fill(url)
+    db = sqlite3.connect(local_path(url))
+    old_partial = db.execute("SELECT body FROM partials WHERE conversation_id='c1'").fetchone()[0]
+    db.close()
+    store = open_store(url)
+    reply = Message.seal(msgs[-1], role="assistant", content="the committed reply",
+                         turn_id="t-2")
+    store.append("c1", [reply, *seal_chain(1, reply)])
+    store.close()
+    partial_body = old_partial.decode() if isinstance(old_partial, bytes) else old_partial
+    shell = Message.model_validate_json(partial_body)
+    sealed_as_message = Message(seq=3, role="event", content=shell.content,
+                                created_at=shell.created_at, turn_id="sealed",
+                                status="complete").body()
+    _rechain(url, "c1", {3: sealed_as_message})
+    store = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c1")
+    assert "conversation 'c1' seq 4" in str(info.value), str(info.value)
+    assert "authentication tag" in str(info.value)
+    store.close()
+
+
+def test_gc_on_an_encrypted_store_keeps_named_blobs_and_sweeps_the_rest(
+        tmp_path: Path, key: str) -> None:
+    from chatstate.ops.blobgc import collect_blobs
+
+    url = f"sqlite://{tmp_path}/s.db"
+    _, ref = _fill(url)
+    store = open_store(url)
+    orphan = store.put_blob(b"nobody names this " * 100)  # type: ignore[attr-defined]
+    sweep = collect_blobs(store, grace=0.0)
+    assert sweep.removed == [orphan["sha256"]] and sweep.named == 1
+    assert store.get_blob(str(ref["sha256"])) == PNG  # type: ignore[attr-defined]
+    store.close()
+
+
+def test_cryptography_is_imported_only_when_a_key_is_set(tmp_path: Path) -> None:
+    import subprocess
+
+    code = ("import sys; from chatstate.stores import open_store; "
+            f"s = open_store('sqlite://{tmp_path}/s.db'); s.close(); "
+            "print('cryptography' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATSTATE_")}
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() == "False"
