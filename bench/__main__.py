@@ -8,12 +8,22 @@ import time
 import traceback
 from collections.abc import Callable
 
-from . import report, s_append, s_batch, s_load, s_serve, s_slowdisk, s_startup, s_stream
+from . import (
+    report,
+    s_append,
+    s_batch,
+    s_jsonlog,
+    s_load,
+    s_serve,
+    s_slowdisk,
+    s_startup,
+    s_stream,
+)
 from .common import BENCH, WORK, Section, log
 from .moto import Moto
 from .setup_env import describe, ensure_compare_venv
 
-SCENARIOS = ("append", "load", "stream", "startup", "batch", "slowdisk", "serve")
+SCENARIOS = ("append", "load", "stream", "startup", "batch", "slowdisk", "serve", "jsonlog")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": lambda: s_batch.run(args.quick),
             "slowdisk": lambda: s_slowdisk.run(args.quick),
             "serve": lambda: s_serve.run(args.quick),
+            "jsonlog": lambda: s_jsonlog.run(args.quick),
         }
         for name in args.only:
             started = time.perf_counter()

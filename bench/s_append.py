@@ -39,7 +39,8 @@ LIBRARIES = ("langchain-file", "langchain-sql", "agents-sqlite", "llm")
 SYSTEMS = ("floor", *CHATSTATE, *LIBRARIES)
 NOTES = {
     "floor": "write + fsync of one JSON line per message (O_APPEND)",
-    "chatstate-json": "temp file, fsync, rename, fsync dir; rewrites the file per append",
+    "chatstate-json": "one checksummed record appended to the file, one fsync (the append "
+                      "log; compacted at close)",
     "chatstate-sqlite": "WAL, synchronous=FULL, one transaction per message",
     "chatstate-s3": "conditional PUTs to moto on 127.0.0.1 (in-memory server)",
     "chatstate-postgresql": "one transaction per message on a local PostgreSQL 15 "

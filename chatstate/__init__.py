@@ -45,6 +45,7 @@ _EXPORTS = {
     "Tool": "chatstate.core.tools",
     "ToolLoopError": "chatstate.errors",
     "make_adapter": "chatstate.adapter",
+    "mcp_tools": "chatstate.tools_mcp",
     "open_store": "chatstate.stores",
     "tool": "chatstate.core.tools",
 }
@@ -74,6 +75,7 @@ __all__ = [
     "Tool",
     "ToolLoopError",
     "make_adapter",
+    "mcp_tools",
     "open_store",
     "tool",
 ]
@@ -101,6 +103,7 @@ if TYPE_CHECKING:
     from chatstate.session.asyncchat import AsyncChat
     from chatstate.session.chat import Chat, Interrupted
     from chatstate.stores import Store, open_store
+    from chatstate.tools_mcp import mcp_tools
 
 
 def __getattr__(name: str) -> Any:

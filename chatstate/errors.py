@@ -22,6 +22,7 @@
     ├── StoreUnavailable           the store cannot be reached or written (disk full, EIO)
     ├── ModelError                 the model endpoint failed and retries ran out
     ├── ToolLoopError              the model kept calling tools past ``max_tool_rounds``
+    ├── McpServerError             an MCP server did not start, went away or hung in a call
     └── SurvivalError              the survival file could not be written or read
         └── SurvivalFileMissing    there is no survival file where one was expected
 
@@ -214,6 +215,13 @@ class ToolLoopError(ChatstateError):
         super().__init__(message)
         self.turn_id = turn_id
         self.rounds = rounds
+
+
+class McpServerError(ChatstateError):
+    """An MCP server failed to start, went away during a call, or did not answer within
+    its timeout. The message names the server and its command or URL (never its env or
+    headers), and the last line it wrote on stderr. The tool loop turns it into the
+    call's error result, so the model is told the tool failed."""
 
 
 class SurvivalError(ChatstateError):

@@ -72,7 +72,8 @@ def call(batch: Batch, ledger: LedgerAPI, worker: Worker, claim: Claim, base: An
         else:
             cid = conversation_id(str(ledger.meta("batch_id")), claim.id)
             text = ask_with_transcript(batch._store, cid, adapter, prompt, system=batch.system,
-                                       title=f"batch {claim.id}"[:120], params=batch.params)
+                                       title=f"batch {claim.id}"[:120], params=batch.params,
+                                       tools=batch.tools)
     except (ModelError, OutOfAttempts) as exc:
         fatal = isinstance(exc, ModelError) and exc.status in FATAL_STATUS
         final = isinstance(exc, ModelError) and not exc.retryable and not fatal

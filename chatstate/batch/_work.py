@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar
 
@@ -97,20 +97,22 @@ def ask(adapter: ModelAdapter, prompt: str, *, system: str | None,
 
 def ask_with_transcript(store: Store, cid: str, adapter: ModelAdapter, prompt: str, *,
                         system: str | None, title: str,
-                        params: Mapping[str, Any] | None) -> str:
+                        params: Mapping[str, Any] | None,
+                        tools: Iterable[Any] | None = None) -> str:
     """The call as a one-turn conversation: persisted before the request, replayable after.
 
     A conversation that already holds a complete reply (the process died after
     the reply was stored but before its output was written) is answered from
     the store without calling the model again; an interrupted one is retried
-    under the same turn.
+    under the same turn. With ``tools`` the turn is a tool loop (its calls stored
+    like every step, so a rerun never repeats a non-idempotent one).
     """
     from chatstate.session.chat import Chat
 
     chat = Chat(store, conversation_id=cid, adapter=adapter, system=system, title=title)
     if chat.interrupted is not None:
-        return chat.retry(**dict(params or {})).text
+        return chat.retry(tools=tools, **dict(params or {})).text
     last = chat.conversation.last
     if last is not None and last.role == "assistant" and last.status == "complete":
         return last.text
-    return chat.send(prompt, **dict(params or {})).text
+    return chat.send(prompt, tools=tools, **dict(params or {})).text

@@ -81,13 +81,18 @@ class Batch:
                  max_attempts: int | None = None, transcripts: Store | None = None,
                  allow_ephemeral: bool = False,
                  echo: Callable[[str], None] | None = None, host_id: str | None = None,
-                 lease: float = pgledger.DEFAULT_LEASE) -> None:
+                 lease: float = pgledger.DEFAULT_LEASE, tools: Iterable[Any] | None = None
+                 ) -> None:
         if "{text}" not in prompt and "{id}" not in prompt:
             raise InvalidOption("the prompt template must contain {text} (or {id})")
         if concurrency < 1 or (max_attempts is not None and max_attempts < 1):
             raise InvalidOption("concurrency and max_attempts must be at least 1")
         if lease <= 0:
             raise InvalidOption("lease must be a positive number of seconds")
+        if tools is not None and transcripts is None:
+            raise InvalidOption("tools need transcripts (--transcripts): every step of the "
+                                "tool loop is stored, so a killed run never repeats a call")
+        self.tools = tools
         out_s, raw = os.fspath(out), os.fspath(ledger) if ledger is not None else None
         self.ledger_url = raw if raw and pgledger.is_url(raw) else None
         self.outputs: Outputs

@@ -15,6 +15,11 @@ functions passed as tools are wrapped as idempotent tools.
 The schema comes from the signature via pydantic: each parameter's type hint
 and default; the docstring's first paragraph is the description, and lines
 ``name: text`` under an ``Args:`` section describe the parameters.
+
+Two seams serve tool sources beyond Python functions (MCP servers): a tool may
+return a ``ToolOutput`` (content parts, and whether the result is an error), and
+``Tool.approval(call)`` may gate a call before it starts; the loop stores the
+``Approval`` it gives on the call's messages (``params["approval"]``).
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import contextvars
 import inspect
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, overload
 
 from chatstate.errors import InvalidTool
 
-__all__ = ["Tool", "current_call_id", "tool", "toolset"]
+__all__ = ["Approval", "Tool", "ToolOutput", "current_call_id", "tool", "toolset"]
 
 _CALL_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("chatstate_call_id",
                                                                      default=None)
@@ -36,6 +42,25 @@ _CALL_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("chatstate
 def current_call_id() -> str | None:
     """The id of the tool call being run, inside a tool; None elsewhere."""
     return _CALL_ID.get()
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """A tool's result beyond a string: content parts (text, image, file) and its status.
+
+    ``error`` stores the result as a tool error (status ``error``); the model sees it.
+    """
+
+    content: str | list[dict[str, Any]]
+    error: bool = False
+
+
+@dataclass(frozen=True)
+class Approval:
+    """Whether a call may run, and why: ``how`` is stored with the call's result."""
+
+    granted: bool
+    how: str
 
 
 class Tool:
@@ -76,6 +101,12 @@ class Tool:
             where = ".".join(str(p) for p in first["loc"]) or "arguments"
             raise ValueError(f"{where}: {first['msg']}") from None
         return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+
+    def approval(self, call: dict[str, Any]) -> Approval | None:
+        """Asked before ``call`` starts: None runs it without asking (a Python tool you
+        passed in), an ``Approval`` is stored with its result, and a refused call is
+        answered "not run" without running."""
+        return None
 
     def spec(self) -> dict[str, Any]:
         """The chat-completions ``tools`` entry for this tool."""

@@ -19,6 +19,12 @@ Then:
 - **every acknowledged message is still there**, and the chain verifies.
 
 The drill's conversation is ``drill-tools-<run id>`` and is deleted at the end.
+
+With ``mcp`` the non-idempotent tool is an MCP server's: ``"builtin"`` (the
+drill's own ``record`` server, ``chatstate.drill.mcprecord``) or ``{"server":
+ENTRY, "tool": NAME, "arguments": {...}}`` with an ``mcpServers`` entry (stdio).
+The server runs behind ``chatstate.drill.mcptee``, which logs every call it
+receives, so *duplicates* counts calls that reached the server twice.
 """
 
 from __future__ import annotations
@@ -101,8 +107,8 @@ def effect_counts(effects: Path) -> Counter[str]:
 
 def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
                    trial_timeout: float = 20.0, max_seconds: float = 900.0,
-                   progress: Callable[[ToolDrillResult], None] | None = None
-                   ) -> ToolDrillResult:
+                   progress: Callable[[ToolDrillResult], None] | None = None,
+                   mcp: str | dict[str, Any] | None = None) -> ToolDrillResult:
     """Run the tool-loop drill against ``url`` (which must already pass the guard).
 
     No trial starts after ``max_seconds``; the last writer still finishes the turn.
@@ -114,13 +120,14 @@ def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
     cid, scratch = f"drill-tools-{secrets.token_hex(4)}", Path(tempfile.mkdtemp())
     started = time.monotonic()
     try:
+        target = _mcp_config(mcp, scratch) if mcp is not None else None
         with FakeModel(chunk_delay=0.001) as fake:
             fake.add_tool_rule(contains="tool turn", rounds=2, text="Let me look. ", calls=[
                 {"name": "get_weather", "arguments": {"city": "Oslo"}},
-                {"name": "record", "arguments": {"note": "visited"}}])
+                target[1] if target else {"name": "record", "arguments": {"note": "visited"}}])
             fake.configure(arg_chunk=3)
             writers = ToolWriters(url, fake.base_url, scratch / "effects",
-                                  int(trial_timeout) + 30)
+                                  int(trial_timeout) + 30, target[0] if target else None)
             try:
                 _trials(writers, url, cid, scratch / "effects", random.Random(seed),
                         trial_timeout, started + max_seconds, result, progress)
@@ -134,6 +141,25 @@ def run_tool_drill(url: str, *, trials: int = 50, seed: int | None = None,
         shutil.rmtree(scratch, ignore_errors=True)
         result.seconds = time.monotonic() - started
     return result
+
+
+def _mcp_config(mcp: str | dict[str, Any], scratch: Path) -> tuple[Path, dict[str, Any]]:
+    """(the writers' MCP.json, the call the model makes): the server behind the tee."""
+    import json
+    import sys
+
+    if mcp == "builtin":
+        mcp = {"server": {"command": sys.executable, "args": [
+            "-m", "chatstate.drill.mcprecord", str(scratch / "notes")]},
+               "tool": "record", "arguments": {"note": "visited"}}
+    assert isinstance(mcp, dict)
+    entry = dict(mcp["server"])
+    entry["args"] = ["-m", "chatstate.drill.mcptee", str(scratch / "effects"), "--",
+                     entry["command"], *entry.get("args", [])]
+    entry["command"] = sys.executable
+    path = scratch / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"drill": entry}, "tool": mcp["tool"]}))
+    return path, {"name": mcp["tool"], "arguments": mcp.get("arguments", {})}
 
 
 def _trials(writers: ToolWriters, url: str, cid: str, effects: Path, rng: random.Random,

@@ -26,12 +26,14 @@ __all__ = ["ToolWriters"]
 class ToolWriters:
     """The ``toolwriter`` fork server: one JSON object per stdout line, read by a thread."""
 
-    def __init__(self, url: str, base_url: str, effects: Path, writer_timeout: int) -> None:
+    def __init__(self, url: str, base_url: str, effects: Path, writer_timeout: int,
+                 mcp: Path | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_",))}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "chatstate.drill.toolwriter", url, base_url, str(effects),
-             str(writer_timeout)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+             str(writer_timeout), *([str(mcp)] if mcp else [])], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True)
         self.lines: queue.Queue[Any] = queue.Queue()
         self.early: list[dict[str, Any]] = []
         threading.Thread(target=self._pump, daemon=True).start()

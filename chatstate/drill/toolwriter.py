@@ -1,6 +1,6 @@
 """The tool-loop drill's writer: a fork server whose children run tool turns until killed.
 
-    python -m chatstate.drill.toolwriter URL BASE_URL EFFECTS TIMEOUT
+    python -m chatstate.drill.toolwriter URL BASE_URL EFFECTS TIMEOUT [MCP.json]
 
 It imports and warms up once, prints ``"ready"``, then for each ``go CID STEP
 MODE`` line on stdin forks one writer and prints ``{"pid": PID}``; once that
@@ -21,6 +21,12 @@ STEP}``: ``call-stored`` (the assistant's calls are stored), ``tool-before``
 ``result-stored`` (a result stored; the next call or model request not yet
 made); ``none`` lets the runner kill at a random moment instead. A writer
 never outlives TIMEOUT seconds (SIGALRM).
+
+With MCP.json (``{"mcpServers": {...}, "tool": NAME}``) the non-idempotent tool
+is NAME of those MCP servers instead of ``record`` (the drill counts the calls
+the server received, through ``chatstate.drill.mcptee``); ``tool-before`` is
+then the marker stored, the request not sent, and ``tool-after`` the server's
+answer received, its result not stored. Each writer starts its own servers.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from chatstate.session.chat import Chat
 from chatstate.session.tool_loop import pending_calls
 
 STEPS = ("call-stored", "tool-before", "tool-after", "result-stored")
-_state = {"step": "none", "effects": ""}
+_state = {"step": "none", "effects": "", "mcp": ""}
 
 
 def say(obj: object) -> None:
@@ -85,7 +91,7 @@ def write(url: str, adapter: Any, cid: str, mode: str) -> None:
     turn = chat.interrupted
     say({"found": {"verify": chat.conversation.verify(),
                    "pending": [c.id for c in pending_calls(chat.conversation)]}})
-    tools = [get_weather, record]
+    tools = [get_weather, *_mcp_tools()] if _state["mcp"] else [get_weather, record]
     if turn is not None:
         deltas = chat.retry_stream(tools=tools) if mode == "stream" else None
         if deltas is None:
@@ -102,8 +108,30 @@ def write(url: str, adapter: Any, cid: str, mode: str) -> None:
     say({"end": True})
 
 
-def serve(url: str, base_url: str, effects: str, timeout: int) -> None:
-    _state["effects"] = effects
+def _mcp_tools() -> list[Any]:
+    """The MCP servers' tools, the drill's target paused around its call like ``record``."""
+    from chatstate.tools_mcp import mcp_tools
+
+    with open(_state["mcp"], encoding="utf-8") as f:
+        config = json.load(f)
+    tools = list(mcp_tools({"mcpServers": config["mcpServers"]}))
+    for t in tools:
+        if t.name == config["tool"]:
+            t.fn = _paused(t.fn)
+    return tools
+
+
+def _paused(fn: Any) -> Any:
+    def run(**arguments: Any) -> Any:
+        pause("tool-before")
+        out = fn(**arguments)
+        pause("tool-after")
+        return out
+    return run
+
+
+def serve(url: str, base_url: str, effects: str, timeout: int, mcp: str = "") -> None:
+    _state["effects"], _state["mcp"] = effects, mcp
     warm = make_adapter(base_url)
     warm.complete([{"role": "user", "content": "warm up"}])  # load every lazy import
     warm.close()
@@ -136,8 +164,8 @@ def _child(url: str, adapter: Any, cid: str, mode: str, timeout: int) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    url, base_url, effects, timeout = argv
-    serve(url, base_url, effects, int(timeout))
+    url, base_url, effects, timeout, *mcp = argv
+    serve(url, base_url, effects, int(timeout), *mcp)
 
 
 if __name__ == "__main__":

@@ -67,21 +67,31 @@ def _seq_of(body: dict[str, Any]) -> int:
 
 def _read(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(header, message bodies) from a whole or damaged document or a row dump."""
+    text = text.lstrip()
     try:
-        doc, _end = json.JSONDecoder().raw_decode(text.lstrip())
+        doc, end = json.JSONDecoder().raw_decode(text)
     except ValueError:
-        doc = None
+        doc, end = None, 0
     if isinstance(doc, dict):
         if isinstance(doc.get("database"), str):  # a relational store's row dump
             return _from_rows(doc)
         if isinstance(doc.get("messages"), list):
-            return doc, [m for m in doc["messages"] if _is_message(m)]
+            # the json store's append log may follow the document: one record a line
+            more = _lines(text[end:])[1]
+            return doc, [m for m in doc["messages"] if _is_message(m)] + more
     # Cut short or garbled: the stores write one message per line, so read line by line.
+    return _lines(text)
+
+
+def _lines(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A document's lines (one message each) and log records, each read on its own."""
     header: dict[str, Any] = {}
     bodies: list[dict[str, Any]] = []
     for line in text.splitlines():
         line = line.strip().rstrip(",")
-        if line.startswith('{"schema"'):
+        if "\t" in line:  # a log record: the record, a tab, its checksum
+            line = line.rsplit("\t", 1)[0]
+        elif line.startswith('{"schema"'):
             header = _fields(line)
             continue
         try:
@@ -90,6 +100,8 @@ def _read(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             continue
         if _is_message(item):
             bodies.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("messages"), list):
+            bodies += [m for m in item["messages"] if _is_message(m)]
     return header, bodies
 
 

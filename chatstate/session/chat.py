@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id, validate_id
@@ -207,7 +207,7 @@ class Chat:
 
     # -- public API --------------------------------------------------------------------
     def send(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
-             tools: Sequence[Any] | None = None, **params: Any) -> Message:
+             tools: Iterable[Any] | None = None, **params: Any) -> Message:
         """One turn, not streamed. Returns the reply, already durable.
 
         ``text`` is a string or a list of content parts (see ``chatstate.core.content``);
@@ -219,11 +219,11 @@ class Chat:
                                         tools=tools))
 
     def stream(self, text: str | list[dict[str, Any]], *, attach: Iterable[Any] = (),
-               tools: Sequence[Any] | None = None, **params: Any) -> Generator[str, None, None]:
+               tools: Iterable[Any] | None = None, **params: Any) -> Generator[str, None, None]:
         """One streamed turn. Each delta is durable in the store before it is yielded."""
         return self._turn(text, params, streaming=True, attach=attach, tools=tools)
 
-    def retry(self, *, tools: Sequence[Any] | None = None, **params: Any) -> Message:
+    def retry(self, *, tools: Iterable[Any] | None = None, **params: Any) -> Message:
         """Complete the interrupted turn under the same turn id (no second user message).
 
         With no interrupted turn but a reply cut short (``cut_short``), ask the
@@ -234,7 +234,7 @@ class Chat:
         """
         return self._consume(self._retry(params, streaming=False, tools=tools))
 
-    def retry_stream(self, *, tools: Sequence[Any] | None = None,
+    def retry_stream(self, *, tools: Iterable[Any] | None = None,
                      **params: Any) -> Generator[str, None, None]:
         return self._retry(params, streaming=True, tools=tools)
 
@@ -263,7 +263,7 @@ class Chat:
 
     def _turn(self, text: str | list[dict[str, Any]], params: dict[str, Any], *,
               streaming: bool, attach: Iterable[Any] = (),
-              tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
+              tools: Iterable[Any] | None = None) -> Generator[str, None, None]:
         body = _user_content(text, attach)
         held = self._hold()
         try:
@@ -301,7 +301,7 @@ class Chat:
         return turn
 
     def _retry(self, params: dict[str, Any], *, streaming: bool,
-               tools: Sequence[Any] | None = None) -> Generator[str, None, None]:
+               tools: Iterable[Any] | None = None) -> Generator[str, None, None]:
         if self.interrupted is None:
             cut = self.cut_short
             if cut is not None:
@@ -381,7 +381,7 @@ class Chat:
         return inline_part(part, self.store.get_blob(part["blob"]["sha256"]))
 
     def _reply(self, turn_id: str, params: dict[str, Any], streaming: bool,
-               tools: Sequence[Any] | None) -> Generator[str, None, None]:
+               tools: Iterable[Any] | None) -> Generator[str, None, None]:
         """Generator: the turn's model and tool rounds, written through the turn writer."""
         return toolloop.drive(self.writer, _ChatModel(self), turn_id, params, streaming, tools,
                               max_rounds=self.max_tool_rounds, on_tool=self._notify)

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from chatstate.core.tools import _CALL_ID, Tool, toolset
+from chatstate.core.content import Part, store_parts
+from chatstate.core.tools import _CALL_ID, Tool, ToolOutput, toolset
 from chatstate.core.transcript import Conversation, Message, Status
 from chatstate.errors import ToolLoopError
 from chatstate.session.model_round import ModelCaller, model_round
@@ -90,7 +91,7 @@ def pending_calls(conv: Conversation) -> list[PendingCall]:
 
 
 def drive(writer: TurnWriter, caller: ModelCaller, turn_id: str, params: dict[str, Any],
-          streaming: bool, tools: Sequence[Any] | None, *, max_rounds: int = 8,
+          streaming: bool, tools: Iterable[Any] | None, *, max_rounds: int = 8,
           on_tool: OnTool | None = None) -> Generator[str, None, None]:
     """The whole turn from here: model rounds and tool rounds until a reply without calls.
 
@@ -130,18 +131,23 @@ def run_call(writer: TurnWriter, pending: PendingCall, tool: Tool | None,
     """Steps 2 and 3 for one call: marker, run, append the result. Returns the result."""
     if pending.started and (tool is None or not tool.idempotent):
         return _append_result(writer, pending, UNKNOWN, "unknown", on_tool)
+    verdict = tool.approval(pending.call) if tool is not None else None
+    params = {"approval": verdict.how} if verdict is not None else None
+    if verdict is not None and not verdict.granted:
+        return _append_result(writer, pending, f"not run: {verdict.how}", "error", on_tool,
+                              params)
     if tool is not None and not tool.idempotent:
         # Durable before the tool runs: after a crash this marker is the only sign that
         # a side effect may have happened, and it is what stops a second run. Appended
         # (compare-and-append), so a second writer racing for the same call loses here.
         writer.append([writer.seal(role="tool", content="started", turn_id=pending.turn_id,
-                                   status="partial", tool_call_id=pending.id)])
+                                   status="partial", tool_call_id=pending.id, params=params)])
     text, status = invoke(tool, pending.call, available)
-    return _append_result(writer, pending, text, status, on_tool)
+    return _append_result(writer, pending, text, status, on_tool, params)
 
 
 def invoke(tool: Tool | None, call: dict[str, Any],
-           available: dict[str, Tool]) -> tuple[str, Status]:
+           available: dict[str, Tool]) -> tuple[str | list[Part], Status]:
     """Run ``tool`` for ``call``: (result text, status). Never raises for the tool's sake."""
     name, raw = call["function"]["name"], call["function"]["arguments"]
     if tool is None:
@@ -165,6 +171,8 @@ def invoke(tool: Tool | None, call: dict[str, Any],
         return f"error: {type(exc).__name__}: {exc}", "error"
     finally:
         _CALL_ID.reset(token)
+    if isinstance(result, ToolOutput):  # content parts (an MCP result), maybe an error
+        return result.content, "error" if result.error else "complete"
     return (result if isinstance(result, str) else json.dumps(result, default=str)), "complete"
 
 
@@ -184,10 +192,13 @@ def _answer_all(writer: TurnWriter, pending: list[PendingCall], text: str,
         _append_result(writer, call, text, "error", on_tool)
 
 
-def _append_result(writer: TurnWriter, pending: PendingCall, text: str, status: Status,
-                   on_tool: OnTool | None) -> Message:
-    result = writer.seal(role="tool", content=text, turn_id=pending.turn_id, status=status,
-                         tool_call_id=pending.id)
+def _append_result(writer: TurnWriter, pending: PendingCall, text: str | list[Part],
+                   status: Status, on_tool: OnTool | None,
+                   params: dict[str, Any] | None = None) -> Message:
+    # large images and files of a result go to the blob area, durably, before the message
+    content = store_parts(writer.store, text) if isinstance(text, list) else text
+    result = writer.seal(role="tool", content=content, turn_id=pending.turn_id, status=status,
+                         tool_call_id=pending.id, params=params)
     writer.append([result])
     if on_tool is not None:
         on_tool(result)

@@ -100,3 +100,22 @@ def test_nothing_readable_is_a_clear_error(tmp_path: Path) -> None:
 def test_as_needs_salvage(tmp_path: Path, args: list[str]) -> None:
     done = invoke(args, store=f"json://{tmp_path}/s", env=cli_env(tmp_path))
     assert done.code == 2 and "--salvage" in done.err
+
+
+def test_the_json_stores_append_log_is_read_too(tmp_path: Path) -> None:
+    """A file a writer never compacted (killed, or serve) holds log records after the
+    document: salvage reads them, up to a record cut short at the end."""
+    from chatstate.stores import open_store
+    from chatstate.testing.store_contract import new_conversation
+
+    store = open_store(f"json://{tmp_path}/s")
+    new_conversation(store, "k", 6)  # six appends, never closed: never compacted
+    raw = (tmp_path / "s" / "k.json").read_bytes()
+    assert raw.count(b"\t") >= 2, "the appends went to the log"
+    aside = tmp_path / "aside.json"
+    aside.write_bytes(raw[:-15])  # the last record cut short, as a crash would
+    done = invoke(["import", "--salvage", str(aside), "--id", "back"],
+                  store=f"json://{tmp_path}/t", env=cli_env(tmp_path))
+    assert done.code == 0, done.err
+    assert "salvaged 5 of the 5 message(s)" in done.err, done.err  # all but the cut one
+    store.close()

@@ -203,11 +203,12 @@ def test_acknowledged_messages_survive_power_loss(lazy: LazyMount, kind: str) ->
 
 
 @pytest.mark.invariant(3)
-@pytest.mark.parametrize(("kind", "flag"), [("json", "--no-dir-fsync"),
+@pytest.mark.parametrize(("kind", "flag"), [("json", "--no-log-fsync"),
                                             ("sqlite", "--sync-off")])
 def test_the_check_catches_a_store_that_skips_fsync(lazy: LazyMount, kind: str,
                                                     flag: str) -> None:
-    """The teeth: without the directory fsync (json) or with synchronous=OFF (sqlite),
+    """The teeth: without the fsync of each log record (json: an append's only fsync;
+    there is no rename, so no directory fsync) or with synchronous=OFF (sqlite),
     acknowledged messages are gone after the same cut, and ``after_fault`` says so."""
     url = store_url(kind, lazy)
     prev = populate(url)

@@ -103,13 +103,17 @@ class Faults:
 
 
 def _written(path: str) -> bool:
-    """A file a store writes data into: a temp file, or the json partial-reply log,
-    which a flush appends to in place (one fsync instead of rename + directory)."""
-    return ".tmp-" in os.path.basename(path) or f"{os.sep}.partials{os.sep}" in path
+    """A file a store writes data into: a temp file, the json partial-reply log, which
+    a flush appends to in place (one fsync instead of rename + directory), or a json
+    conversation file, to whose end an append writes its log record the same way."""
+    base = os.path.basename(path)
+    return (".tmp-" in base or f"{os.sep}.partials{os.sep}" in path
+            or (base.endswith(".json") and not base.startswith(".")))
 
 
 BEFORE_RENAME = ["open-temp", "write", "fsync-file", "replace"]
 AFTER_RENAME = ["open-dir", "fsync-dir"]
+LOG_APPEND = ["write", "fsync-file"]  # an append writes a record to the file's end: no rename
 CODES = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO}
 
 
@@ -122,7 +126,7 @@ def json_store(tmp_path: Path) -> Iterator[Any]:
 
 @pytest.mark.invariant(3, 4)
 @pytest.mark.parametrize("code", CODES.values(), ids=CODES.keys())
-@pytest.mark.parametrize("step", BEFORE_RENAME + AFTER_RENAME)
+@pytest.mark.parametrize("step", LOG_APPEND)
 def test_json_append_fault(json_store: Any, monkeypatch: pytest.MonkeyPatch, step: str,
                            code: int) -> None:
     store, root = json_store, local_path(json_store.url)
@@ -192,24 +196,54 @@ def test_json_partial_and_header_faults(json_store: Any, monkeypatch: pytest.Mon
 
 
 @pytest.mark.invariant(3)
-def test_json_failed_directory_fsync_is_never_acknowledged(
+def test_json_failed_log_fsync_is_never_acknowledged(
         json_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rename landed but the directory fsync failed: no later call may call it durable."""
+    """The record was written but its fsync failed: no later call may call it durable."""
     store, root = json_store, local_path(json_store.url)
     msgs = new_conversation(store, "c1", 1)
     reply = seal_chain(1, msgs[-1])
-    faults = Faults(root, "fsync-dir", errno.EIO)
+    faults = Faults(root, "fsync-file", errno.EIO)
     faults.install(monkeypatch)
-    with pytest.raises(StoreUnavailable, match="fsync the directory"):
+    with pytest.raises(StoreUnavailable, match="Input/output error"):
         store.append("c1", reply)
-    assert store.load("c1").messages == [*msgs, *reply]  # visible, but not acknowledged
+    assert store.load("c1").messages == msgs  # the unacknowledged record was cut off again
     fired = faults.fired
     with pytest.raises(StoreUnavailable):
-        store.append("c1", reply)  # the retry finds it in place: it must fsync, and fails
+        store.append("c1", reply)  # the retry must fsync, and fails
     assert faults.fired > fired
     faults.armed = False
     store.append("c1", reply)
     assert store.load("c1").messages == [*msgs, *reply]
+
+
+@pytest.mark.invariant(3, 4)
+@pytest.mark.parametrize("step", BEFORE_RENAME + AFTER_RENAME)
+def test_json_compaction_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               step: str) -> None:
+    """Compaction (the log folded into the document: temp, fsync, rename, fsync the
+    directory) failing at any step loses nothing, leaves no temp file, and is redone."""
+    url = f"json://{tmp_path}/store"
+    store = open_store(url)
+    root = local_path(url)
+    msgs = new_conversation(store, "c1", 3)
+    path = root / "c1.json"
+    before = path.read_bytes()
+    faults = Faults(root, step, errno.EIO)
+    faults.install(monkeypatch)
+    store.close()  # compacts: the fault is reported, not raised (the appends were durable)
+    assert faults.fired
+    assert any(str(path) in line and "EIO" in line for line in store.recovery), store.recovery
+    faults.armed = False
+    assert temp_files(root) == []
+    if step in BEFORE_RENAME:
+        assert path.read_bytes() == before
+    again = open_store(url)
+    assert again.load("c1").messages == msgs
+    nxt = seal_chain(1, msgs[-1])
+    again.append("c1", nxt)
+    again.close()
+    assert path.read_bytes().endswith(b"\n]}\n")  # compacted this time
+    assert open_store(url).load("c1").messages == [*msgs, *nxt]
 
 
 # -- SQLite: the database is full ----------------------------------------------------------

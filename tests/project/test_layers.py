@@ -54,7 +54,7 @@ LAYERS = [
     ["errors", "_moved", "_version"],
     ["durable"],
     ["core"],
-    ["stores", "adapter"],
+    ["stores", "adapter", "tools_mcp"],
     ["ops"],
     ["session"],
     ["integrations", "batch", "serve", "testing"],

@@ -35,6 +35,7 @@ PUBLIC = [
     "Tool",
     "ToolLoopError",
     "make_adapter",
+    "mcp_tools",
     "open_store",
     "tool",
 ]

@@ -15,7 +15,7 @@
                                            same sealed messages; print one JSON outcome
     fault_writer.py check  URL CID         what a fresh open finds, as JSON
     fault_writer.py fill   PATH            write zeros to PATH until the disk is full
-    fault_writer.py hold   URL CID N [--no-dir-fsync] [--sync-off]
+    fault_writer.py hold   URL CID N [--no-dir-fsync] [--no-log-fsync] [--sync-off]
                                            N turns (0: until killed), printing "ack SEQ HASH"
                                            after each append, then "holding" with the store open
     fault_writer.py chat   URL CID BASE_URL TURNS [--stream]
@@ -219,6 +219,17 @@ def hold(url: str, cid: str, turns: int, flags: list[str]) -> None:
         from chatstate.durable import files as _files
 
         _files.fsync_dir = lambda path: None
+    if "--no-log-fsync" in flags:  # the json store's: skip the fsync of each log record
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            base = os.path.basename(path)  # a conversation file, not a temp file or partial
+            if not (base.endswith(".json") and not base.startswith(".")
+                    and f"{os.sep}.partials{os.sep}" not in path):
+                real_fsync(fd)
+
+        os.fsync = fsync
     store = open_store(url)
     if "--sync-off" in flags:
         store.db.execute("PRAGMA synchronous=OFF")

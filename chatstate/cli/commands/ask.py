@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -14,6 +15,7 @@ from chatstate.cli import waiting
 from chatstate.cli.common import Env, fail
 from chatstate.cli.daily_options import Daily, daily_options
 from chatstate.cli.functions import functions_option, load_functions, tool_printer
+from chatstate.cli.mcp_options import ToolBox, mcp_options, open_mcp
 from chatstate.cli.turns import (
     attach_option,
     attachments,
@@ -37,17 +39,21 @@ from chatstate.errors import ChatstateError, ConversationInUse, ModelError
 @daily_options
 @attach_option
 @functions_option
+@mcp_options
 @click.pass_obj
 def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, new: bool,
         model: str | None, offline: bool, base_url: str | None, system: str | None,
         lease_wait: float, no_stream: bool, as_json: bool, retry: bool, keep_failed: bool,
-        daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
+        daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...],
+        mcp_config: Path | None, mcp_commands: tuple[str, ...], yes: bool) -> None:
     """Send PROMPT (or stdin when PROMPT is '-' or absent) and print the reply.
 
     The user message is durable before the request is sent, and each piece of
     the reply is durable before it is printed. `--id ID` continues ID or
-    creates it. With --functions, each tool call and its result is described
-    on stderr once stored. Exit status: 0 ok, 1 failure, 2 usage.
+    creates it. With --functions or MCP servers (--mcp-config, --mcp), each tool
+    call and its result is described on stderr once stored; an MCP tool that is
+    neither read-only nor allow-listed runs only with --yes. Exit status: 0 ok,
+    1 failure, 2 usage.
     """
     if retry and (attach or daily.files):
         raise click.UsageError("--retry completes the interrupted turn; it takes no --attach "
@@ -61,12 +67,15 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
     text = read_prompt(prompt, retry=retry, conversation_id=conversation_id, cont=cont,
                        piped=not stdin_taken)
     parts = files + attachments(attach)
-    tools = load_functions(functions)
+    mcp = open_mcp(mcp_config, mcp_commands, "yes" if yes else "allow-list",
+                   lambda line: click.echo(line, err=True))
+    tools = ToolBox(load_functions(functions), mcp)
     system, model, params = daily.resolve(system, model)
     env.quiet = daily.quiet = env.quiet or daily.quiet
-    with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
-                   offline=offline, base_url=base_url, system=system,
-                   lease_wait=lease_wait, no_log=daily.no_log) as chat:
+    with contextlib.closing(tools), open_chat(
+            env, conversation_id=conversation_id, cont=cont, new=new, model=model,
+            offline=offline, base_url=base_url, system=system, lease_wait=lease_wait,
+            no_log=daily.no_log) as chat:
         daily.configure(chat, params)
         env.notice(f"conversation {chat.id}")
         note_before(chat, retry=retry)
@@ -164,7 +173,7 @@ def piped_text() -> str:
 
 def one_turn(chat: Any, text: str, *, stream: bool, show: bool, daily: Daily,
              attach: list[dict[str, Any]] | None = None,
-             tools: list[Any] | None = None) -> Any:
+             tools: Any = None) -> Any:
     """Send ``text`` (or retry when it is empty); print as it becomes durable; return the reply."""
     from chatstate.cli.markdown import ReplyPrinter, print_stats
 

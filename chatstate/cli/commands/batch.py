@@ -12,11 +12,13 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
 from chatstate.cli.common import Env
+from chatstate.cli.mcp_options import allow_listed_mcp_options, open_mcp
 
 PLAIN_EVERY = 5.0  # seconds between progress lines when stderr is not a terminal
 
@@ -101,17 +103,24 @@ def batch() -> None:
 @click.option("--lease", type=click.FloatRange(0.5), default=30.0, show_default=True,
               metavar="SECONDS", help="Shared ledger: how long a claim holds without a "
               "heartbeat before another worker may take it over.")
+@allow_listed_mcp_options
 @click.pass_obj
 def run(env: Env, input_path: str, prompt: str, out: str, ledger: str | None,
         system: str | None, model: str | None, base_url: str | None, concurrency: int,
         max_attempts: int | None, limit: int | None, transcripts: bool,
-        retry_failed: bool, host_id: str | None, lease: float) -> None:
+        retry_failed: bool, host_id: str | None, lease: float, mcp_config: Path | None,
+        mcp_commands: tuple[str, ...]) -> None:
     """Run TEMPLATE over every record of INPUT (.jsonl or directory).
 
     Rerun the same command after a crash: it recovers first, then carries on.
+    With MCP servers (--mcp-config, --mcp; needs --transcripts) the model may
+    call their read-only and allow-listed tools; any other is answered "not run".
     """
     from chatstate.batch import Batch
 
+    if (mcp_config or mcp_commands) and not transcripts:
+        raise click.UsageError("MCP tools in a batch need --transcripts: every step of the "
+                               "tool loop is stored, so a rerun never repeats a call")
     with contextlib.ExitStack() as stack:
         api_key = None
         if (model or "").lower() in ("fake", "offline"):
@@ -121,11 +130,14 @@ def run(env: Env, input_path: str, prompt: str, out: str, ledger: str | None,
             fake = stack.enter_context(FakeModel(reply_words=fake_reply_words()))
             base_url, model, api_key = fake.base_url, "fake", "offline"
         store = env.store() if transcripts else None
+        mcp = open_mcp(mcp_config, mcp_commands, "allow-list", _echo)
+        if mcp is not None:
+            stack.callback(mcp.close)
         job = stack.enter_context(Batch(
             out, prompt=prompt, ledger=ledger, system=system, model=model, base_url=base_url,
             api_key=api_key, concurrency=concurrency, max_attempts=max_attempts,
             transcripts=store, allow_ephemeral=env.allow_ephemeral, echo=_echo,
-            host_id=host_id, lease=lease))
+            host_id=host_id, lease=lease, tools=mcp))
         with _progress() as show:
             summary = job.run(input_path, limit=limit, progress=show,
                               retry_failed=retry_failed)

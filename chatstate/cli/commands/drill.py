@@ -48,11 +48,14 @@ from chatstate.cli.common import Env, describe_store, fail
 @click.option("--tools", is_flag=True,
               help="Drill the tool loop instead: kill a writer at every step of it, then "
                    "count duplicated side effects and orphaned calls (both must be 0).")
+@click.option("--mcp", "mcp", is_flag=True,
+              help="With --tools: the tool with side effects is an MCP server's (the "
+                   "drill's own, over stdio; needs the mcp extra).")
 @click.pass_obj
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
           max_seconds: float, as_json: bool, serve_mode: bool, clients: int,
-          identity: str, tools: bool) -> None:
+          identity: str, tools: bool, mcp: bool) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -68,7 +71,8 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     appends to a file) and is killed while a tool runs, between a stored result
     and the next model call, or at random; the drill proves no call is left
     without its result (stored or sent), no non-idempotent tool ran twice, and
-    every acknowledged message is still there.
+    every acknowledged message is still there. With --mcp that tool is an MCP
+    server's, and duplicates count calls the server received twice.
 
     Exit status 0 when nothing was lost, corrupt or duplicated and no other
     problem was found; 1 otherwise. --json prints the result of one store as
@@ -76,6 +80,9 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     """
     from chatstate.drill import DrillOptions, run_drill
     from chatstate.stores import default_store_url
+
+    if mcp and not tools:
+        raise click.UsageError("--mcp goes with --tools: drill --tools --mcp")
 
     configured = store_url or env.store_url or default_store_url()
     scratch: Path | None = None
@@ -96,7 +103,8 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
                 continue
             left = max_seconds - sum(r.seconds for r in results)
             if tools:
-                results.append(_tool_drill(url, trials, seed, trial_timeout, max(left, 1.0)))
+                results.append(_tool_drill(url, trials, seed, trial_timeout, max(left, 1.0),
+                                           mcp))
                 continue
             opts = DrillOptions(trials=trials, seed=seed, trial_timeout=trial_timeout,
                                 max_seconds=max(left, 1.0))
@@ -196,7 +204,7 @@ def _print(results: list[Any], as_json: bool, all_stores: bool) -> None:
 
 
 def _tool_drill(url: str, trials: int, seed: int | None, trial_timeout: float,
-                max_seconds: float) -> Any:
+                max_seconds: float, mcp: bool = False) -> Any:
     from chatstate.drill.tooldrill import run_tool_drill
 
     def show(result: Any) -> None:
@@ -204,7 +212,8 @@ def _tool_drill(url: str, trials: int, seed: int | None, trial_timeout: float,
             click.echo(f"drill --tools {result.store}: {result.kills}/{trials} kills, "
                        f"{len(result.problems)} problems", err=True)
     return run_tool_drill(url, trials=trials, seed=seed, trial_timeout=trial_timeout,
-                          max_seconds=max_seconds, progress=show)
+                          max_seconds=max_seconds, progress=show,
+                          mcp="builtin" if mcp else None)
 
 
 def _print_tools(results: list[Any], as_json: bool, all_stores: bool) -> None:

@@ -7,6 +7,7 @@ kept) without leaving the REPL; Ctrl-D exits.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -20,9 +21,11 @@ from chatstate.cli import waiting
 from chatstate.cli.common import Env
 from chatstate.cli.daily_options import Daily, daily_options
 from chatstate.cli.functions import functions_option, load_functions, tool_printer
+from chatstate.cli.mcp_options import ToolBox, mcp_options, open_mcp
 from chatstate.cli.render import clip, neutralise
 from chatstate.cli.repl.fork import ForkCommands
 from chatstate.cli.repl.line_input import keys_held, make_reader
+from chatstate.cli.repl.tools import ToolCommands
 from chatstate.cli.turns import (
     attach_option,
     attachments,
@@ -47,6 +50,7 @@ HELP = """commands:
   /fork            continue in a copy of this conversation (this one stays as it is)
   /edit TEXT       ask again with TEXT instead of your last message (same attachments), in a fork
   /attach PATH     attach an image or file (or an image URL) to your next message
+  /tools [off|on]  list the tools and MCP servers, or stop / start offering them
   /editor          write your next message in $EDITOR (as Ctrl-X Ctrl-E)
   /copy [code]     copy the last reply (or its last code block) to the clipboard
   /exit            leave (or Ctrl-D)
@@ -60,39 +64,49 @@ message in $EDITOR."""
 @daily_options
 @attach_option
 @functions_option
+@mcp_options
 @click.pass_obj
 def chat(env: Env, conversation_id: str | None, cont: bool, new: bool, model: str | None,
          offline: bool, base_url: str | None, system: str | None, lease_wait: float,
-         no_stream: bool,
-         daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...]) -> None:
-    """The chat REPL. --attach goes with the first message you send; with --functions,
-    each tool call and result is shown once stored."""
+         no_stream: bool, daily: Daily, attach: tuple[str, ...], functions: tuple[Path, ...],
+         mcp_config: Path | None, mcp_commands: tuple[str, ...], yes: bool) -> None:
+    """The chat REPL. --attach goes with the first message you send; with --functions
+    or MCP servers (--mcp-config, --mcp), each tool call and result is shown once
+    stored, and an MCP tool that changes things asks first (y / n / always)."""
     if "-" in daily.files:
         raise click.UsageError("-f - reads stdin, which the REPL reads your messages from: "
                                "name the file instead")
     parts = daily.fragment_parts() + attachments(attach)
-    tools = load_functions(functions)
+    approve: Any = "yes" if yes else None
+    mcp = open_mcp(mcp_config, mcp_commands, approve or "allow-list",
+                   lambda line: click.echo(line, err=True))
+    tools = ToolBox(load_functions(functions), mcp)
     system, model, params = daily.resolve(system, model)
     env.quiet = daily.quiet = env.quiet or daily.quiet
-    with open_chat(env, conversation_id=conversation_id, cont=cont, new=new, model=model,
-                   offline=offline, base_url=base_url, system=system,
-                   lease_wait=lease_wait, no_log=daily.no_log) as session:
+    with contextlib.closing(tools), open_chat(
+            env, conversation_id=conversation_id, cont=cont, new=new, model=model,
+            offline=offline, base_url=base_url, system=system,
+            lease_wait=lease_wait, no_log=daily.no_log) as session:
         daily.configure(session, params)
         repl = Repl(session, stream=not no_stream, daily=daily, tools=tools)
+        if mcp is not None and approve is None:
+            mcp.approve = repl.approve_prompt
         repl.pending = parts
         repl.run()
     if repl.failed and not sys.stdin.isatty():
         raise click.exceptions.Exit(1)  # scripted input: a line that failed fails the command
 
 
-class Repl(ForkCommands):
+class Repl(ForkCommands, ToolCommands):
     def __init__(self, session: Any, *, stream: bool, daily: Daily | None = None,
-                 tools: list[Any] | None = None) -> None:
+                 tools: ToolBox | None = None) -> None:
         self.chat = session
         self.stream = stream
         self.daily = daily or Daily()
         self.told_fit: set[str] = set()  # conversations whose trimming was announced
-        self.tools = tools or None
+        self.toolbox = tools
+        self.tools_on = True
+        self._always_for = session.id  # "always" answers hold in this conversation only
         self.printer: Any = None  # the reply being printed, if any
         session.on_tool = tool_printer(self.tool_line)
         self.read = make_reader()
@@ -136,6 +150,7 @@ class Repl(ForkCommands):
             if turn is not None and held_elsewhere(self.chat.store, self.chat.id) is None:
                 self.say(f"[{turn.describe()}: it is kept but not sent again]")
             more, self.pending = {"attach": self.pending} if self.pending else {}, []
+            self.new_conversation_check()
             self.render(partial(self.chat.stream, text, tools=self.tools, **more),
                         partial(self.chat.send, text, tools=self.tools, **more))
         except KeyboardInterrupt:
@@ -144,6 +159,12 @@ class Repl(ForkCommands):
             self.failed = True
             self.say(f"error: {exc.format_message() if isinstance(exc, click.UsageError) else exc}")
         return None
+
+    def new_conversation_check(self) -> None:
+        if self.chat.id != self._always_for and self.toolbox is not None and \
+                self.toolbox.mcp is not None:
+            self.toolbox.mcp.forget_always()
+        self._always_for = self.chat.id
 
     def greet(self) -> None:
         c = self.chat
@@ -377,4 +398,5 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "/export": ("do_export", "FILE"), "/compact": ("do_compact", None),
     "/fork": ("do_fork", None), "/edit": ("do_edit", "TEXT"), "/attach": ("do_attach", "PATH"),
     "/editor": ("do_editor", None), "/copy": ("do_copy", None),
+    "/tools": ("do_tools", None),
 }

@@ -12,6 +12,8 @@ is valid JSON, greppable, and listable by reading one line::
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -25,6 +27,7 @@ from chatstate.core.transcript import (
 )
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores._fastload import canonical, first_break, validate_items
+from chatstate.stores.json._log import DOC_END, Records, decode_records, split
 
 HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
 
@@ -44,6 +47,39 @@ def encode(header: dict[str, Any], lines: list[str], schema: int = 1) -> bytes:
 
 def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
     """Parse and fully verify a stored conversation; raise CorruptTranscriptError naming where."""
+    header, messages, _ = decode_file(raw, where)
+    return header, messages
+
+
+def decode_file(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], Records | None]:
+    """``decode`` for a document followed by log records (``_log``): the records too."""
+    parts = None if raw.endswith(DOC_END) else split(raw)  # a document alone: no search
+    records = None
+    if parts is None or not parts[1].startswith(b'{"schema":'):
+        header, messages, items = _decode_doc(raw, where)
+        bodies: Iterable[bytes | None] = _bodies(items)
+    else:
+        header, messages, items = _decode_doc(parts[0], where)
+        records = decode_records(parts[1], where, len(messages))
+        messages = messages + records.messages
+        bodies = chain(_bodies(items), records.bodies)
+        if records.updated_at is not None:
+            header["updated_at"] = records.updated_at
+    bad = first_break(messages, bodies)
+    if bad is not None:
+        raise CorruptTranscriptError(
+            f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
+            "reordered); the file was left as it is. `chatstate repair` quarantines it.",
+            where=where, position=bad)
+    return header, messages, records
+
+
+def _bodies(items: list[Any]) -> Iterator[bytes | None]:
+    """What each stored message hashes, made one at a time (first_break consumes them)."""
+    return (canonical(item) if isinstance(item, dict) else None for item in items)
+
+
+def _decode_doc(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], list[Any]]:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -64,21 +100,20 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
         messages = validate_items(items)
     except ValueError:  # pydantic's ValidationError: name the first bad message
         messages = [parse_message(item, where, index) for index, item in enumerate(items)]
-    bodies = (canonical(item) if isinstance(item, dict) else None for item in items)
-    bad = first_break(messages, bodies)
-    if bad is not None:
-        raise CorruptTranscriptError(
-            f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
-            "reordered); the file was left as it is. `chatstate repair` quarantines it.",
-            where=where, position=bad)
     count = doc.get("message_count")
     if count != len(messages):  # the chain cannot see its own tail cut off; the count can
+        bad = first_break(messages, _bodies(items))  # but a broken chain is named first
+        if bad is not None:
+            raise CorruptTranscriptError(
+                f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
+                "reordered); the file was left as it is. `chatstate repair` quarantines it.",
+                where=where, position=bad)
         position = min(count, len(messages)) if isinstance(count, int) else len(messages)
         raise CorruptTranscriptError(
             f"{where}: header message_count is {count!r} but {len(messages)} messages are "
             f"stored (cut off or added by hand from seq {position}); the file was left as "
             "it is. `chatstate repair` quarantines it.", where=where, position=position)
-    return header, messages
+    return header, messages, items
 
 
 def _strict_parse(raw: bytes, where: str) -> Any:

@@ -7,14 +7,19 @@
     DIR/.chatstate/opens.jsonl  boot id / hostname / DEPLOY_ID of every open
     DIR/blobs/<sha256>        images and files named by messages, stored once (_jsonblobs)
 
-Every write is temp file (O_EXCL, unpredictable name) -> fsync -> rename -> fsync
-directory, under the conversation's lock. Each append rewrites the file, so a
-per-process cache of the last verified file (keyed by inode, mtime and size)
-spares re-verifying the whole chain when nobody else has touched it.
+An append writes one checksummed record to the end of <id>.json and fsyncs it
+(``_log``: one fsync, O(1) at any length). Every other write is temp file (O_EXCL,
+unpredictable name) -> fsync -> rename -> fsync directory, under the conversation's
+lock: create, set_header, and compaction, which folds the log back into the
+document when this process closes the store, when the log outgrows the document,
+and when a writer finds a torn last record. A per-process cache of the last
+verified file (keyed by inode, mtime and size) spares re-verifying the whole chain
+when nobody else has touched it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -59,15 +64,19 @@ from chatstate.stores.blobs import check_stored_blobs, refuse_unheld_blobs
 from chatstate.stores.json import _doc as doc
 from chatstate.stores.json._blobs import JsonBlobs
 from chatstate.stores.json._lease import JsonLease
+from chatstate.stores.json._log import Records, encode_record
+from chatstate.stores.json._log_io import append_record, last_summary
 from chatstate.stores.json._sidecar import SidecarLog
 
-Snapshot = tuple[dict[str, Any], list[str], list[Message]]
+# header, message lines, messages, the log part (None: a document alone)
+Snapshot = tuple[dict[str, Any], list[str], list[Message], Records | None]
 
 
 class JsonStore(JsonLease, JsonBlobs):
     """Conversations as JSON files in one directory. See the module docstring."""
 
     partial_flush_interval = 0.0
+    log_limit = 1024 * 1024  # compact once the log is past this and past the document
 
     def __init__(self, root: Path, url: str | None = None) -> None:
         self.root = root
@@ -75,6 +84,7 @@ class JsonStore(JsonLease, JsonBlobs):
         self.recovery: list[str] = []
         self._cache: dict[str, tuple[tuple[int, int, int], Snapshot]] = {}
         self._sidecar = SidecarLog()
+        self._logged: set[str] = set()  # conversations this process appended records to
 
     @classmethod
     def from_url(cls, url: str) -> JsonStore:
@@ -148,6 +158,15 @@ class JsonStore(JsonLease, JsonBlobs):
                                      "chars, kept as partial)")
 
     def close(self) -> None:
+        for cid in sorted(self._logged):
+            try:
+                with locked(self._lock(cid)):
+                    snap = self._read(cid)
+                    if snap[3] is not None:
+                        self._compact(cid, snap)
+            except ChatstateError as exc:  # damaged, gone, or the disk refuses: left as is
+                self.recovery.append(f"{cid}: not compacted at close: {exc}")
+        self._logged.clear()
         self._cache.clear()
 
     # -- reads -----------------------------------------------------------------------
@@ -166,15 +185,20 @@ class JsonStore(JsonLease, JsonBlobs):
         raw = read_bytes(path)
         if raw is None:
             raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
-        header, messages = doc.decode(raw, str(path))
+        header, messages, records = doc.decode_file(raw, str(path))
+        logged = len(records.messages) if records is not None else 0
+        in_doc = len(messages) - logged
         # the verified lines as read, when laid out as written: no re-serialising
-        lines = doc.stored_lines(raw, len(messages)) or [doc.message_line(m) for m in messages]
-        snap = (header, lines, messages)
+        docraw = raw[:len(raw) - len(records.torn) - records.clean] if records else raw
+        lines = (doc.stored_lines(docraw, in_doc)
+                 or [doc.message_line(m) for m in messages[:in_doc]])
+        lines += [doc.message_line(m) for m in messages[in_doc:]]
+        snap = (header, lines, messages, records)
         self._cache[cid] = (key, snap)
         return snap
 
     def load(self, conversation_id: str) -> Conversation:
-        header, _, messages = self._read(conversation_id)
+        header, _, messages, _ = self._read(conversation_id)
         partial = None
         raw = read_bytes(self._partial(conversation_id))
         if raw is not None:
@@ -194,10 +218,18 @@ class JsonStore(JsonLease, JsonBlobs):
                     first = fh.readline().decode("utf-8", "replace")
                 # the document's own key ends the first line; metadata may hold the same text
                 head = json.loads(first.rsplit(',"messages":[', 1)[0] + "}")
+                count, updated = head.get("message_count", 0), head["updated_at"]
+                logged = last_summary(path)  # the last log record, if records follow
+                if logged is None:
+                    _, _, messages, records = self._read(path.name[:-5])
+                    logged = ((len(messages), records.updated_at or updated) if records
+                              else None)
+                if logged != ():
+                    count, updated = logged or (count, updated)
                 out.append(ConversationSummary(
                     id=head["id"], title=head.get("title", ""), created_at=head["created_at"],
-                    updated_at=head["updated_at"], message_count=head.get("message_count", 0)))
-            except (OSError, ValueError, KeyError):
+                    updated_at=updated, message_count=count))
+            except (OSError, ValueError, KeyError, ChatstateError):
                 out.append(ConversationSummary(id=path.name[:-5], title="(unreadable: run "
                            "`chatstate doctor`)", created_at="", updated_at="",
                            message_count=0))
@@ -210,7 +242,22 @@ class JsonStore(JsonLease, JsonBlobs):
         path = self._file(cid)
         atomic_write(path, doc.encode(header, lines, schema_for(messages)))
         st = os.stat(path)
-        self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size), (header, lines, messages))
+        self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size),
+                            (header, lines, messages, None))
+
+    def _compact(self, cid: str, snap: Snapshot) -> None:
+        """Fold the log into the document, atomically; a torn last record is kept aside."""
+        header, lines, messages, records = snap
+        if records is not None and records.torn:
+            qdir = self.root / ".quarantine"
+            ensure_dir(qdir)
+            aside = qdir / f"{cid}.torn-record.{now_iso().replace(':', '')}"
+            atomic_write(aside, records.torn)
+            self.recovery.append(
+                f"{cid}: a torn last record ({len(records.torn)} bytes, an append a crash cut "
+                f"off before it was acknowledged) was moved to {aside}")
+        self._write(cid, header, lines, messages)
+        self._logged.discard(cid)
 
     def create(self, conversation: Conversation) -> None:
         cid = conversation.id
@@ -224,7 +271,8 @@ class JsonStore(JsonLease, JsonBlobs):
         cid = conversation_id
         with locked(self._lock(cid)):
             self._check_fence(cid, fence)
-            header, lines, stored = self._read(cid)
+            snap = self._read(cid)
+            header, lines, stored, records = snap
             where = str(self._file(cid))
             already = check_append(where, stored[-1].seq if stored else -1,
                                    lambda seq: stored[seq].hash, messages)
@@ -235,19 +283,49 @@ class JsonStore(JsonLease, JsonBlobs):
             partial = doc.decode_partial(raw, str(partial_path)) if raw is not None else None
             check_partial_commit(where, fresh, partial)
             if fresh:
-                new_header = dict(header, updated_at=now_iso())
-                self._write(cid, new_header, lines + [doc.message_line(m) for m in fresh],
-                            stored + fresh)
+                if records is not None and records.torn:
+                    self._compact(cid, snap)
+                    records = None
+                self._append_log(cid, header, lines, stored, records, fresh)
             elif already:  # a retry of an append whose outcome was unknown: make it durable
                 sync_durably(self._file(cid))
             if partial is not None and partial.seq <= messages[-1].seq:
                 remove_durably(partial_path)
 
+    def _append_log(self, cid: str, header: dict[str, Any], lines: list[str],
+                    stored: list[Message], records: Records | None,
+                    fresh: list[Message]) -> None:
+        path = self._file(cid)
+        if not os.access(self.root, os.W_OK):  # the log could never be compacted: refuse now
+            raise os_error(PermissionError(errno.EACCES, "Permission denied"), "write in",
+                           self.root)
+        at = now_iso()
+        new_lines = [doc.message_line(m) for m in fresh]
+        schema = schema_for(fresh)
+        record = encode_record(at, new_lines, schema)
+        key = self._cache[cid][0]
+        st = append_record(path, record, key, schema)
+        self._logged.add(cid)
+        # the cached snapshot's lists grow in place: copying them would make this O(N)
+        grown = records if records is not None else Records()
+        grown.messages.extend(fresh)
+        grown.updated_at = at
+        grown.clean += len(record)
+        lines.extend(new_lines)
+        stored.extend(fresh)
+        snap = (dict(header, updated_at=at), lines, stored, grown)
+        self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size), snap)
+        if grown.clean > max(self.log_limit, st.st_size - grown.clean):
+            try:  # the append is durable already: a compaction that fails waits for the next
+                self._compact(cid, snap)
+            except StoreUnavailable as exc:
+                self.recovery.append(f"{cid}: compaction deferred: {exc}")
+
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:
         with locked(self._lock(conversation_id)):
             self._check_fence(conversation_id, fence)
-            _header, _, stored = self._read(conversation_id)
+            _header, _, stored, _ = self._read(conversation_id)
             expected = stored[-1].seq + 1 if stored else 0
             if partial.seq != expected:
                 raise ConflictError(f"{self._file(conversation_id)}: partial reply for seq "
@@ -267,7 +345,7 @@ class JsonStore(JsonLease, JsonBlobs):
                    metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
         with locked(self._lock(conversation_id)):
             self._check_fence(conversation_id, fence)
-            header, lines, stored = self._read(conversation_id)
+            header, lines, stored, _ = self._read(conversation_id)
             changes: dict[str, Any] = {"updated_at": now_iso()}
             if title is not None:
                 changes["title"] = title
@@ -281,6 +359,7 @@ class JsonStore(JsonLease, JsonBlobs):
                 raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
             remove_durably(self._partial(conversation_id))
             self._cache.pop(conversation_id, None)
+            self._logged.discard(conversation_id)
 
     def quarantine(self, conversation_id: str) -> str:
         """Move a (damaged) conversation aside into DIR/.quarantine/; never deletes."""
@@ -311,6 +390,7 @@ class JsonStore(JsonLease, JsonBlobs):
             if not moved:
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
             self._cache.pop(cid, None)
+            self._logged.discard(cid)
         return str(moved[-1])
 
     def leftovers(self, conversation_ids: Sequence[str],
