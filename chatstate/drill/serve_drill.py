@@ -9,6 +9,18 @@ holds for it. The next trial's clients carry on: a client whose turn was cut
 sends the same request again, which must answer that turn rather than store the
 user's message twice, and must be answered at all: a killed proxy's writer leases
 must not lock its conversations out of the next one.
+
+How the clients name their conversation (``identity``):
+
+- ``header`` (the default): each request carries ``X-Chatstate-Conversation``.
+- ``url``: each client's base URL names it (``http://HOST:PORT/c/<id>/v1``), for
+  clients that take a base URL and nothing else.
+- ``none``: no id at all. The proxy runs with two client tokens and each client sends
+  one of them; the proxy finds the conversation by its history within that token's
+  namespace and hands its id back in the response header, which is the id the check
+  then loads. Since a header-less retry could store the user's message in a second
+  conversation, the check then counts the run's user messages across every
+  conversation the run made (found by their titles, which carry the run id).
 """
 
 from __future__ import annotations
@@ -31,11 +43,14 @@ from typing import Any
 from chatstate.core.redact import redact_url
 
 SERVING = re.compile(r"serving on (http://\S+/v1)")
+IDENTITIES = ("header", "url", "none")
+CONVERSATION_HEADER = "X-Chatstate-Conversation"  # serve's (not imported: no serve extra)
 
 
 @dataclass
 class ServeDrillResult:
     store: str
+    identity: str = "header"
     trials: int = 0
     kills: int = 0
     requests: int = 0
@@ -63,6 +78,14 @@ class _Client:
     received: str = ""
     done: bool = False
     refused: str | None = None  # the proxy's answer when it was not a stream
+    identity: str = "header"
+    token: str | None = None  # with identity "none": the client token it sends
+    conversation: str | None = None  # the id the proxy last handed back (identity "none")
+
+    @property
+    def stored_id(self) -> str | None:
+        """The id under which this client's conversation is stored, as far as it knows."""
+        return self.conversation if self.identity == "none" else self.cid
 
 
 def _start_server(url: str, upstream: str, env: dict[str, str]) -> tuple[subprocess.Popen[str],
@@ -85,9 +108,18 @@ def _turn(base: str, client: _Client, text: str) -> None:
     client.received, client.done, client.refused = "", False, None
     body = {"model": "m", "stream": True,
             "messages": [*client.history, {"role": "user", "content": text}]}
+    headers: dict[str, str] = {}
+    if client.identity == "header":
+        headers[CONVERSATION_HEADER] = client.cid
+    elif client.identity == "url":
+        base = _with_conversation(base, client.cid)
+    if client.token is not None:
+        headers["Authorization"] = f"Bearer {client.token}"
     try:
         with httpx2.stream("POST", base + "/chat/completions", json=body, timeout=30,
-                           headers={"X-Chatstate-Conversation": client.cid}) as resp:
+                           headers=headers) as resp:
+            if client.identity == "none" and resp.headers.get(CONVERSATION_HEADER):
+                client.conversation = resp.headers[CONVERSATION_HEADER]
             if resp.status_code != 200:
                 client.refused = f"HTTP {resp.status_code} {_error_text(resp.read())}"
                 return
@@ -102,6 +134,12 @@ def _turn(base: str, client: _Client, text: str) -> None:
         pass  # the server was killed: what arrived so far is in client.received
 
 
+def _with_conversation(base: str, cid: str) -> str:
+    """``http://HOST:PORT/v1`` -> ``http://HOST:PORT/c/<cid>/v1``."""
+    root, _, _ = base.rpartition("/v1")
+    return f"{root}/c/{cid}/v1"
+
+
 def _error_text(body: bytes) -> str:
     """``type: message`` of an OpenAI-style error body (the message cut to 300 chars)."""
     try:
@@ -112,16 +150,24 @@ def _error_text(body: bytes) -> str:
 
 
 def _check(url: str, clients: list[_Client], texts: dict[str, str],
-           result: ServeDrillResult) -> None:
+           result: ServeDrillResult, run: str | None = None) -> None:
+    """Check every client's conversation; with ``run`` (header-less clients) also count
+    each trial text across all the run's conversations, so a retry stored in a second
+    conversation is a duplicate too."""
     from chatstate.errors import ChatstateError, ConversationNotFound
     from chatstate.stores import open_store
 
     store = open_store(url, allow_ephemeral=True)
     try:
+        if run is not None:
+            _check_across(store, run, clients, texts, result)
         for client in clients:
             text = texts[client.cid]
+            cid = client.stored_id
             try:
-                conv = store.load(client.cid)
+                if cid is None:
+                    raise ConversationNotFound(client.cid)
+                conv = store.load(cid)
             except ConversationNotFound:
                 if client.history or client.received:
                     result.lost += 1
@@ -137,6 +183,27 @@ def _check(url: str, clients: list[_Client], texts: dict[str, str],
             _check_conversation(conv, client, text, result)
     finally:
         store.close()
+
+
+def run_conversations(store: Any, run: str) -> list[str]:
+    """The ids of the conversations a drill run made (their titles name the run)."""
+    return [row.id for row in store.list_conversations() if f"drill-serve-{run}-" in row.title]
+
+
+def _check_across(store: Any, run: str, clients: list[_Client], texts: dict[str, str],
+                  result: ServeDrillResult) -> None:
+    counts: dict[str, int] = {}
+    wanted = {texts[c.cid] for c in clients}
+    for cid in run_conversations(store, run):
+        conv = store.load(cid)
+        for m in conv.messages:
+            if m.role == "user" and m.text in wanted:
+                counts[m.text] = counts.get(m.text, 0) + 1
+    for text, n in sorted(counts.items()):
+        if n > 1:
+            result.duplicated += 1
+            result.problems.append(f"the user message {text!r} is stored {n} times across "
+                                   "the run's conversations")
 
 
 def _check_conversation(conv: Any, client: _Client, text: str,
@@ -165,19 +232,27 @@ def _check_conversation(conv: Any, client: _Client, text: str,
 
 
 def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int | None = None,
+                    identity: str = "header",
                     progress: Callable[[ServeDrillResult], None] | None = None
                     ) -> ServeDrillResult:
-    """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams."""
+    """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams whose
+    conversations are named by ``identity`` (one of IDENTITIES)."""
     from chatstate.errors import ConversationNotFound
     from chatstate.stores import open_store
     from chatstate.testing import FakeModel
 
     rng = random.Random(seed)
-    result = ServeDrillResult(store=redact_url(url))
+    if identity not in IDENTITIES:
+        raise ValueError(f"identity {identity!r}: use one of {', '.join(IDENTITIES)}")
+    result = ServeDrillResult(store=redact_url(url), identity=identity)
     run = secrets.token_hex(3)
-    people = [_Client(f"drill-serve-{run}-{n}") for n in range(clients)]
+    tokens = [secrets.token_urlsafe(16) for _ in range(2)] if identity == "none" else []
+    people = [_Client(f"drill-serve-{run}-{n}", identity=identity,
+                      token=tokens[n % 2] if tokens else None) for n in range(clients)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CHATSTATE_"))}
     env["CHATSTATE_ALLOW_EPHEMERAL"] = "1"  # the caller ran the durability guard already
+    if tokens:
+        env["CHATSTATE_SERVE_TOKENS"] = ",".join(tokens)  # not in ps
     started = time.monotonic()
     with FakeModel(reply_words=40, chunk_delay=0.01) as fake:
         try:
@@ -199,7 +274,7 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
                 result.trials += 1
                 result.kills += 1
                 result.requests += len(people)
-                _check(url, people, texts, result)
+                _check(url, people, texts, result, run if identity == "none" else None)
                 for c in people:
                     if c.refused is not None:
                         result.problems.append(f"{c.cid}: trial {trial}: the proxy answered "
@@ -216,9 +291,10 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
         finally:
             store = open_store(url, allow_ephemeral=True)
             try:
-                for c in people:
+                ids = {c.cid for c in people} | set(run_conversations(store, run))
+                for cid in sorted(ids):
                     with contextlib.suppress(ConversationNotFound):  # killed before a write
-                        store.delete(c.cid)
+                        store.delete(cid)
             finally:
                 store.close()
     result.seconds = time.monotonic() - started
@@ -226,12 +302,12 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
 
 
 def render_serve(results: list[ServeDrillResult]) -> str:
-    header = ["store", "trials", "kills", "requests", "turns received whole",
+    header = ["store", "identity", "trials", "kills", "requests", "turns received whole",
               "cut turns kept partial", "lost", "duplicated", "corrupt", "seconds"]
     lines = [" | ".join(header)]
     for r in results:
         lines.append(" | ".join(str(v) for v in (
-            r.store, r.trials, r.kills, r.requests, r.acked_turns, r.partials, r.lost,
+            r.store, r.identity, r.trials, r.kills, r.requests, r.acked_turns, r.partials, r.lost,
             r.duplicated, r.corrupt, f"{r.seconds:.1f}")))
     for r in results:
         lines += [f"problem ({r.store}): {p}" for p in r.problems[:20]]
