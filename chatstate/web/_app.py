@@ -86,7 +86,7 @@ class WebView:
         base = request.scope.get("root_path", "")
         page = self.env.get_template(template).render(
             base=base, title=self.config.title, scoped=self.config.namespace is not None,
-            **values)
+            encrypted=_encrypted(self.store), **values)
         return HTMLResponse(page, status_code=status)
 
     def _error(self, request: Request, status: int, text: str) -> Response:
@@ -335,3 +335,10 @@ def create_app(config: WebConfig) -> Starlette:
                     middleware=[Middleware(Guard, host_allowed=config.host_allowed)])
     app.state.web = view
     return app
+
+
+def _encrypted(store: object) -> bool:
+    """The store seals every record (an encryption key is configured): each row says so."""
+    from chatstate.stores.sealed import SealedStore
+
+    return isinstance(store, SealedStore)

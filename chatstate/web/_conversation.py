@@ -19,6 +19,7 @@ from chatstate.core.events import EVENT, shown
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ChatstateError, CorruptTranscriptError
 from chatstate.ops.replay_text import MARKED, STARTED, size_text
+from chatstate.ops.request_log import requests_of
 from chatstate.session.sendable import CUT_REASONS
 from chatstate.session.turn_state import cut_short_reply, interrupted_turn
 from chatstate.stores.base import Store
@@ -206,6 +207,7 @@ def build(conv: Conversation, base: str, page: int, bad_blobs: set[str] | None =
     for m in messages:
         if m.role == "user":
             turns.setdefault(m.turn_id, m)
+    records = {str(r["turn_id"]): r for r in requests_of(conv)}
     total = len(messages) + (1 if conv.partial is not None else 0)
     pages = max(1, -(-total // per_page))
     page = min(max(1, page), pages)
@@ -221,7 +223,7 @@ def build(conv: Conversation, base: str, page: int, bad_blobs: set[str] | None =
             continue  # shown folded under its call
         items.append(_item(msg, base, results, names, turns, partial, bad_blobs or set(),
                            None if msg.seq in visible or msg.role == "event"
-                           else hider.get(msg.seq)))
+                           else hider.get(msg.seq), records))
     error = conv.metadata.get("last_upstream_error")
     left = interrupted_turn(conv)
     cut = cut_short_reply(conv)
@@ -232,7 +234,7 @@ def build(conv: Conversation, base: str, page: int, bad_blobs: set[str] | None =
 
 def _item(msg: Message, base: str, results: dict[str, Message], names: dict[str, str],
           turns: dict[str, Message], partial: bool, bad: set[str],
-          hidden_by: int | None) -> Item:
+          hidden_by: int | None, records: dict[str, dict[str, Any]]) -> Item:
     who: str = msg.role
     if msg.role == "tool":
         who = " ".join(x for x in ("tool", msg.name or names.get(str(msg.tool_call_id))) if x)
@@ -268,19 +270,17 @@ def _item(msg: Message, base: str, results: dict[str, Message], names: dict[str,
                 else f"{op.get('op')}"
     if msg.role == "assistant":
         asked = turns.get(msg.turn_id)
-        record: dict[str, Any] = {"model": msg.model}
-        if msg.requested_model:
-            record["requested model"] = msg.requested_model
-        if asked is not None and asked.params:
-            record["options"] = json.dumps(asked.params, sort_keys=True, ensure_ascii=False)
-        if msg.params:
-            record["reply options"] = json.dumps(msg.params, sort_keys=True,
-                                                 ensure_ascii=False)
-        if msg.finish_reason:
-            record["finish reason"] = msg.finish_reason
-        if asked is not None:
-            took = _duration(asked.created_at, msg.created_at)
-            if took:
-                record["duration"] = took
+        row = records.get(msg.turn_id, {})  # the one reading of request records
+        options = row.get("options")
+        millis = row.get("duration_ms")
+        record: dict[str, Any] = {
+            "model": msg.model, "requested model": msg.requested_model or row.get("model"),
+            "options": json.dumps(options, sort_keys=True, ensure_ascii=False)
+            if options else None,
+            "finish reason": msg.finish_reason,
+            "upstream status": row.get("status"),
+            "upstream request id": row.get("upstream_request_id"),
+            "duration": f"{millis / 1000:.2f} s" if isinstance(millis, (int, float))
+            else _duration(asked.created_at, msg.created_at) if asked is not None else None}
         item.request = {k: v for k, v in record.items() if v is not None}
     return item

@@ -236,3 +236,25 @@ def test_a_store_without_search_says_so(tmp_path: Path) -> None:
         assert refused.status_code == 400 and "sqlite or postgresql" in refused.text
     finally:
         proc.stop()
+
+
+def test_an_encrypted_store_flags_every_row(tmp_path: Path) -> None:
+    """The encrypted flag: a store opened with its key seals every record, so every row
+    of its list says so; a plain store's rows never do."""
+    from support.cli_helpers import cli_env, invoke
+    from support.sealed import KEY
+
+    store = f"sqlite://{tmp_path}/sealed.db"
+    env = {**cli_env(tmp_path), "CHATSTATE_ENCRYPTION_KEY": KEY}
+    assert invoke(["ask", "--model", "fake", "--id", "secret", "hello"], store=store,
+                  env=env).code == 0
+    sealed = WebProcess(store, env)
+    try:
+        row = re.search(r'<tr data-id="secret">.*?</tr>', get(sealed, "/").text, re.S)
+        assert row is not None and ">encrypted<" in row.group()
+    finally:
+        sealed.stop()
+
+
+def test_a_plain_store_has_no_encrypted_flag(web: WebProcess) -> None:
+    assert ">encrypted<" not in get(web, "/").text
