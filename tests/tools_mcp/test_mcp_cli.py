@@ -172,3 +172,49 @@ def running_with(arg: str) -> list[str]:
         if proc.name.isdigit() and arg.encode() in cmdline:
             found.append(proc.name)
     return found
+
+
+def test_ctrl_c_during_a_call_stops_the_servers_and_keeps_the_transcript(tmp_path: Path) -> None:
+    """SIGINT while a tool hangs: `ask` exits at once (no hang), the MCP server process is
+    gone, and the stored turn is a valid interrupted one (its call marked started)."""
+    import signal
+    import subprocess
+    import time
+
+    from support.cli_helpers import CHATSTATE, cli_env
+    from support.mcpservers import suite_server
+
+    marker = tmp_path / "effects-ctrl-c.txt"
+    server = suite_server(marker)
+    command = " ".join([server["command"], *server["args"]])
+    store = f"sqlite://{tmp_path}/a.db"
+    proc = subprocess.Popen([CHATSTATE, "--store", store, "ask", "--model", "fake", "--yes",
+                             "--id", "k", "--mcp", command, "hang({})"],
+                            env=cli_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not running_with(str(marker)):  # the server is up ...
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        conv_deadline = time.monotonic() + 30
+        while True:  # ... and the call has started (its marker is durable)
+            conv = only(store) if proc.poll() is None else None
+            if conv is not None and any(m.role == "tool" for m in conv.messages):
+                break
+            assert time.monotonic() < conv_deadline, "the call never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, err
+    stopped = time.monotonic() + 10
+    while running_with(str(marker)) and time.monotonic() < stopped:
+        time.sleep(0.05)
+    assert running_with(str(marker)) == [], "the MCP server outlived the command"
+    conv = only(store)
+    assert conv.verify() is None
+    [started] = [m for m in conv.messages if m.role == "tool"]
+    assert started.status == "partial"  # the started marker: never run twice on recovery
