@@ -20,18 +20,20 @@ delta arrives, that event and every later one is held back and written after the
 commit, which stores the calls whole.
 
 What the reader may hold ahead of the client is bounded (``RELAY_BUFFER`` bytes of
-event data, or the length of the reply saved so far if that is more, up to
-``READ_AHEAD_MAX`` times that: never more than the reply the relay holds anyway):
+event data while the reply is short, then the length of the reply saved so far, up to
+``READ_AHEAD_MAX`` times ``RELAY_BUFFER``: never more than the reply the relay holds
+anyway):
 the relay moves at the client's pace, and
 a slow reader holds the upstream back rather than making the proxy buffer its
 reply.
 
 Partial saves are paced so their cost stays in proportion to the reply (each one
 writes the whole reply so far): a save waits, after the previous one, as long as
-that one took (``PACE`` times, at most ``PACE_MAX`` seconds), and the read-ahead
-grows with the reply, so each save carries at least as much new text as it
-rewrites. Saves of a short reply take a millisecond, so it still moves piece by
-piece; a 50 MB reply is written a handful of times, not once per network read.
+that one took (``PACE`` times, at most ``PACE_MAX`` seconds); once the reply is past
+``SMALL_REPLY``, it waits until as much new text has arrived as it rewrites (the
+read-ahead then grows with the reply), or ``PACE_MAX``. Saves of a short reply take a
+millisecond, so it still moves piece by piece; a 50 MB reply is written a handful of
+times, not once per network read, whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ PACE = 1.0
 """After a partial save that took ``d`` seconds, the next waits ``PACE * d``."""
 PACE_MAX = 0.5
 """... but never longer than this many seconds."""
+SMALL_REPLY = 64 * 1024
+"""Beyond this many characters saved, a partial save waits until as much new text has
+arrived as it would rewrite (or ``PACE_MAX``): the saves' sizes double, so what they
+write stays within a few times the reply, however fast the upstream and however loaded
+the machine."""
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -114,8 +121,7 @@ class StreamRelay:
         async def read() -> None:
             try:
                 async for data in sse_data(self._lines):
-                    while held[0] >= min(max(self._buffer, len(self.saved)),
-                                         READ_AHEAD_MAX * self._buffer):
+                    while held[0] >= self._read_ahead():
                         drained.clear()
                         full.set()  # a paced save need wait no longer: nothing more comes
                         await drained.wait()
@@ -173,7 +179,10 @@ class StreamRelay:
                     started = loop.time()
                     await self.save()
                     spent = loop.time() - started
-                    self._next_save = loop.time() + min(PACE * spent, PACE_MAX)
+                    # a long reply: the next save waits for the read-ahead (as much new
+                    # text as it rewrites) to fill, or PACE_MAX
+                    pause = PACE_MAX if len(self.saved) > SMALL_REPLY else PACE * spent
+                    self._next_save = loop.time() + min(pause, PACE_MAX)
                 if out:
                     yield b"".join(out)
         except Exception as exc:
@@ -181,6 +190,16 @@ class StreamRelay:
             raise
         finally:
             reader.cancel()
+
+    def _read_ahead(self) -> int:
+        """Bytes of events the reader may hold ahead of the client: ``RELAY_BUFFER`` while
+        the reply is short; beyond ``SMALL_REPLY``, as much as the reply saved so far (so
+        each save carries as much new text as it rewrites), at most ``READ_AHEAD_MAX``
+        times ``RELAY_BUFFER``."""
+        saved = len(self.saved)
+        if saved <= SMALL_REPLY:
+            return self._buffer
+        return min(saved, READ_AHEAD_MAX * self._buffer)
 
     async def _failure(self, broke: Exception | None) -> bytes:
         """Keep the text so far as partial, record why, and return what ends the client's

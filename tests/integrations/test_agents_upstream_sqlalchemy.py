@@ -146,8 +146,12 @@ def _corrupt(url: str, session_id: str) -> Path:
     damaged file."""
     path = Path(url.split("://", 1)[1])
     if url.startswith("json://"):
+        # The json store's file ends in its append log, where a cut-off last line is an
+        # append a crash interrupted (ignored, never acknowledged). A whole record whose
+        # checksum does not match was written by someone else: that is damage.
         target = path / f"{session_id}.json"
-        target.write_bytes(target.read_bytes() + b"not valid json {{{")
+        row = b'{"schema":1,"at":"x","messages":["not valid json {{{"]}\t00000000\n'
+        target.write_bytes(target.read_bytes() + row)
         return target
     db = sqlite3.connect(path)
     with db:
