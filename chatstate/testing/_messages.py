@@ -87,9 +87,9 @@ def request_messages(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str
                     if isinstance(inner, list) else ""
                 messages.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id")),
                                  "content": text})
-            elif kind == "thinking":
-                if block.get("signature") != sign(str(block.get("thinking", ""))):
-                    return [], (f"messages.{len(messages)}.content: Invalid `signature` in "
+            elif kind == "thinking" and \
+                    block.get("signature") != sign(str(block.get("thinking", ""))):
+                return [], (f"messages.{len(messages)}.content: Invalid `signature` in "
                                 "`thinking` block (fake)")
             # redacted_thinking, server tools: nothing the fake answers
         if calls:
