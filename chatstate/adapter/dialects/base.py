@@ -54,6 +54,8 @@ class StreamDecoder(Protocol):
     finish_reason: str | None
     """Why the reply stopped; None until the stream said so (a stream that ends
     without it was cut short)."""
+    model: str | None
+    """The model the stream names, once it has said."""
 
     @property
     def text(self) -> str:

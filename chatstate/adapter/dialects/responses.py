@@ -209,6 +209,8 @@ def parse_response(data: object) -> Reply:
     if not isinstance(data, Mapping):
         raise _malformed("expected a JSON object")
     text, calls, extra = _fold(data.get("output"))
+    if isinstance(data.get("id"), str):
+        extra["response_id"] = data["id"]
     finish = _finish(data, bool(calls))
     model = data.get("model")
     return Reply(text, model if isinstance(model, str) else None, parse_usage(data.get("usage")),
@@ -289,6 +291,8 @@ class ResponsesStream:
         output = final.get("output")
         items = output if isinstance(output, list) and output else list(self._items.values())
         _, calls, extra = _fold(items)
+        if isinstance(final.get("id"), str):
+            extra["response_id"] = final["id"]
         return Reply(self.text, self.model, self.usage, self.finish_reason, calls or None,
                      extra or None)
 
