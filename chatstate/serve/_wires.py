@@ -47,6 +47,9 @@ class Wire:
     """The upstream headers that carry the proxy's API key (Bearer by default)."""
     passed_headers: tuple[str, ...] = ()
     """Client request headers forwarded upstream as they are (``anthropic-version``)."""
+    expand: Callable[[Any, str, dict[str, Any]], dict[str, Any]] | None = None
+    """(store, namespace, request) -> the request it means (``previous_response_id``
+    answered from the store); LookupError with ``rid``: unknown, a 404."""
 
 
 def stored_reply(reply: Reply) -> dict[str, Any]:

@@ -190,13 +190,18 @@ class Proxy:
             if slot[0]:
                 self.limits.leave(namespace)
 
-    def _parse(self, body: bytes, wire: Wire = CHAT) -> Any:
+    def _parse(self, body: bytes, wire: Wire = CHAT, namespace: str = "") -> Any:
         """(the checked request, its messages in the stored form), or a Refusal (blocking:
         CPU in proportion to the body)."""
         data = parse_request(body, max_messages=self.config.max_messages,
                              max_depth=self.config.max_depth)
         if isinstance(data, Refusal):
             return data
+        if wire.expand is not None and isinstance(data, dict):
+            try:
+                data = wire.expand(self.config.store, namespace, data)
+            except LookupError as exc:
+                return Refusal(404, f"Previous response with id '{exc}' not found.")
         messages: Any = data.get("messages") if isinstance(data, dict) else None
         if wire is not CHAT and isinstance(data, dict):
             try:
@@ -232,7 +237,7 @@ class Proxy:
         body = await read_body(request, self.config.max_body)
         if isinstance(body, Response):
             return body
-        parsed = await asyncio.to_thread(self._parse, body, wire)
+        parsed = await asyncio.to_thread(self._parse, body, wire, request.state.namespace)
         if isinstance(parsed, Refusal):
             return openai_error(parsed.status, parsed.message)
         data, messages = parsed

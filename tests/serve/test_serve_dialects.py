@@ -195,3 +195,35 @@ def test_x_api_key_is_the_token_and_errors_are_anthropic_shaped(
                       headers={"x-api-key": TOKEN})
     assert bad.status_code == 400 and bad.json()["type"] == "error"
     assert bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_previous_response_id_is_answered_from_the_store_for_a_stateless_upstream(
+        served: tuple[FakeModel, ServeProcess, str]) -> None:
+    fake, proxy, url = served
+    client = openai.OpenAI(base_url=proxy.base_url, api_key=TOKEN, max_retries=0)
+    first = client.responses.create(model="fake-model", input="what is the weather?",
+                                    tools=TOOLS)
+    call = next(item for item in first.output if item.type == "function_call")
+    second = client.responses.create(
+        model="fake-model", previous_response_id=first.id, tools=TOOLS,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert second.output_text == f"Tool results: {call.call_id}=sunny"
+    third = client.responses.create(model="fake-model", previous_response_id=second.id,
+                                    input="and tomorrow?")
+    assert third.output_text.startswith("Echo: and tomorrow?")
+    # the fake refuses previous_response_id (as llama.cpp does): it got the whole history
+    assert all("previous_response_id" not in e["body"] for e in fake.request_log)
+    assert [m["role"] for m in fake.request_log[-1]["messages"]] == [
+        "user", "assistant", "tool", "assistant", "user"]
+    [conv] = conversations(url)  # one conversation, continued
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant",
+                                               "user", "assistant"]
+    got = client.responses.retrieve(second.id)
+    assert got.id == second.id and got.output_text == second.output_text
+    items = client.responses.input_items.list(second.id)
+    assert [i.type for i in items.data] == ["message", "function_call", "function_call_output"]
+    with pytest.raises(openai.NotFoundError, match="resp_nope"):
+        client.responses.create(model="fake-model", previous_response_id="resp_nope",
+                                input="x")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_nope")
