@@ -234,6 +234,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_head(200, "text/event-stream; charset=utf-8", None)
         texts = 0
         for index, (name, payload, text) in enumerate(stream):
+            if act is not None and act.kind == "stream_error" and text and \
+                    texts >= act.after_chunks:
+                message = act.message or "Overloaded (fake)"
+                error = _messages.error_body(act.status, message) if wire == "messages" \
+                    else _responses.stream_error(act.status, message)
+                self._named_event("error", json.dumps(error))
+                self._end_chunks()
+                return
+            if act is not None and act.kind == "stream_error" and text:
+                texts += 1
             if act is not None and act.kind == "cut" and text:
                 if texts >= act.after_chunks:
                     if act.clean:
@@ -322,6 +332,11 @@ class _Handler(BaseHTTPRequestHandler):
         deltas = [{"content": piece} for piece in reply.chunks]
         deltas += call_deltas(reply.calls, self.server.script.options.arg_chunk)
         for index, delta in enumerate(deltas):
+            if fault is not None and fault.kind == "stream_error" and \
+                    index >= fault.after_chunks:
+                self._event(error_body(fault.status, fault.message or "Overloaded (fake)"))
+                self._end_chunks()
+                return
             if fault is not None and fault.kind == "cut" and index >= fault.after_chunks:
                 break
             self._event(chunk(delta=delta))

@@ -25,7 +25,9 @@ class Fault:
     rule), ``cut`` (drop the connection after ``after_chunks`` content chunks;
     ``clean`` ends the body properly but without finish_reason or [DONE]),
     ``hang`` (say nothing for ``seconds``, then answer normally),
-    ``malformed`` (a reply that is not valid JSON/SSE).
+    ``malformed`` (a reply that is not valid JSON/SSE), ``stream_error`` (after
+    ``after_chunks`` content chunks, an error event in the API's shape, for ``status``:
+    529/503 an overload, as providers report one mid-stream, then the body ends).
     """
 
     kind: str
@@ -165,7 +167,7 @@ class Script:
 
 
 _FAULT_KINDS = {"fail_next": "fail", "cut_stream_next": "cut", "hang_next": "hang",
-                "malformed_next": "malformed"}
+                "malformed_next": "malformed", "error_stream_next": "stream_error"}
 
 
 class Controls(ABC):
@@ -191,6 +193,14 @@ class Controls(ABC):
         """
         self._command("cut_stream_next", {"after_chunks": after_chunks, "times": times,
                                           "clean": clean})
+
+    def error_stream_next(self, after_chunks: int = 1, *, status: int = 529,
+                          times: int = 1, message: str | None = None) -> None:
+        """The next ``times`` streamed requests send ``after_chunks`` content chunks, then an
+        error event in their API's shape (Anthropic ``overloaded_error`` for 529, an
+        OpenAI ``server_error`` else) and end the body."""
+        self._command("error_stream_next", {"after_chunks": after_chunks, "status": status,
+                                            "times": times, "message": message})
 
     def hang_next(self, seconds: float, *, times: int = 1) -> None:
         """The next ``times`` chat requests get nothing for ``seconds``, then a normal reply."""
