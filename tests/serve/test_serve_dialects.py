@@ -276,3 +276,60 @@ def test_agents_sdk_default_responses_model_with_a_tool_and_two_turns(
     assert [m.role for m in conv.messages] == ["system", "user", "assistant", "tool",
                                                "assistant", "user", "assistant"]
     assert conv.messages[-1].text == out["second"] and conv.verify() is None
+
+
+def _deltas(api: str, line: str) -> str:
+    """The reply text an SSE data line of ``api`` carries ("" for none)."""
+    if not line.startswith("data: {"):
+        return ""
+    event = json.loads(line[6:])
+    if api == "responses" and event.get("type") == "response.output_text.delta":
+        return str(event["delta"])
+    if api == "messages" and event.get("type") == "content_block_delta" and \
+            event["delta"].get("type") == "text_delta":
+        return str(event["delta"]["text"])
+    return ""
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_kill_9_mid_stream_loses_nothing_the_client_received(tmp_path: Path, api: str) -> None:
+    import threading
+    import time
+
+    url = f"sqlite://{tmp_path}/s.db"
+    env = serve_env(tmp_path)
+    with FakeModel(reply_words=80, chunk_delay=0.02) as fake:
+        proxy = ServeProcess(url, fake.base_url, env)
+        body: dict[str, Any] = {"model": "m", "stream": True, "input": "tell me a story"} \
+            if api == "responses" else {"model": "m", "stream": True, "max_tokens": 500,
+                                        "messages": [{"role": "user",
+                                                      "content": "tell me a story"}]}
+        received: list[str] = []
+        started = threading.Event()
+
+        def client() -> None:
+            try:
+                with httpx2.stream("POST", f"{proxy.base_url}/{api}", json=body, timeout=30,
+                                   headers={"X-Chatstate-Conversation": "story"}) as resp:
+                    for line in resp.iter_lines():
+                        text = _deltas(api, line)
+                        if text:
+                            received.append(text)
+                            started.set()
+            except httpx2.HTTPError:
+                pass
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        assert started.wait(20)
+        time.sleep(0.3)
+        proxy.kill()
+        thread.join(30)
+    store = open_store(url)
+    try:
+        conv = store.load("story")
+    finally:
+        store.close()
+    kept = conv.partial or conv.messages[-1]
+    assert received and kept.text.startswith("".join(received))  # 0 lost
+    assert conv.verify() is None
