@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chatstate.core.redact import redact_url
+from chatstate.drill.serve_apis import WireApi, wire_api
 
 SERVING = re.compile(r"serving on (http://\S+/v1)")
 
@@ -46,6 +47,7 @@ class ServeDrillResult:
     corrupt: int = 0
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    api: str = "chat"  # the wire API the clients spoke (serve_apis)
 
     @property
     def ok(self) -> bool:
@@ -79,25 +81,22 @@ def _start_server(url: str, upstream: str, env: dict[str, str]) -> tuple[subproc
     raise RuntimeError(f"chatstate serve did not start (exit {proc.wait()})")
 
 
-def _turn(base: str, client: _Client, text: str) -> None:
+def _turn(base: str, client: _Client, text: str, api: WireApi | None = None) -> None:
     import httpx2
 
+    api = api or wire_api("chat")
     client.received, client.done, client.refused = "", False, None
-    body = {"model": "m", "stream": True,
-            "messages": [*client.history, {"role": "user", "content": text}]}
     try:
-        with httpx2.stream("POST", base + "/chat/completions", json=body, timeout=30,
+        with httpx2.stream("POST", base + api.path, json=api.body(client.history, text),
+                           timeout=30,
                            headers={"X-Chatstate-Conversation": client.cid}) as resp:
             if resp.status_code != 200:
                 client.refused = f"HTTP {resp.status_code} {_error_text(resp.read())}"
                 return
             for line in resp.iter_lines():
-                if line == "data: [DONE]":
-                    client.done = True
-                elif line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    if chunk.get("choices"):
-                        client.received += chunk["choices"][0]["delta"].get("content") or ""
+                delta, whole = api.read(line)
+                client.received += delta
+                client.done = client.done or whole
     except httpx2.HTTPError:
         pass  # the server was killed: what arrived so far is in client.received
 
@@ -165,15 +164,17 @@ def _check_conversation(conv: Any, client: _Client, text: str,
 
 
 def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int | None = None,
-                    progress: Callable[[ServeDrillResult], None] | None = None
-                    ) -> ServeDrillResult:
-    """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams."""
+                    progress: Callable[[ServeDrillResult], None] | None = None,
+                    api: str = "chat") -> ServeDrillResult:
+    """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams of
+    the wire API ``api`` (``chat``, ``responses`` or ``anthropic``)."""
     from chatstate.errors import ConversationNotFound
     from chatstate.stores import open_store
     from chatstate.testing import FakeModel
 
     rng = random.Random(seed)
-    result = ServeDrillResult(store=redact_url(url))
+    wire = wire_api(api)
+    result = ServeDrillResult(store=redact_url(url), api=api)
     run = secrets.token_hex(3)
     people = [_Client(f"drill-serve-{run}-{n}") for n in range(clients)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CHATSTATE_"))}
@@ -184,7 +185,7 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
             for trial in range(trials):
                 proc, base = _start_server(url, fake.base_url, env)
                 texts = {c.cid: c.pending or f"turn {trial} of {c.cid}" for c in people}
-                threads = [threading.Thread(target=_turn, args=(base, c, texts[c.cid]))
+                threads = [threading.Thread(target=_turn, args=(base, c, texts[c.cid], wire))
                            for c in people]
                 for t in threads:
                     t.start()
@@ -226,12 +227,12 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
 
 
 def render_serve(results: list[ServeDrillResult]) -> str:
-    header = ["store", "trials", "kills", "requests", "turns received whole",
+    header = ["store", "api", "trials", "kills", "requests", "turns received whole",
               "cut turns kept partial", "lost", "duplicated", "corrupt", "seconds"]
     lines = [" | ".join(header)]
     for r in results:
         lines.append(" | ".join(str(v) for v in (
-            r.store, r.trials, r.kills, r.requests, r.acked_turns, r.partials, r.lost,
+            r.store, r.api, r.trials, r.kills, r.requests, r.acked_turns, r.partials, r.lost,
             r.duplicated, r.corrupt, f"{r.seconds:.1f}")))
     for r in results:
         lines += [f"problem ({r.store}): {p}" for p in r.problems[:20]]
