@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_helpers import cli_env, run_cli
 from support.npm import npm_bin
 from support.serve_helpers import ServeProcess, serve_env
 
@@ -37,9 +38,13 @@ def stored(url: str) -> list[Any]:
         store.close()
 
 
-def _tool_conversation(url: str, marker: str) -> Any:
+def _tool_conversation(url: str, marker: str, tmp_path: Path) -> Any:
     convs = stored(url)
     assert convs and all(c.verify() is None for c in convs)
+    for conv in convs:  # and replayed from a fresh process, as a user would check it
+        replay = run_cli(["replay", conv.id, "--verify"], cli_env(tmp_path), store=url,
+                         timeout=120)
+        assert replay.code == 0, replay.err
     with_tool = [c for c in convs if any(m.role == "tool" and marker in (m.text or "")
                                          for m in c.messages)]
     assert len(with_tool) == 1, [[(m.role, (m.text or "")[:40]) for m in c.messages]
@@ -68,7 +73,7 @@ def test_codex_exec_runs_a_tool_through_serve(tmp_path: Path) -> None:
             stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, proc.stderr[-3000:] + proxy.stderr[-2000:]
         assert all(e["path"] == "/v1/responses" and e["stream"] for e in fake.request_log)
-    conv = _tool_conversation(url, "chatstate-codex-ok")
+    conv = _tool_conversation(url, "chatstate-codex-ok", tmp_path)
     call = next(m for m in conv.messages if m.tool_calls)
     assert call.tool_calls and call.tool_calls[0]["function"]["name"] == "exec_command"
     assert conv.messages[-1].role == "assistant"
@@ -97,7 +102,7 @@ def test_claude_code_runs_a_tool_through_serve(tmp_path: Path) -> None:
             stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, proc.stderr[-3000:] + proxy.stderr[-2000:]
         assert all(e["path"].startswith("/v1/messages") for e in fake.request_log)
-    conv = _tool_conversation(url, "chatstate-claude-ok")
+    conv = _tool_conversation(url, "chatstate-claude-ok", tmp_path)
     call = next(m for m in conv.messages if m.tool_calls)
     assert call.tool_calls and call.tool_calls[0]["function"]["name"] == "Read"
     assert "Tool results: " in proc.stdout
