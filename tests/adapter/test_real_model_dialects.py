@@ -178,3 +178,97 @@ def test_kill_9_of_llama_mid_stream_then_retry(tmp_path: Path, venv_python: Path
         verified(store, "k", tmp_path)
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize("api", DIALECTS)
+def test_serve_kill_9_of_llama_mid_stream_then_the_client_retries(
+        tmp_path: Path, venv_python: Path, api: str) -> None:
+    """The upstream dies mid-stream under serve: what the client received is stored, the
+    stream ends without the API's end event, and the client's resend answers the same
+    turn (one user message)."""
+    log = tmp_path / "server.log"
+    server = LlamaServer(venv_python, log, n_predict=256).start()
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    url = f"sqlite://{tmp_path}/s.db"
+    path, body = _serve_body(api, "Tell me a long story about the sea.", True)
+    body["max_output_tokens" if api == "responses" else "max_tokens"] = 48
+    headers = {"X-Chatstate-Conversation": "k"}
+    try:
+        with ServeProcess(url, server.url, serve_env(tmp_path, CHATSTATE_MAX_RETRIES="0")
+                          ) as proxy:
+            received, events = "", []
+            with httpx2.stream("POST", proxy.base_url + path, json=body, timeout=120,
+                               headers=headers) as resp:
+                assert resp.status_code == 200
+                lines = resp.iter_lines()
+                for line in lines:
+                    piece, seen = _streamed_line(line)
+                    events += seen
+                    received += piece
+                    if piece:
+                        server.kill()  # a piece is on the client's side, so it is stored
+                        break
+                for line in lines:
+                    piece, seen = _streamed_line(line)
+                    events += seen
+                    received += piece
+            kinds = [e.get("type") for e in events]
+            # the client can tell the reply is cut: the API's end event never came
+            assert not {"response.completed", "message_stop"} & set(kinds), kinds
+            conv = load(url, "k")
+            cut = conv.partial or conv.messages[-1]
+            assert received and cut.role == "assistant" and cut.text.startswith(received)
+            again = LlamaServer(venv_python, log, n_predict=N_PREDICT, port=port).start()
+            try:
+                with httpx2.stream("POST", proxy.base_url + path, json=body, timeout=120,
+                                   headers=headers) as resp:
+                    assert resp.status_code == 200
+                    answer, _ = _streamed(resp)
+            finally:
+                again.kill()
+    finally:
+        server.kill()
+    conv = load(url, "k")
+    assert [m.role for m in conv.messages if m.status != "partial"] == ["user", "assistant"]
+    assert answer and conv.messages[-1].text == answer
+    verified(url, "k", tmp_path)
+
+
+def _streamed_line(line: str) -> tuple[str, list[dict[str, Any]]]:
+    if not line.startswith("data: {"):
+        return "", []
+    event = json.loads(line[6:])
+    if event.get("type") == "response.output_text.delta":
+        return str(event["delta"]), [event]
+    if event.get("type") == "content_block_delta" and event["delta"].get("type") == \
+            "text_delta":
+        return str(event["delta"]["text"]), [event]
+    return "", [event]
+
+
+def test_previous_response_id_through_serve_in_front_of_llama(tmp_path: Path,
+                                                              llama: LlamaServer) -> None:
+    """llama.cpp refuses ``previous_response_id`` (400); through serve it is answered from
+    the store, the second turn continuing the first's conversation."""
+    direct = httpx2.post(llama.url + "/responses", timeout=120, json={
+        "model": "smollm2", "input": "hi", "previous_response_id": "resp_x"})
+    assert direct.status_code == 400  # what the recipe says llama.cpp does
+    url = f"sqlite://{tmp_path}/s.db"
+    with ServeProcess(url, llama.url, serve_env(tmp_path)) as proxy:
+        first = httpx2.post(proxy.base_url + "/responses", timeout=120, json={
+            "model": "smollm2", "input": "My name is Ana.", "max_output_tokens": CUT})
+        assert first.status_code == 200, first.text
+        second = httpx2.post(proxy.base_url + "/responses", timeout=120, json={
+            "model": "smollm2", "input": "What is my name?", "max_output_tokens": CUT,
+            "previous_response_id": first.json()["id"], "stream": False})
+        assert second.status_code == 200, second.text
+    store = open_store(url)
+    try:
+        (summary,) = store.list_conversations()
+        conv = store.load(summary.id)
+    finally:
+        store.close()
+    assert [m.text for m in conv.messages if m.role == "user"] == ["My name is Ana.",
+                                                                   "What is my name?"]
+    assert [m.role for m in conv.messages] == ["user", "assistant"] * 2
+    verified(url, summary.id, tmp_path)
