@@ -48,7 +48,8 @@ def __getattr__(name: str) -> Any:
 def make_adapter(*, model: str | None = None, base_url: str | None = None,
                  api_key: str | None = None, client: Any = None, timeout: float | None = None,
                  max_retries: int | None = None, backoff_base: float | None = None,
-                 settings: ModelSettings | None = None) -> RetryingAdapter:
+                 settings: ModelSettings | None = None, api: str | None = None
+                 ) -> RetryingAdapter:
     """Build an adapter. Arguments win over ``settings`` (default: ``ModelSettings()``,
     i.e. CHATSTATE_* env > OPENAI_* env > .env).
 
@@ -56,21 +57,31 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
     imported only then; its own retries are switched off); otherwise the
     httpx2 wire backend talks to ``base_url``. ``base_url``/``api_key`` with a
     ``client`` is an error: the client already carries both.
+
+    ``api`` (else ``CHATSTATE_API``) picks the dialect: ``chat_completions`` (the
+    default), ``responses`` or ``anthropic_messages``; unset, a base URL ending in an
+    API's path (``.../v1/messages``) or naming api.anthropic.com picks it.
     """
     from pydantic import SecretStr
 
     from chatstate.adapter._env import resolve
-    from chatstate.adapter.dialects import dialect
+    from chatstate.adapter.dialects import dialect, for_url
 
     given: dict[str, Any] = {"model": model, "base_url": base_url,
                              "api_key": SecretStr(api_key) if api_key is not None else None,
                              "timeout": timeout, "max_retries": max_retries,
-                             "backoff_base": backoff_base}
+                             "backoff_base": backoff_base, "api": api}
     overrides = {k: v for k, v in given.items() if v is not None}
     if settings is None:
         settings = resolve(overrides)
     elif overrides:
         settings = settings.model_copy(update=overrides)
+    url, named = for_url(settings.base_url)
+    if url != settings.base_url or (named and "api" not in settings.model_fields_set):
+        update = {"base_url": url, **({"api": named} if named and "api" not in
+                                      settings.model_fields_set else {})}
+        settings = settings.model_copy(update=update) if hasattr(settings, "model_copy") \
+            else _replace(settings, update)
     policy = RetryPolicy(max_retries=settings.max_retries, backoff_base=settings.backoff_base,
                          backoff_max=settings.backoff_max,
                          retry_after_max=settings.retry_after_max)
@@ -79,6 +90,12 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
                        or "timeout" in settings.model_fields_set,
                        conflicting=base_url is not None or api_key is not None)
     return RetryingAdapter(backend, model=settings.model, policy=policy)
+
+
+def _replace(settings: Any, update: dict[str, Any]) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(settings, **update)
 
 
 def _warn_if_key_looks_wrong(key: str | None, base_url: str) -> None:

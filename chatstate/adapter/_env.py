@@ -31,7 +31,7 @@ VARIABLES = {
         "timeout", "connect_timeout", "max_retries", "backoff_base", "backoff_max",
         "retry_after_max")},
 }
-TEXT_FIELDS = frozenset({"model", "base_url", "api_key"})
+TEXT_FIELDS = frozenset({"model", "base_url", "api_key", "api"})
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PlainSettings:
     backoff_base: float = 0.5
     backoff_max: float = 20.0
     retry_after_max: float = 60.0
-    api: str = "chat_completions"  # the dialect (chatstate.adapter.dialects); not read from env
+    api: str = "chat_completions"  # the dialect (chatstate.adapter.dialects), CHATSTATE_API
     model_fields_set: frozenset[str] = field(default=frozenset(), repr=False)
 
 

@@ -19,6 +19,19 @@ FAKE_WORDS_ENV = "CHATSTATE_FAKE_REPLY_WORDS"
 FAKE_DELAY_ENV = "CHATSTATE_FAKE_CHUNK_DELAY"
 
 
+def _set_api(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--api is CHATSTATE_API for this run (the adapter's settings read it)."""
+    if value is None:
+        return
+    from chatstate.adapter.dialects import dialect
+
+    try:
+        dialect(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    os.environ["CHATSTATE_API"] = value
+
+
 def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--id / -c / --new / --model / --base-url / --system / --lease-wait, for chat and ask."""
     for decorator in reversed([
@@ -33,6 +46,9 @@ def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--offline", is_flag=True, help="Use the built-in fake model."),
         click.option("--base-url", metavar="URL", help="OpenAI-compatible endpoint "
                      "(default: CHATSTATE_BASE_URL / OPENAI_BASE_URL)."),
+        click.option("--api", metavar="API", expose_value=False, callback=_set_api,
+                     help="The model's wire API: chat_completions (default), responses or "
+                     "anthropic_messages (same as CHATSTATE_API)."),
         click.option("--system", metavar="TEXT", help="System prompt for a new conversation."),
         click.option("--lease-wait", default=0.0, type=click.FloatRange(min=0),
                      metavar="SECONDS", help="How long a turn waits while another live "

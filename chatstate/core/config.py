@@ -43,6 +43,7 @@ VARIABLE_NAMES: dict[str, tuple[str, ...]] = {
     "base_url": ("CHATSTATE_BASE_URL", "OPENAI_BASE_URL"),
     "api_key": ("CHATSTATE_API_KEY", "OPENAI_API_KEY"),
     "store": ("CHATSTATE_STORE",),
+    "api": ("CHATSTATE_API",),
 }
 """setting -> the variables it is read from, first wins (the adapter's are these too)."""
 _AT_LINE = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")

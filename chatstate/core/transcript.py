@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from chatstate.core.provider_fields import PROVIDER_FIELDS
 from chatstate.errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
 
 SCHEMA_VERSION = 2
@@ -195,12 +196,15 @@ class Message(BaseModel):
             return []
         return [p["blob"] for p in self.content if isinstance(p.get("blob"), dict)]
 
-    def to_openai(self, blob: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-                  ) -> dict[str, Any]:
+    def to_openai(self, blob: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                  *, provider: bool = False) -> dict[str, Any]:
         """The chat-completions request form of this message.
 
         ``blob`` turns a part that carries a blob reference into the part to send
         (the data inlined as a data URL); it is required when the message names blobs.
+        ``provider`` adds the message's provider fields (``extra``: signed thinking
+        blocks, reasoning items) under ``PROVIDER_FIELDS``, for the adapter's dialect
+        to send back what its API can express (and leave out the rest).
         """
         content: Any = self.content
         if isinstance(content, list):
@@ -216,6 +220,8 @@ class Message(BaseModel):
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             out["name"] = self.name
+        if provider and self.extra:
+            out[PROVIDER_FIELDS] = dict(self.extra)
         return out
 
 

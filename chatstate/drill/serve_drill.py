@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chatstate.core.redact import redact_url
+from chatstate.drill.serve_apis import WireApi, wire_api
 
 SERVING = re.compile(r"serving on (http://\S+/v1)")
 IDENTITIES = ("header", "url", "none")
@@ -61,6 +62,7 @@ class ServeDrillResult:
     corrupt: int = 0
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    api: str = "chat"  # the wire API the clients spoke (serve_apis)
 
     @property
     def ok(self) -> bool:
@@ -102,12 +104,12 @@ def _start_server(url: str, upstream: str, env: dict[str, str]) -> tuple[subproc
     raise RuntimeError(f"chatstate serve did not start (exit {proc.wait()})")
 
 
-def _turn(base: str, client: _Client, text: str) -> None:
+def _turn(base: str, client: _Client, text: str, api: WireApi | None = None) -> None:
     import httpx2
 
+    api = api or wire_api("chat")
     client.received, client.done, client.refused = "", False, None
-    body = {"model": "m", "stream": True,
-            "messages": [*client.history, {"role": "user", "content": text}]}
+    body = api.body(client.history, text)
     headers: dict[str, str] = {}
     if client.identity == "header":
         headers[CONVERSATION_HEADER] = client.cid
@@ -116,7 +118,7 @@ def _turn(base: str, client: _Client, text: str) -> None:
     if client.token is not None:
         headers["Authorization"] = f"Bearer {client.token}"
     try:
-        with httpx2.stream("POST", base + "/chat/completions", json=body, timeout=30,
+        with httpx2.stream("POST", base + api.path, json=body, timeout=30,
                            headers=headers) as resp:
             if client.identity == "none" and resp.headers.get(CONVERSATION_HEADER):
                 client.conversation = resp.headers[CONVERSATION_HEADER]
@@ -124,12 +126,9 @@ def _turn(base: str, client: _Client, text: str) -> None:
                 client.refused = f"HTTP {resp.status_code} {_error_text(resp.read())}"
                 return
             for line in resp.iter_lines():
-                if line == "data: [DONE]":
-                    client.done = True
-                elif line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    if chunk.get("choices"):
-                        client.received += chunk["choices"][0]["delta"].get("content") or ""
+                delta, whole = api.read(line)
+                client.received += delta
+                client.done = client.done or whole
     except httpx2.HTTPError:
         pass  # the server was killed: what arrived so far is in client.received
 
@@ -233,10 +232,11 @@ def _check_conversation(conv: Any, client: _Client, text: str,
 
 def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int | None = None,
                     identity: str = "header",
-                    progress: Callable[[ServeDrillResult], None] | None = None
-                    ) -> ServeDrillResult:
-    """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams whose
-    conversations are named by ``identity`` (one of IDENTITIES)."""
+                    progress: Callable[[ServeDrillResult], None] | None = None,
+                    api: str = "chat") -> ServeDrillResult:
+    """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams of
+    the wire API ``api`` (``chat``, ``responses`` or ``anthropic``) whose conversations
+    are named by ``identity`` (one of IDENTITIES)."""
     from chatstate.errors import ConversationNotFound
     from chatstate.stores import open_store
     from chatstate.testing import FakeModel
@@ -244,7 +244,8 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
     rng = random.Random(seed)
     if identity not in IDENTITIES:
         raise ValueError(f"identity {identity!r}: use one of {', '.join(IDENTITIES)}")
-    result = ServeDrillResult(store=redact_url(url), identity=identity)
+    wire = wire_api(api)
+    result = ServeDrillResult(store=redact_url(url), identity=identity, api=api)
     run = secrets.token_hex(3)
     tokens = [secrets.token_urlsafe(16) for _ in range(2)] if identity == "none" else []
     people = [_Client(f"drill-serve-{run}-{n}", identity=identity,
@@ -259,7 +260,7 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
             for trial in range(trials):
                 proc, base = _start_server(url, fake.base_url, env)
                 texts = {c.cid: c.pending or f"turn {trial} of {c.cid}" for c in people}
-                threads = [threading.Thread(target=_turn, args=(base, c, texts[c.cid]))
+                threads = [threading.Thread(target=_turn, args=(base, c, texts[c.cid], wire))
                            for c in people]
                 for t in threads:
                     t.start()
@@ -302,13 +303,13 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
 
 
 def render_serve(results: list[ServeDrillResult]) -> str:
-    header = ["store", "identity", "trials", "kills", "requests", "turns received whole",
+    header = ["store", "identity", "api", "trials", "kills", "requests", "turns received whole",
               "cut turns kept partial", "lost", "duplicated", "corrupt", "seconds"]
     lines = [" | ".join(header)]
     for r in results:
         lines.append(" | ".join(str(v) for v in (
-            r.store, r.identity, r.trials, r.kills, r.requests, r.acked_turns, r.partials, r.lost,
-            r.duplicated, r.corrupt, f"{r.seconds:.1f}")))
+            r.store, r.identity, r.api, r.trials, r.kills, r.requests, r.acked_turns,
+            r.partials, r.lost, r.duplicated, r.corrupt, f"{r.seconds:.1f}")))
     for r in results:
         lines += [f"problem ({r.store}): {p}" for p in r.problems[:20]]
     return "\n".join(lines)

@@ -70,14 +70,17 @@ class Auth:
     def namespace(self, request: Request) -> str | None:
         """The request's namespace ("" is the default one), or None: not authorized."""
         if self.tokens:
+            # Anthropic clients send their key as x-api-key: it is the token as well
             given = request.headers.get("x-chatstate-token", "") if self.pass_client_key \
-                else bearer(request.headers.get("authorization", ""))
+                else bearer(request.headers.get("authorization", "")) or \
+                request.headers.get("x-api-key", "")
             if not any(hmac.compare_digest(given.encode(), t.encode()) for t in self.tokens):
                 return None
             if not self.pass_client_key:
                 return "t-" + keyed_digest("token", given)
         if self.pass_client_key:
-            return "k-" + keyed_digest("key", bearer(request.headers.get("authorization", "")))
+            return "k-" + keyed_digest("key", bearer(request.headers.get("authorization", ""))
+                                       or request.headers.get("x-api-key", ""))
         return ""
 
 

@@ -49,6 +49,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from chatstate.adapter import AttemptFailed
+from chatstate.adapter.dialects.base import StreamDecoder
 from chatstate.adapter.dialects.chat_completions import StreamAccumulator
 from chatstate.serve._errors import stream_error
 
@@ -85,6 +86,31 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
+async def sse_named(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:
+    """(event name, data) of each server-sent event, for APIs that name their events."""
+    name: str | None = None
+    data: list[str] = []
+    async for line in lines:
+        if line == "":
+            if data:
+                yield name, "\n".join(data)
+            name, data = None, []
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield name, "\n".join(data)
+
+
+def chat_holds(chunk: object) -> bool:
+    """A chat-completions chunk that carries a tool-call delta."""
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    delta = choices[0].get("delta") if isinstance(choices, list) and choices and \
+        isinstance(choices[0], dict) else None
+    return isinstance(delta, dict) and bool(delta.get("tool_calls"))
+
+
 class StreamRelay:
     """One streamed turn: upstream events in, durable events out."""
 
@@ -92,14 +118,25 @@ class StreamRelay:
                  save_partial: Callable[[str, str | None], Any],
                  commit: Callable[[Mapping[str, Any]], Any],
                  fail: Callable[[int, str], Any], buffer: int = RELAY_BUFFER,
-                 redact: Callable[[str], str] = str) -> None:
+                 redact: Callable[[str], str] = str,
+                 decoder: StreamDecoder | None = None,
+                 holds: Callable[[object], bool] = chat_holds,
+                 named: bool = False,
+                 rewrite: Callable[[str | None, Any], Any] | None = None) -> None:
+        """``decoder`` folds the events (chat completions' by default); ``named``: the API
+        names its events (Responses, Anthropic), which are relayed with their names and
+        end with the reply's finish instead of ``[DONE]``; ``holds``: an event that starts
+        a tool call; ``rewrite``: the event as relayed (filling what a spec requires)."""
         self._buffer = buffer
         self._lines = lines
         self._save_partial = save_partial  # blocking store calls, run in a thread
         self._commit = commit
         self._fail = fail  # (status, detail): record why the turn has no complete reply
         self._redact = redact  # the one redactor, for error events (they may echo a key)
-        self.acc = StreamAccumulator()
+        self._holds = holds
+        self._named = named
+        self._rewrite = rewrite
+        self.acc: StreamDecoder = decoder or StreamAccumulator()
         self.saved = ""
         self.grown = False  # text arrived since the last save
         self._next_save = 0.0  # monotonic time before which no partial save starts
@@ -120,12 +157,14 @@ class StreamRelay:
 
         async def read() -> None:
             try:
-                async for data in sse_data(self._lines):
+                source: AsyncIterator[Any] = sse_named(self._lines) if self._named \
+                    else sse_data(self._lines)
+                async for data in source:
                     while held[0] >= self._read_ahead():
                         drained.clear()
                         full.set()  # a paced save need wait no longer: nothing more comes
                         await drained.wait()
-                    held[0] += len(data)
+                    held[0] += len(data[1] if isinstance(data, tuple) else data)
                     queue.put_nowait(data)
                 end: object = _END
             except Exception as exc:  # the upstream connection broke mid-stream
@@ -156,16 +195,18 @@ class StreamRelay:
                         ended = True
                         broke = item if isinstance(item, Exception) else None
                         break
-                    assert isinstance(item, str)
-                    if item.strip() == "[DONE]":
+                    name, data = item if isinstance(item, tuple) else (None, item)
+                    assert isinstance(data, str)
+                    if data.strip() == "[DONE]":
                         done = True
-                    elif self._feed(item) and not self.holding:
-                        self.holding = True
+                    else:
+                        data = self._feed(name, data)
                     if self.upstream_error is not None:  # an error event: the key stays out
-                        item = self._redact(item)
-                    event = f"data: {item}\n\n".encode()
-                    (self.held if self.holding else out).append(event)
-                finished = (done or (ended and broke is None
+                        data = self._redact(data)
+                    event = (f"event: {name}\n" if name else "") + f"data: {data}\n\n"
+                    (self.held if self.holding else out).append(event.encode())
+                # a named API (Responses, Anthropic) ends with its reply's finish, no [DONE]
+                finished = (done or (((ended and broke is None) or self._named)
                                      and self.acc.finish_reason is not None)) \
                     and self.upstream_error is None
                 if (ended or done) and not finished and not self.committed:
@@ -221,13 +262,17 @@ class StreamRelay:
         await asyncio.to_thread(self._fail, status, self.failed)
         return b"" if self.upstream_error is not None else stream_error(self.failed)
 
-    def _feed(self, data: str) -> bool:
-        """Fold one event into the reply; True when it carries a tool-call delta."""
+    def _feed(self, name: str | None, data: str) -> str:
+        """Fold one event into the reply (holding events from a tool call's first on);
+        return its data as relayed."""
         try:
             chunk = json.loads(data)
         except ValueError:
             log.warning("serve: relaying an upstream event that is not JSON: %.80s", data)
-            return False
+            return data
+        if self._rewrite is not None:
+            chunk = self._rewrite(name, chunk)
+            data = json.dumps(chunk)
         if isinstance(chunk, dict) and chunk.get("error") and self.upstream_error is None:
             status, text = upstream_event_error(chunk["error"])
             self.upstream_error = status, self._redact(text)
@@ -236,10 +281,9 @@ class StreamRelay:
                 self.grown = True
         except AttemptFailed as exc:  # an error event or a misshapen chunk: relayed as is
             log.warning("serve: upstream stream: %s", exc)
-        choices = chunk.get("choices") if isinstance(chunk, dict) else None
-        delta = choices[0].get("delta") if isinstance(choices, list) and choices and \
-            isinstance(choices[0], dict) else None
-        return isinstance(delta, dict) and bool(delta.get("tool_calls"))
+        if self._holds(chunk):
+            self.holding = True
+        return data
 
     async def save(self) -> None:
         text, self.grown = self.acc.text, False

@@ -37,6 +37,7 @@ from chatstate.errors import (
 )
 from chatstate.serve._auth import Auth, BrowserGuard
 from chatstate.serve._conversations import Conversations
+from chatstate.serve._dialect_routes import dialect_routes
 from chatstate.serve._errors import EXCEPTION_HANDLERS
 from chatstate.serve._headers import forwarded, relayed_headers
 from chatstate.serve._history import Ambiguous
@@ -61,8 +62,7 @@ from chatstate.serve._offload import (
 )
 from chatstate.serve._passthrough import PassThrough
 from chatstate.serve._readiness import Readiness
-from chatstate.serve._relay import RelayResponse, StreamRelay, client_failure
-from chatstate.serve._replay import replay_response
+from chatstate.serve._relay import RelayResponse, StreamRelay, chat_holds, client_failure
 from chatstate.serve._request_record import RESPONSE, outcome, request_record
 from chatstate.serve._stream_check import event_stream
 from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
@@ -75,9 +75,9 @@ from chatstate.serve._wire import (
     openai_error,
     passthrough,
     read_body,
-    reply_fields,
     upstream_error,
 )
+from chatstate.serve._wires import CHAT, Wire
 from chatstate.stores.base import Store
 
 log = logging.getLogger("chatstate.serve")
@@ -167,45 +167,66 @@ class Proxy:
         """The caller's namespace ("": the default one); None: not authorized."""
         return self.auth.namespace(request)
 
-    def upstream_headers(self, request: Request) -> dict[str, str]:
+    def upstream_headers(self, request: Request, wire: Wire = CHAT) -> dict[str, str]:
         headers = {"User-Agent": "chatstate-serve", **forwarded(request.headers)}
+        headers.update({k: request.headers[k] for k in wire.passed_headers
+                        if k in request.headers})
         if self.config.pass_client_key:
-            if "authorization" in request.headers:
-                headers["Authorization"] = request.headers["authorization"]
+            for name in ("authorization", "x-api-key"):
+                if name in request.headers:
+                    headers[name] = request.headers[name]
         elif self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
+            headers.update(wire.key_headers(self.config.api_key) if wire.key_headers
+                           else {"Authorization": f"Bearer {self.config.api_key}"})
         return headers
 
     # -- endpoints ---------------------------------------------------------------------------
-    async def chat_completions(self, request: Request) -> Response:
+    async def chat_completions(self, request: Request, wire: Wire = CHAT) -> Response:
+        """A turn of any wire API (``_wires``): chat completions, Responses, Messages."""
         request.state.started = clock()
         namespace = namespace_of(request)
         refused = self.limits.enter(namespace)
         if refused is not None:
             message, wait, limit = refused
             self.metrics.rejected.labels(namespace, limit).inc()
-            limited = openai_error(429, message, "rate_limit_error")
+            limited = wire.error(429, message, "rate_limit_error")
             limited.headers["Retry-After"] = str(wait)
             return limited
         slot = [True]  # this request's slot, until a turn takes it over
         try:
-            return await self._chat(request, namespace, slot)
+            return await self._chat(request, namespace, slot, wire)
         finally:
             if slot[0]:
                 self.limits.leave(namespace)
 
-    def _parse(self, body: bytes) -> Any:
-        """The checked request, or a Refusal (blocking: CPU in proportion to the body)."""
+    def _parse(self, body: bytes, wire: Wire = CHAT, namespace: str = "") -> Any:
+        """(the checked request, its messages in the stored form), or a Refusal (blocking:
+        CPU in proportion to the body)."""
         data = parse_request(body, max_messages=self.config.max_messages,
                              max_depth=self.config.max_depth)
-        if not isinstance(data, Refusal):
-            problem = check_request(data)
-            if problem:
-                return Refusal(400, problem)
-            problem = one_choice(data)
-            if problem:
-                return Refusal(400, problem, "n")
-        return data
+        if isinstance(data, Refusal):
+            return data
+        if wire.expand is not None and isinstance(data, dict):
+            try:
+                data = wire.expand(self.config.store, namespace, data)
+            except LookupError as exc:
+                return Refusal(404, f"Previous response with id '{exc}' not found.")
+        messages: Any = data.get("messages") if isinstance(data, dict) else None
+        if wire is not CHAT and isinstance(data, dict):
+            try:
+                messages = wire.messages(data)
+            except ValueError as exc:
+                return Refusal(400, str(exc))
+            if len(messages) > self.config.max_messages:
+                return Refusal(413, f"the request has {len(messages)} messages, over the "
+                               f"limit of {self.config.max_messages} (--max-messages)")
+        problem = check_request(data if wire is CHAT else {"messages": messages})
+        if problem:
+            return Refusal(400, problem)
+        problem = one_choice(data) if wire is CHAT else None
+        if problem:
+            return Refusal(400, problem, "n")
+        return data, messages
 
     async def _target(self, namespace: str, cid: str | None,
                       messages: list[dict[str, Any]]) -> str | None:
@@ -222,21 +243,23 @@ class Proxy:
         except Ambiguous:
             return None
 
-    async def _chat(self, request: Request, namespace: str, slot: list[bool]) -> Response:
+    async def _chat(self, request: Request, namespace: str, slot: list[bool],
+                    wire: Wire = CHAT) -> Response:
+        openai_error = wire.error  # every error of this turn in the API's shape
         refused = no_log_refusal(request)
         if refused is not None:
             return refused
         body = await read_body(request, self.config.max_body)
         if isinstance(body, Response):
             return body
-        data = await asyncio.to_thread(self._parse, body)
-        if isinstance(data, Refusal):
-            return openai_error(data.status, data.message, param=data.param)
+        parsed = await asyncio.to_thread(self._parse, body, wire, request.state.namespace)
+        if isinstance(parsed, Refusal):
+            return openai_error(parsed.status, parsed.message, param=parsed.param)
+        data, messages = parsed
         try:
             cid = conversation_id(request, data)
         except InvalidConversationId as exc:
             return openai_error(400, str(exc))
-        messages: list[dict[str, Any]] = data["messages"]
         # Only turns of one stored conversation wait for each other (the lock key: the
         # namespace and the conversation); a new conversation waits for nobody. A client
         # that left while waiting is not sent upstream.
@@ -257,8 +280,8 @@ class Proxy:
             if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
-                return replay_response(turn.reply, bool(data.get("stream")),
-                                       {CONVERSATION_HEADER: turn.conversation.id})
+                return wire.replay(turn.reply, bool(data.get("stream")),
+                                   {CONVERSATION_HEADER: turn.conversation.id})
             turn_key = space + "\n" + turn.id
             if turn_key != key:  # a new conversation or a fork: hold it instead
                 await self._hold(turn_key, request, wait_gone=False)
@@ -295,11 +318,11 @@ class Proxy:
         slot[0] = False
         if not data.get("stream"):
             try:
-                return await self._plain(request, turn, forward, headers, namespace)
+                return await self._plain(request, turn, forward, headers, namespace, wire)
             finally:
                 await end()
         try:
-            return await self._stream(request, turn, forward, headers, end, namespace)
+            return await self._stream(request, turn, forward, headers, end, namespace, wire)
         except BaseException:  # once the relay has begun, its cleanup ends the turn
             await end()
             raise
@@ -321,14 +344,15 @@ class Proxy:
         return message
 
     async def _plain(self, request: Request, turn: Turn, forward: dict[str, Any],
-                     headers: dict[str, str], namespace: str) -> Response:
+                     headers: dict[str, str], namespace: str, wire: Wire = CHAT) -> Response:
+        openai_error = wire.error
         try:
             content = await asyncio.to_thread(encode_json, forward)
             started = clock()
-            resp = await self._http().post(self.upstream + "/chat/completions",
+            resp = await self._http().post(self.upstream + wire.upstream_path,
                                            content=content, headers={
-                                               **self.upstream_headers(request), **JSON})
-            self.metrics.upstream.labels("/v1/chat/completions").observe(clock() - started)
+                                               **self.upstream_headers(request, wire), **JSON})
+            self.metrics.upstream.labels("/v1" + wire.upstream_path).observe(clock() - started)
         except httpx2.HTTPError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
@@ -341,28 +365,30 @@ class Proxy:
                                     outcome(resp.status_code, clock() - started, resp.headers))
             return relayed
         try:
-            reply = reply_fields(resp.json())
+            reply = wire.reply_fields(resp.json())
         except ValueError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc),
                                     outcome(resp.status_code, clock() - started, resp.headers))
-            return openai_error(502, f"the upstream reply is not a chat completion: {exc}",
+            return openai_error(502, f"the upstream reply is not a {wire.name} reply: {exc}",
                                 "upstream_error", headers=headers)
         await asyncio.to_thread(self._committed, turn, reply, namespace,
                                 outcome(resp.status_code, clock() - started, resp.headers))
         return passthrough(resp, headers)
 
     async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
-                      headers: dict[str, str], end: _TurnEnd, namespace: str) -> Response:
+                      headers: dict[str, str], end: _TurnEnd, namespace: str,
+                      wire: Wire = CHAT) -> Response:
+        openai_error = wire.error
         http = self._http()
         try:
             content = await asyncio.to_thread(encode_json, forward)
             upstream_request = http.build_request(
-                "POST", self.upstream + "/chat/completions", content=content,
-                headers={**self.upstream_headers(request), **JSON,
+                "POST", self.upstream + wire.upstream_path, content=content,
+                headers={**self.upstream_headers(request, wire), **JSON,
                          "Accept": "text/event-stream"})
             started = clock()
             resp = await http.send(upstream_request, stream=True)
-            self.metrics.upstream.labels("/v1/chat/completions").observe(clock() - started)
+            self.metrics.upstream.labels("/v1" + wire.upstream_path).observe(clock() - started)
         except httpx2.HTTPError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
             await end()
@@ -396,7 +422,9 @@ class Proxy:
             fail=lambda status, detail: writer.note_failure(
                 turn, status, detail, outcome(status, clock() - started, resp.headers)),
             redact=lambda text: scrub(text, self.config.api_key, bearer(
-                request.headers.get("authorization", "")), limit=None))
+                request.headers.get("authorization", "")), limit=None),
+            decoder=wire.decoder() if wire.decoder else None, named=wire.named,
+            holds=wire.holds or chat_holds, rewrite=wire.rewrite() if wire.rewrite else None)
 
         async def cleanup() -> None:
             try:
@@ -497,9 +525,9 @@ def create_app(config: ServeConfig) -> Starlette:
                "/v1/models/{model_id:path}": unstored.model,
                "/v1/chatstate/conversations": proxy.conversations,
                "/v1/chatstate/conversations/{cid}": proxy.conversation,
-               "/metrics": proxy.metrics_text}
+               "/metrics": proxy.metrics_text, **dialect_routes(proxy)}
     methods = {"/v1/chat/completions": ["POST"], "/v1/embeddings": ["POST"],
-               "/v1/completions": ["POST"],
+               "/v1/completions": ["POST"], "/v1/responses": ["POST"], "/v1/messages": ["POST"],
                "/v1/chatstate/conversations/{cid}": ["GET", "DELETE"]}
     routes: list[BaseRoute] = [Route(path, _authorize(proxy, handler),
                                      methods=methods.get(path, ["GET"]))

@@ -291,7 +291,7 @@ def request_for(chat: Any, model: str | None, params: Mapping[str, Any] | None =
     reserve = (params or {}).get("max_completion_tokens", (params or {}).get("max_tokens"))
     chat.last_fit = fit(conv, window, reply_reserve=reserve, exclude=exclude,
                         scale=learned_scale(conv.metadata, model))
-    return [m.to_openai(blob=blob) for m in chat.last_fit.messages]
+    return [m.to_openai(blob=blob, provider=True) for m in chat.last_fit.messages]
 
 
 def learn(writer: TurnWriter, explicit: int | None, model: str | None, window: int | None,

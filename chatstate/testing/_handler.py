@@ -19,6 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
+from chatstate.testing import _messages, _responses
 from chatstate.testing._extras import (
     HTML_PAGE,
     embeddings_body,
@@ -127,14 +128,22 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, error_body(404, f"no route GET {self.path} (fake)"))
 
+    def do_HEAD(self) -> None:  # Claude Code probes HEAD / before its first request
+        self._send_head(200, "text/plain", 0)
+
     def do_POST(self) -> None:
         body = self._read_json()
         if body is None:
             return
-        if self.path == "/v1/chat/completions":
+        path = self.path.split("?", 1)[0]
+        if path == "/v1/chat/completions":
             self._chat(body)
-        elif self.path in ("/v1/embeddings", "/v1/completions"):
-            self._other(self.path, body)
+        elif path in ("/v1/embeddings", "/v1/completions"):
+            self._other(path, body)
+        elif path == "/v1/responses":
+            self._dialect(body, "responses")
+        elif path == "/v1/messages":
+            self._dialect(body, "messages")
         elif self.path == "/_fake/control":
             self._control(body)
         elif self.path == "/_fake/reset":
@@ -178,50 +187,139 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             self._json(400, error_body(400, "messages must be a list of objects (fake)"))
             return
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        self._answer(body, messages, _offered(body), max_tokens, "chat")
+
+    def _dialect(self, body: dict[str, Any], wire: str) -> None:
+        """A Responses or Anthropic request: read into chat messages, answered as chat is."""
+        module = _responses if wire == "responses" else _messages
+        messages, refused = module.request_messages(body)
+        if refused is not None:
+            self.server.script.record(self._entry(body, status=400, behaviour="refused",
+                                                  messages=messages))
+            self._wire_error(wire, 400, refused)
+            return
+        max_tokens = body.get("max_output_tokens" if wire == "responses" else "max_tokens")
+        self._answer(body, messages, module.offered(body), max_tokens, wire)
+
+    def _wire_error(self, wire: str, status: int, message: str,
+                    headers: dict[str, str] | None = None) -> None:
+        payload = _messages.error_body(status, message) if wire == "messages" else \
+            error_body(status, message)
+        self._raw(status, json.dumps(payload).encode(), "application/json", headers)
+
+    def _answer(self, body: dict[str, Any], messages: list[dict[str, Any]],
+                offered: list[str], max_tokens: object, wire: str) -> None:
         if self.server.script.options.strict_roles and not _alternate(messages):
-            self.server.script.record(self._entry(body, status=400, behaviour="strict"))
-            self._json(400, error_body(400, STRICT_ROLES_ERROR))
+            self.server.script.record(self._entry(body, status=400, behaviour="strict",
+                                                  messages=messages))
+            self._wire_error(wire, 400, STRICT_ROLES_ERROR)
             return
         refusal = (_non_text_refusal(messages) if self.server.script.options.text_only
                    else None)
         if refusal is not None:
             self.server.script.record(self._entry(body, status=refusal[0],
-                                                  behaviour="text_only"))
-            self._json(refusal[0], error_body(refusal[0], refusal[1]))
+                                                  behaviour="text_only", messages=messages))
+            self._wire_error(wire, refusal[0], refusal[1])
             return
         last_user = next((str(m.get("content")) for m in reversed(messages)
                           if m.get("role") == "user"), "")
-        if self._over_window(body, messages):
+        if self._over_window(body, messages, wire):
             return
         act = self.server.script.next_behaviour(last_user)
         failing = act is not None and act.kind in ("fail", "rule")
         self.server.script.record(self._entry(
             body, status=act.status if act and failing else 200,
-            behaviour=act.kind if act else "ok"))
+            behaviour=act.kind if act else "ok", messages=messages))
         self._pause(self.server.script.options.latency)
         if act is not None and failing:
-            self._error(act.status, act.retry_after, act.message)
+            self._error(act.status, act.retry_after, act.message, wire)
             return
         if act is not None and act.kind == "hang":
             self._pause(act.seconds)
         if act is not None and act.kind == "html":
             self._raw(200, HTML_PAGE, "text/html; charset=utf-8")
             return
-        reply = self._reply(body, messages)
-        if body.get("stream"):
+        reply = self._reply(body, messages, offered,
+                            max_tokens if isinstance(max_tokens, int) else None)
+        if wire != "chat":
+            self._answer_dialect(body, messages, reply, act, wire)
+        elif body.get("stream"):
             include = bool((body.get("stream_options") or {}).get("include_usage"))
             self._stream(reply, act, include)
         else:
             self._complete(reply, act)
 
-    def _over_window(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-        """Answer 400 as OpenAI (or llama.cpp) does when the prompt is past the window."""
+    def _answer_dialect(self, body: dict[str, Any], messages: list[dict[str, Any]],
+                        reply: _Reply, act: Fault | None, wire: str) -> None:
+        last_user = next((m.get("content") for m in reversed(messages)
+                          if m.get("role") == "user"), "")
+        thought = f"The user wrote {len(str(last_user).split())} words; I answer with an echo."
+        n = reply.id.rsplit("-", 1)[-1]
+        out: _responses.Output | _messages.Output
+        if wire == "responses":
+            out = _responses.Output(f"resp_fake-{n}", reply, body, thought)
+            whole = _responses.response_body(out)
+            stream = _responses.events(out, self.server.script.options.arg_chunk)
+        else:
+            out = _messages.Output(f"msg_fake-{n}", reply, body, thought)
+            whole = _messages.message_body(out)
+            stream = _messages.events(out, self.server.script.options.arg_chunk)
+        if not body.get("stream"):
+            if act is not None and act.kind == "malformed":
+                self._raw(200, b'{"output": [', "application/json")
+                return
+            raw = json.dumps(whole).encode()
+            if act is not None and act.kind == "cut":
+                self._send_head(200, "application/json", len(raw))
+                self.wfile.write(raw[: len(raw) // 2])
+                self.close_connection = True
+                return
+            self._raw(200, raw, "application/json")
+            return
+        self._send_head(200, "text/event-stream; charset=utf-8", None)
+        texts = 0
+        for index, (name, payload, text) in enumerate(stream):
+            if act is not None and act.kind == "stream_error" and text and \
+                    texts >= act.after_chunks:
+                message = act.message or "Overloaded (fake)"
+                error = _messages.error_body(act.status, message) if wire == "messages" \
+                    else _responses.stream_error(act.status, message)
+                self._named_event("error", json.dumps(error))
+                self._end_chunks()
+                return
+            if act is not None and act.kind == "stream_error" and text:
+                texts += 1
+            if act is not None and act.kind == "cut" and text:
+                if texts >= act.after_chunks:
+                    if act.clean:
+                        self._end_chunks()
+                    else:
+                        self.close_connection = True
+                    return
+                texts += 1
+            self._named_event(name, json.dumps(payload))
+            if index == 0 and act is not None and act.kind == "malformed":
+                self._named_event(name, "{this is not json")
+            if text:
+                self._pause(self.server.script.options.chunk_delay)
+        self._end_chunks()
+
+    def _over_window(self, body: dict[str, Any], messages: list[dict[str, Any]],
+                     wire: str = "chat") -> bool:
+        """Answer 400 as OpenAI (or llama.cpp, or Anthropic) does when the prompt is past
+        the window."""
         options = self.server.script.options
         window = options.context_window
         tokens = math.ceil(prompt_tokens(messages) * options.token_scale)
         if window is None or tokens <= window:
             return False
-        self.server.script.record(self._entry(body, status=400, behaviour="context"))
+        self.server.script.record(self._entry(body, status=400, behaviour="context",
+                                              messages=messages))
+        if wire == "messages":
+            self._wire_error(wire, 400, f"prompt is too long: {tokens} tokens > {window} "
+                                        "maximum")
+            return True
         if options.overflow_style == "llama":
             self._json(400, {"error": {
                 "code": 400, "type": "exceed_context_size_error",
@@ -237,20 +335,19 @@ class _Handler(BaseHTTPRequestHandler):
             "code": "context_length_exceeded"}})
         return True
 
-    def _reply(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> _Reply:
+    def _reply(self, body: dict[str, Any], messages: list[dict[str, Any]],
+               offered: list[str], max_tokens: int | None) -> _Reply:
         script = self.server.script
         options = script.options
         with script.lock:
-            scripted = tool_reply(messages, list(script.tool_rules), _offered(body))
+            scripted = tool_reply(messages, list(script.tool_rules), offered)
         calls: list[dict[str, Any]] = []
         if scripted is not None:
             text, calls = scripted
             chunks = [c for c in CHUNK_BOUNDARY.split(text) if c]
             finish = "tool_calls" if calls else "stop"
         else:
-            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-            chunks, finish = reply_chunks(messages, options.reply_words,
-                                          max_tokens if isinstance(max_tokens, int) else None)
+            chunks, finish = reply_chunks(messages, options.reply_words, max_tokens)
         return _Reply(f"chatcmpl-fake-{next(self.server.ids)}",
                       str(body.get("model") or options.model), int(time.time()),
                       chunks, finish, usage(messages, chunks), calls)
@@ -281,6 +378,11 @@ class _Handler(BaseHTTPRequestHandler):
         deltas = [{"content": piece} for piece in reply.chunks]
         deltas += call_deltas(reply.calls, self.server.script.options.arg_chunk)
         for index, delta in enumerate(deltas):
+            if fault is not None and fault.kind == "stream_error" and \
+                    index >= fault.after_chunks:
+                self._event(error_body(fault.status, fault.message or "Overloaded (fake)"))
+                self._end_chunks()
+                return
             if fault is not None and fault.kind in ("cut", "error_event") \
                     and index >= fault.after_chunks:
                 break
@@ -306,12 +408,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _error(self, status: int, retry_after: float | str | None, message: str | None) -> None:
+    def _error(self, status: int, retry_after: float | str | None, message: str | None,
+               wire: str = "chat") -> None:
         headers = {}
         if retry_after is not None:
             headers["Retry-After"] = _header_seconds(retry_after)
-        raw = json.dumps(error_body(status, message or default_error_message(status))).encode()
-        self._raw(status, raw, "application/json", headers)
+        self._wire_error(wire, status, message or default_error_message(status), headers)
 
     def _json(self, status: int, payload: Any) -> None:
         self._raw(status, json.dumps(payload).encode(), "application/json")
@@ -346,6 +448,10 @@ class _Handler(BaseHTTPRequestHandler):
         raw = f"data: {data}\n\n".encode()
         self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
 
+    def _named_event(self, name: str, data: str) -> None:
+        raw = f"event: {name}\ndata: {data}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
+
     def _end_chunks(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
 
@@ -364,17 +470,22 @@ class _Handler(BaseHTTPRequestHandler):
         return body
 
     def _entry(self, body: dict[str, Any] | None, *, status: int,
-               behaviour: str) -> dict[str, Any]:
+               behaviour: str, messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """``messages`` are the chat messages the request meant (a Responses or Anthropic
+        request's translated; ``body`` keeps what it sent)."""
         body = body or {}
+        if messages is None:
+            messages = body.get("messages")
         return {
             "time": time.time(), "method": self.command, "path": self.path,
-            "body": body or None, "messages": body.get("messages"), "model": body.get("model"),
-            "parts": received_parts(body.get("messages") or []),
+            "body": body or None, "messages": messages, "model": body.get("model"),
+            "parts": received_parts(messages or []),
             "stream": bool(body.get("stream")),
             # Presence only: the value is a credential and must never be recorded. The
             # fingerprint (12 hex of its sha256) lets a test tell which key arrived.
-            "authorization": "Authorization" in self.headers,
-            "authorization_fingerprint": fingerprint(self.headers.get("Authorization")),
+            "authorization": "Authorization" in self.headers or "x-api-key" in self.headers,
+            "authorization_fingerprint": fingerprint(self.headers.get("Authorization")
+                                                     or self.headers.get("x-api-key")),
             "status": status, "behaviour": behaviour,
             "request_id": self.request_id,
             # every other header, names lower-cased: credentials never

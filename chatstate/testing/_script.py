@@ -28,7 +28,9 @@ class Fault:
     ``malformed`` (a reply that is not valid JSON/SSE), ``error_event`` (a stream that
     sends ``after_chunks`` content chunks, then an OpenAI-shaped ``{"error": ...}`` event
     with ``message``, and ends), ``html`` (a 200 whose body is an HTML page, as a
-    captive portal or a misrouted proxy answers).
+    captive portal or a misrouted proxy answers), ``stream_error`` (after
+    ``after_chunks`` content chunks, an error event in the API's shape, for ``status``:
+    529/503 an overload, as providers report one mid-stream, then the body ends).
     """
 
     kind: str
@@ -172,7 +174,7 @@ class Script:
 
 _FAULT_KINDS = {"fail_next": "fail", "cut_stream_next": "cut", "hang_next": "hang",
                 "malformed_next": "malformed", "error_event_next": "error_event",
-                "html_next": "html"}
+                "html_next": "html", "error_stream_next": "stream_error"}
 
 
 class Controls(ABC):
@@ -198,6 +200,14 @@ class Controls(ABC):
         """
         self._command("cut_stream_next", {"after_chunks": after_chunks, "times": times,
                                           "clean": clean})
+
+    def error_stream_next(self, after_chunks: int = 1, *, status: int = 529,
+                          times: int = 1, message: str | None = None) -> None:
+        """The next ``times`` streamed requests send ``after_chunks`` content chunks, then an
+        error event in their API's shape (Anthropic ``overloaded_error`` for 529, an
+        OpenAI ``server_error`` else) and end the body."""
+        self._command("error_stream_next", {"after_chunks": after_chunks, "status": status,
+                                            "times": times, "message": message})
 
     def hang_next(self, seconds: float, *, times: int = 1) -> None:
         """The next ``times`` chat requests get nothing for ``seconds``, then a normal reply."""

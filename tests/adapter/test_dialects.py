@@ -89,7 +89,8 @@ def test_the_retry_loop_encodes_and_decodes_with_the_backends_dialect(fake: Fake
 
 def test_chat_completions_is_the_default_dialect_of_both_backends(fake: FakeModel) -> None:
     assert ModelSettings().api == "chat_completions"
-    assert DIALECTS == {"chat_completions": CHAT_COMPLETIONS}
+    assert set(DIALECTS) == {"chat_completions", "responses", "anthropic_messages"}
+    assert DIALECTS["chat_completions"] is CHAT_COMPLETIONS
     wire = make_adapter(base_url=fake.base_url)
     sdk = make_adapter(client=openai.OpenAI(base_url=fake.base_url, api_key="k"))
     try:
@@ -102,10 +103,10 @@ def test_chat_completions_is_the_default_dialect_of_both_backends(fake: FakeMode
 
 
 def test_an_unknown_api_is_a_clear_error_naming_the_known_ones() -> None:
-    with pytest.raises(ValidationError, match=r"unknown model api 'responses'.*chat_completions"):
-        ModelSettings(api="responses")
-    unchecked = ModelSettings().model_copy(update={"api": "responses"})
-    with pytest.raises(ValueError, match=r"unknown model api 'responses'.*chat_completions"):
+    with pytest.raises(ValidationError, match=r"unknown model api 'gopher'.*chat_completions"):
+        ModelSettings(api="gopher")
+    unchecked = ModelSettings().model_copy(update={"api": "gopher"})
+    with pytest.raises(ValueError, match=r"unknown model api 'gopher'.*chat_completions"):
         make_adapter(settings=unchecked, base_url="http://127.0.0.1:9/v1")
     assert dialect("chat_completions") is CHAT_COMPLETIONS
 

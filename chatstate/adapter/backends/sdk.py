@@ -39,9 +39,19 @@ def _chat_completions(client: openai.OpenAI, body: Mapping[str, Any]) -> Any:
     return client.chat.completions.create(**kwargs, extra_body=extra or None)
 
 
+_RESPONSES_KWARGS = ("model", "input", "stream", "tools", "tool_choice", "include")
+
+
+def _responses(client: openai.OpenAI, body: Mapping[str, Any]) -> Any:
+    kwargs = {k: body[k] for k in _RESPONSES_KWARGS if k in body}
+    extra = {k: v for k, v in body.items() if k not in _RESPONSES_KWARGS}
+    return client.responses.create(**kwargs, extra_body=extra or None)
+
+
 # dialect name -> the SDK call that sends its request body
 _CALLS: dict[str, Callable[[openai.OpenAI, Mapping[str, Any]], Any]] = {
     CHAT_COMPLETIONS.name: _chat_completions,
+    "responses": _responses,
 }
 
 

@@ -42,9 +42,7 @@ class WireBackend:
         self._owns_client = http_client is None
         self._client = http_client or httpx2.Client(
             timeout=httpx2.Timeout(timeout, connect=_min(connect_timeout, timeout)))
-        self._headers = {"User-Agent": "chatstate"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._headers = {"User-Agent": "chatstate", **dialect.headers(api_key)}
 
     def __repr__(self) -> str:  # the default repr would be fine today; keep it key-free by design
         return f"WireBackend(endpoint={self.endpoint!r})"

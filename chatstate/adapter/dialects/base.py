@@ -13,10 +13,16 @@ dialects.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Container, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["Dialect", "ErrorDetails", "Overflow", "Reply", "StreamDecoder", "Usage"]
+from chatstate.core.provider_fields import PROVIDER_FIELDS
+
+__all__ = ["PROVIDER_FIELDS", "AllEventsBut", "Dialect", "ErrorDetails", "Overflow", "Reply",
+           "StreamDecoder", "Usage", "bearer", "note_dropped", "request_messages"]
+
+log = logging.getLogger("chatstate.adapter")
 
 Usage = dict[str, "int | dict[str, int]"]
 Overflow = tuple["int | None", "int | None"]
@@ -48,6 +54,8 @@ class StreamDecoder(Protocol):
     finish_reason: str | None
     """Why the reply stopped; None until the stream said so (a stream that ends
     without it was cut short)."""
+    model: str | None
+    """The model the stream names, once it has said."""
 
     @property
     def text(self) -> str:
@@ -102,3 +110,38 @@ class Dialect(Protocol):
     def error_details(self, body: object) -> ErrorDetails:
         """Read an HTTP error body (bytes, text or decoded JSON)."""
         ...
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        """The request headers that carry ``api_key`` (and any the API requires)."""
+        ...
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """``Authorization: Bearer KEY`` (the OpenAI APIs), or nothing without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class AllEventsBut(frozenset[str]):
+    """Every SSE event name except these (``ping``): for APIs that name each event."""
+
+    def __contains__(self, name: object) -> bool:
+        return not super().__contains__(name)
+
+
+def request_messages(messages: Sequence[Mapping[str, Any]]
+                     ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(the message without its provider fields, the provider fields) for each message."""
+    out = []
+    for message in messages:
+        plain = dict(message)
+        fields = plain.pop(PROVIDER_FIELDS, None)
+        out.append((plain, dict(fields) if isinstance(fields, Mapping) else {}))
+    return out
+
+
+def note_dropped(api: str, dropped: Mapping[str, int]) -> None:
+    """Say which stored provider fields this request leaves out (they stay in the store)."""
+    what = ", ".join(f"{n} {name}" for name, n in sorted(dropped.items()) if n)
+    if what:
+        log.info("left out of this %s request (the API cannot express them; the transcript "
+                 "keeps them): %s", api, what)

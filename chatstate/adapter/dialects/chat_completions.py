@@ -22,7 +22,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from chatstate.adapter._policy import AttemptFailed
-from chatstate.adapter.dialects.base import ErrorDetails, Overflow, Reply, Usage
+from chatstate.adapter.dialects.base import (
+    ErrorDetails,
+    Overflow,
+    Reply,
+    Usage,
+    bearer,
+    note_dropped,
+    request_messages,
+)
 
 __all__ = [
     "CHAT_COMPLETIONS",
@@ -39,6 +47,8 @@ _RAW_LIMIT = 8000  # what is kept of an error body at all
 
 # Message fields worth keeping besides content and tool_calls: a later request may need them.
 EXTRA_FIELDS = ("refusal", "reasoning", "reasoning_content")
+# Provider fields other dialects store, which a chat-completions request cannot carry.
+FOREIGN_FIELDS = ("thinking_blocks", "reasoning_items")
 
 
 def _malformed(detail: str) -> AttemptFailed:
@@ -276,7 +286,10 @@ class ChatCompletions:
                params: Mapping[str, Any] | None, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = dict(params or {})
         body["model"] = model
-        body["messages"] = [dict(m) for m in messages]
+        pairs = request_messages(messages)
+        body["messages"] = [plain for plain, _ in pairs]
+        note_dropped(self.name, {key: sum(len(fields.get(key) or ()) for _, fields in pairs)
+                                 for key in FOREIGN_FIELDS})
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -293,6 +306,9 @@ class ChatCompletions:
 
     def error_details(self, body: object) -> ErrorDetails:
         return ErrorDetails(provider_message(body), context_overflow(body))
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        return bearer(api_key)
 
 
 CHAT_COMPLETIONS = ChatCompletions()

@@ -46,6 +46,9 @@ from chatstate.cli.common import Env, describe_store, fail
               show_default=True, help="With --serve: how clients name their conversation: "
               "the X-Chatstate-Conversation header, the base URL (/c/<id>/v1), or nothing "
               "(found by its history within the client token's namespace).")
+@click.option("--api", type=click.Choice(["chat", "responses", "anthropic"]), default="chat",
+              show_default=True, help="With --serve: the wire API the clients stream "
+              "(chat completions, OpenAI Responses or Anthropic Messages).")
 @click.option("--tools", is_flag=True,
               help="Drill the tool loop instead: kill a writer at every step of it, then "
                    "count duplicated side effects and orphaned calls (both must be 0).")
@@ -59,7 +62,7 @@ from chatstate.cli.common import Env, describe_store, fail
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
           max_seconds: float, as_json: bool, serve_mode: bool, clients: int,
-          identity: str, tools: bool, mcp: bool, encrypted: bool) -> None:
+          identity: str, api: str, tools: bool, mcp: bool, encrypted: bool) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -109,7 +112,7 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
         for url in urls:
             _guard(env, url)
             if serve_mode:
-                results.append(_serve_drill(url, trials, clients, seed, identity))
+                results.append(_serve_drill(url, trials, clients, seed, identity, api))
                 continue
             left = max_seconds - sum(r.seconds for r in results)
             if tools:
@@ -138,7 +141,7 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
 
 
 def _serve_drill(url: str, trials: int, clients: int, seed: int | None,
-                 identity: str) -> Any:
+                 identity: str, api: str = "chat") -> Any:
     from chatstate.drill.serve_drill import run_serve_drill
 
     def show(result: Any) -> None:
@@ -146,7 +149,7 @@ def _serve_drill(url: str, trials: int, clients: int, seed: int | None,
                    f"{result.acked_turns} turns received whole, {result.lost} lost", err=True)
 
     return run_serve_drill(url, trials=trials, clients=clients, seed=seed, identity=identity,
-                           progress=show)
+                           progress=show, api=api)
 
 
 def _term_interrupts() -> Any:
