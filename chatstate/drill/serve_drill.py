@@ -9,6 +9,10 @@ holds for it. The next trial's clients carry on: a client whose turn was cut
 sends the same request again, which must answer that turn rather than store the
 user's message twice, and must be answered at all: a killed proxy's writer leases
 must not lock its conversations out of the next one.
+
+``api`` picks the wire API the clients speak: ``chat_completions``, ``responses``
+(``/v1/responses``, done at ``response.completed``) or ``anthropic_messages``
+(``/v1/messages``, done at ``message_stop``).
 """
 
 from __future__ import annotations
@@ -79,25 +83,51 @@ def _start_server(url: str, upstream: str, env: dict[str, str]) -> tuple[subproc
     raise RuntimeError(f"chatstate serve did not start (exit {proc.wait()})")
 
 
-def _turn(base: str, client: _Client, text: str) -> None:
+APIS = {"chat_completions": "/chat/completions", "responses": "/responses",
+        "anthropic_messages": "/messages"}
+
+
+def _fold(api: str, client: _Client, line: str) -> None:
+    """Fold one SSE line of ``api`` into what the client received."""
+    if api == "chat_completions" and line == "data: [DONE]":
+        client.done = True
+    if not line.startswith("data: {"):
+        return
+    chunk = json.loads(line[6:])
+    kind = chunk.get("type")
+    if api == "chat_completions":
+        if chunk.get("choices"):
+            client.received += chunk["choices"][0]["delta"].get("content") or ""
+    elif api == "responses":
+        if kind == "response.output_text.delta":
+            client.received += chunk["delta"]
+        client.done = client.done or kind == "response.completed"
+    else:
+        if kind == "content_block_delta" and chunk["delta"].get("type") == "text_delta":
+            client.received += chunk["delta"]["text"]
+        client.done = client.done or kind == "message_stop"
+
+
+def _turn(base: str, client: _Client, text: str, api: str = "chat_completions") -> None:
     import httpx2
 
     client.received, client.done, client.refused = "", False, None
-    body = {"model": "m", "stream": True,
-            "messages": [*client.history, {"role": "user", "content": text}]}
+    history = [*client.history, {"role": "user", "content": text}]
+    body: dict[str, Any] = {"model": "m", "stream": True}
+    if api == "responses":
+        body["input"] = history
+    else:
+        body["messages"] = history
+    if api == "anthropic_messages":
+        body["max_tokens"] = 1000
     try:
-        with httpx2.stream("POST", base + "/chat/completions", json=body, timeout=30,
+        with httpx2.stream("POST", base + APIS[api], json=body, timeout=30,
                            headers={"X-Chatstate-Conversation": client.cid}) as resp:
             if resp.status_code != 200:
                 client.refused = f"HTTP {resp.status_code} {_error_text(resp.read())}"
                 return
             for line in resp.iter_lines():
-                if line == "data: [DONE]":
-                    client.done = True
-                elif line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    if chunk.get("choices"):
-                        client.received += chunk["choices"][0]["delta"].get("content") or ""
+                _fold(api, client, line)
     except httpx2.HTTPError:
         pass  # the server was killed: what arrived so far is in client.received
 
@@ -105,7 +135,7 @@ def _turn(base: str, client: _Client, text: str) -> None:
 def _error_text(body: bytes) -> str:
     """``type: message`` of an OpenAI-style error body (the message cut to 300 chars)."""
     try:
-        error = json.loads(body)["error"]
+        error = json.loads(body)["error"]  # OpenAI's and Anthropic's both have one
         return f"{error.get('type')}: {str(error.get('message'))[:300]}"
     except (ValueError, KeyError, TypeError):
         return repr(body[:300])
@@ -165,9 +195,13 @@ def _check_conversation(conv: Any, client: _Client, text: str,
 
 
 def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int | None = None,
-                    progress: Callable[[ServeDrillResult], None] | None = None
-                    ) -> ServeDrillResult:
-    """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams."""
+                    progress: Callable[[ServeDrillResult], None] | None = None,
+                    api: str = "chat_completions") -> ServeDrillResult:
+    """Kill ``chatstate serve`` ``trials`` times under ``clients`` concurrent streams of
+    the wire API ``api``."""
+    if api not in APIS:
+        raise ValueError(f"unknown api {api!r} for the serve drill; use one of "
+                         f"{', '.join(APIS)}")
     from chatstate.errors import ConversationNotFound
     from chatstate.stores import open_store
     from chatstate.testing import FakeModel
@@ -184,7 +218,7 @@ def run_serve_drill(url: str, *, trials: int = 20, clients: int = 8, seed: int |
             for trial in range(trials):
                 proc, base = _start_server(url, fake.base_url, env)
                 texts = {c.cid: c.pending or f"turn {trial} of {c.cid}" for c in people}
-                threads = [threading.Thread(target=_turn, args=(base, c, texts[c.cid]))
+                threads = [threading.Thread(target=_turn, args=(base, c, texts[c.cid], api))
                            for c in people]
                 for t in threads:
                     t.start()

@@ -77,3 +77,16 @@ def test_a_request_the_proxy_refuses_is_reported(tmp_path: Path) -> None:
             assert client.received
     finally:
         store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("api", ["responses", "anthropic_messages"])
+def test_serve_drill_speaks_each_wire_api(api: str, tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/s.db"
+    result = run_cli(["drill", "--serve", "--api", api, "--trials", "3", "--clients", "3",
+                      "--seed", "5", "--json"], cli_env(tmp_path), store=url, timeout=300)
+    assert result.code == 0, result.err
+    (doc,) = json.loads(result.out)
+    assert doc["ok"] and doc["kills"] == 3 and doc["requests"] == 9
+    assert doc["lost"] == doc["duplicated"] == doc["corrupt"] == 0
+    assert doc["acked_turns"] + doc["partials"] > 0

@@ -41,6 +41,10 @@ from chatstate.cli.common import Env, describe_store, fail
               "SIGKILL the proxy under concurrent streams (needs the serve extra).")
 @click.option("--clients", type=click.IntRange(1), default=8, show_default=True,
               help="With --serve: concurrent streamed conversations per trial.")
+@click.option("--api", type=click.Choice(["chat_completions", "responses",
+                                          "anthropic_messages"]),
+              default="chat_completions", show_default=True,
+              help="With --serve: the wire API the streaming clients speak.")
 @click.option("--tools", is_flag=True,
               help="Drill the tool loop instead: kill a writer at every step of it, then "
                    "count duplicated side effects and orphaned calls (both must be 0).")
@@ -48,7 +52,7 @@ from chatstate.cli.common import Env, describe_store, fail
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
           max_seconds: float, as_json: bool, serve_mode: bool, clients: int,
-          tools: bool) -> None:
+          api: str, tools: bool) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -88,7 +92,7 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
         for url in urls:
             _guard(env, url)
             if serve_mode:
-                results.append(_serve_drill(url, trials, clients, seed))
+                results.append(_serve_drill(url, trials, clients, seed, api))
                 continue
             left = max_seconds - sum(r.seconds for r in results)
             if tools:
@@ -115,14 +119,16 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
         raise click.exceptions.Exit(1)
 
 
-def _serve_drill(url: str, trials: int, clients: int, seed: int | None) -> Any:
+def _serve_drill(url: str, trials: int, clients: int, seed: int | None,
+                 api: str = "chat_completions") -> Any:
     from chatstate.drill.serve_drill import run_serve_drill
 
     def show(result: Any) -> None:
         click.echo(f"drill serve {result.store}: {result.trials}/{trials} kills, "
                    f"{result.acked_turns} turns received whole, {result.lost} lost", err=True)
 
-    return run_serve_drill(url, trials=trials, clients=clients, seed=seed, progress=show)
+    return run_serve_drill(url, trials=trials, clients=clients, seed=seed, progress=show,
+                           api=api)
 
 
 def _term_interrupts() -> Any:
