@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 from chatstate.adapter import AttemptFailed
 from chatstate.adapter.dialects.base import StreamDecoder
 from chatstate.adapter.dialects.chat_completions import StreamAccumulator
+from chatstate.serve._wires import stored_reply
 
 log = logging.getLogger("chatstate.serve")
 
@@ -200,15 +201,7 @@ class StreamRelay:
             self.saved = self.acc.text
 
     def reply(self) -> dict[str, Any]:
-        r = self.acc.reply()
-        fields: dict[str, Any] = {"content": r.text, "model": r.model, "usage": r.usage}
-        if r.tool_calls:
-            fields["tool_calls"] = r.tool_calls
-        if r.extra:
-            fields["extra"] = r.extra
-        if r.finish_reason not in (None, "stop", "tool_calls"):
-            fields["finish_reason"] = r.finish_reason
-        return fields
+        return stored_reply(self.acc.reply())
 
 
 class RelayResponse(StreamingResponse):
