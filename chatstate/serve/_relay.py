@@ -52,6 +52,7 @@ from chatstate.adapter import AttemptFailed
 from chatstate.adapter.dialects.base import StreamDecoder
 from chatstate.adapter.dialects.chat_completions import StreamAccumulator
 from chatstate.serve._errors import stream_error
+from chatstate.serve._wires import stored_reply
 
 log = logging.getLogger("chatstate.serve")
 
@@ -302,15 +303,7 @@ class StreamRelay:
             self.saved = text
 
     def reply(self) -> dict[str, Any]:
-        r = self.acc.reply()
-        fields: dict[str, Any] = {"content": r.text, "model": r.model, "usage": r.usage}
-        if r.tool_calls:
-            fields["tool_calls"] = r.tool_calls
-        if r.extra:
-            fields["extra"] = r.extra
-        if r.finish_reason not in (None, "stop", "tool_calls"):
-            fields["finish_reason"] = r.finish_reason
-        return fields
+        return stored_reply(self.acc.reply())
 
 
 def client_failure(relay: StreamRelay) -> tuple[int, str]:
