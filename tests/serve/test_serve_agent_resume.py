@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from support.cli_helpers import cli_env, run_cli
-from support.npm import npm_bin
+from support.npmpkgs import npm_bin_dir
 from support.serve_helpers import ServeProcess, serve_env
 from test_serve_coding_agents import CLAUDE, CODEX
 
@@ -48,7 +48,7 @@ def _users(conv: Any) -> list[str]:
 
 
 def test_codex_exec_resume_continues_the_stored_conversation(tmp_path: Path) -> None:
-    bin_dir = npm_bin(CODEX, tier="Codex CLI")
+    bin_dir = npm_bin_dir(CODEX, tier="Codex CLI")
     url = f"sqlite://{tmp_path}/s.db"
     home = tmp_path / "codex-home"
     home.mkdir()
@@ -77,7 +77,7 @@ def test_codex_exec_resume_continues_the_stored_conversation(tmp_path: Path) -> 
 
 
 def test_claude_code_continue_continues_the_stored_conversation(tmp_path: Path) -> None:
-    bin_dir = npm_bin(CLAUDE, tier="Claude Code")
+    bin_dir = npm_bin_dir(CLAUDE, tier="Claude Code")
     url = f"sqlite://{tmp_path}/s.db"
     home = tmp_path / "claude-home"
     home.mkdir()

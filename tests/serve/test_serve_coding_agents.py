@@ -5,7 +5,7 @@ tool call (a prompt that writes ``TOOL(JSON)`` for an offered tool gets that cal
 agent runs the tool and sends its result back, and every conversation is stored, verified
 and holds the call and its result.
 
-Installed once into an npm prefix under the test cache (tests/support/npm.py).
+Installed once into an npm prefix under the test cache (tests/support/npmpkgs.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support.cli_helpers import cli_env, run_cli
-from support.npm import npm_bin
+from support.npmpkgs import npm_bin_dir
 from support.serve_helpers import ServeProcess, serve_env
 
 from chatstate.stores import open_store
@@ -53,7 +53,7 @@ def _tool_conversation(url: str, marker: str, tmp_path: Path) -> Any:
 
 
 def test_codex_exec_runs_a_tool_through_serve(tmp_path: Path) -> None:
-    bin_dir = npm_bin(CODEX, tier="Codex CLI")
+    bin_dir = npm_bin_dir(CODEX, tier="Codex CLI")
     url = f"sqlite://{tmp_path}/s.db"
     home = tmp_path / "codex-home"
     home.mkdir()
@@ -82,7 +82,7 @@ def test_codex_exec_runs_a_tool_through_serve(tmp_path: Path) -> None:
 
 
 def test_claude_code_runs_a_tool_through_serve(tmp_path: Path) -> None:
-    bin_dir = npm_bin(CLAUDE, tier="Claude Code")
+    bin_dir = npm_bin_dir(CLAUDE, tier="Claude Code")
     url = f"sqlite://{tmp_path}/s.db"
     home = tmp_path / "claude-home"
     home.mkdir()

@@ -1,4 +1,5 @@
-"""npm packages the suite drives (MCP servers), installed once into a cached prefix.
+"""npm packages the suite drives (MCP servers, Codex CLI, Claude Code), installed once into
+a cached prefix.
 
 Like ``venvs.py``: the prefix lives in the durable test cache
 (``${XDG_CACHE_HOME:-~/.cache}/chatstate-tests/npm``), keyed by the package
@@ -56,3 +57,8 @@ def npm_bin(node_modules: Path, package: str) -> list[str]:
     entry = meta.get("bin")
     script = next(iter(entry.values())) if isinstance(entry, dict) else entry
     return ["node", str(node_modules / package / str(script))]
+
+
+def npm_bin_dir(packages: list[str], *, tier: str) -> Path:
+    """The prefix's ``node_modules/.bin`` (the packages' commands), installed as above."""
+    return cached_npm(packages, tier=tier) / ".bin"
