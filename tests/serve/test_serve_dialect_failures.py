@@ -102,7 +102,7 @@ def test_a_responses_error_event_upstream_is_relayed_and_response_failed_added(
         served: tuple[FakeModel, ServeProcess, str], tmp_path: Path) -> None:
     fake, proxy, url = served
     client = openai.OpenAI(base_url=proxy.base_url, api_key=TOKEN, max_retries=0)
-    fake.error_stream_next(after_chunks=2, status=529, message="overloaded midway (fake)")
+    fake.error_event_next(after_chunks=2, status=529, message="overloaded midway (fake)")
     events = responses_events(client, "resp-error")
     errors = [e for e in events if e.type == "error"]
     assert len(errors) == 1 and errors[0].message == "overloaded midway (fake)"  # once
@@ -154,7 +154,7 @@ def test_the_anthropic_sdk_raises_on_a_stream_that_failed_upstream(
     fake, proxy, url = served
     bin_dir = cached_venv("anthropic", ANTHROPIC, tier="anthropic client")
     fake.cut_stream_next(after_chunks=3)  # the first stream: cut
-    fake.error_stream_next(after_chunks=2, status=529, times=1)  # the second: overloaded
+    fake.error_event_next(after_chunks=2, status=529, times=1)  # the second: overloaded
     proc = subprocess.run([str(bin_dir / "python"), "-c", ANTHROPIC_SCRIPT, proxy.root, TOKEN,
                            "msg-cut", "msg-overloaded"], capture_output=True, text=True,
                           timeout=120, check=False, env=serve_env(tmp_path))
