@@ -161,7 +161,7 @@ def test_the_anthropic_sdk_raises_on_a_stream_that_failed_upstream(
     assert proc.returncode == 0, proc.stderr + proxy.stderr
     out = json.loads(proc.stdout)
     cut, overloaded = out["msg-cut"], out["msg-overloaded"]
-    assert cut["raised"] and cut["body"]["type"] == "error", cut
+    assert cut["raised"] == "APIStatusError" and cut["body"]["type"] == "error", cut
     assert cut["body"]["error"]["type"] == "api_error"
     assert "kept as the partial reply" in cut["body"]["error"]["message"]
     assert overloaded["raised"] and overloaded["body"]["error"]["type"] == "overloaded_error"
