@@ -19,66 +19,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support.agents_serve import AGENTS_SCRIPT
 from support.cli_helpers import cli_env, run_cli
 from support.serve_helpers import ServeProcess, serve_env
+from test_serve_dialects import conversations
 
-from chatstate.stores import open_store
 from chatstate.testing import FakeModel
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "tok-agents-kill-0123456789abcdef01234567"
-
-AGENTS_SCRIPT = r"""
-import asyncio, json, sys
-from agents import (Agent, Runner, function_tool, set_default_openai_api,
-                    set_default_openai_client, set_tracing_disabled)
-from openai import AsyncOpenAI
-import agents, openai
-
-set_default_openai_client(AsyncOpenAI(base_url=sys.argv[1], api_key=sys.argv[2],
-                                      max_retries=0), use_for_tracing=False)
-set_default_openai_api("responses")
-set_tracing_disabled(True)
-streamed = sys.argv[3] == "run_streamed"
-
-@function_tool
-def get_weather(city: str) -> str:
-    "The weather in a city."
-    return f"sunny in {city}"
-
-async def run(agent, given):
-    if not streamed:
-        return await Runner.run(agent, given)
-    result = Runner.run_streamed(agent, given)
-    async for _ in result.stream_events():
-        pass
-    return result
-
-async def main():
-    agent = Agent(name="helper", instructions="be brief", tools=[get_weather],
-                  model="fake-model")
-    first = await run(agent, "what is the weather?")
-    second = await run(agent, first.to_input_list() +
-                       [{"role": "user", "content": "and tomorrow?"}])
-    print(json.dumps({"first": first.final_output, "second": second.final_output,
-                      "agents": agents.__version__, "openai": openai.__version__}))
-
-asyncio.run(main())
-"""
-
 EXPECTED = ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
-
-
-def _conversations(url: str) -> list[Any]:
-    store = open_store(url)
-    try:
-        return [store.load(s.id) for s in store.list_conversations()]
-    finally:
-        store.close()
 
 
 def _agent(base_url: str, mode: str, tmp_path: Path) -> subprocess.Popen[str]:
@@ -92,7 +45,7 @@ def _in_flight(fake: FakeModel, url: str, mode: str) -> bool:
     if mode == "run":
         return len(fake.request_log) >= 2
     return any(c.partial is not None and c.partial.text and
-               any(m.role == "tool" for m in c.messages) for c in _conversations(url))
+               any(m.role == "tool" for m in c.messages) for c in conversations(url))
 
 
 @pytest.mark.parametrize("mode", ["run", "run_streamed"])
@@ -141,7 +94,7 @@ def test_agents_sdk_run_survives_a_kill_9_of_serve_and_a_rerun_without_duplicate
     # again, then the second turn
     assert [[m["role"] for m in e["messages"]] for e in upstream_after] == [
         EXPECTED[:4], EXPECTED[:6]]
-    convs = _conversations(url)
+    convs = conversations(url)
     assert len(convs) == 1, [[(m.role, m.text) for m in c.messages] for c in convs]
     conv = convs[0]
     complete = [m for m in conv.messages if m.status == "complete"]
