@@ -150,10 +150,11 @@ class HistoryIndex:
             self._namespaces.setdefault(conv.id, namespace)
 
     def find(self, namespace: str, incoming: Sequence[Mapping[str, Any]]) -> str | None:
-        """The conversation whose history is the longest proper prefix of ``incoming``;
-        Ambiguous when more than one conversation has that history."""
+        """The conversation whose history is the longest proper prefix of ``incoming``, or
+        all of it when that is a stored turn still unanswered (``retried``); Ambiguous when
+        more than one conversation has that history."""
         digests, digest = [], ""
-        for message in incoming[:-1]:
+        for message in incoming if retried(incoming) else incoming[:-1]:
             digest = _step(digest, wire_form(message))
             digests.append(digest)
         with self._lock:
@@ -194,6 +195,18 @@ class Plan:
     """With ``fork_of``: how many of its visible messages the fork starts with."""
     matched: list[str] = field(default_factory=list)
     """A new conversation's history matched these (more than one): none was guessed."""
+
+
+def retried(incoming: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a conversation holding all of ``incoming`` would hold it as a turn still
+    unanswered, sent again: a history (it has a reply in it) whose last message asks
+    (a user message or a tool's output). A client that retries it after the proxy was
+    killed rebuilds it from what the proxy sent, so the body (and the request key) can
+    differ from the first attempt's while the messages are the same: it answers that
+    turn instead of starting a conversation that repeats the history. A first question
+    is never matched so: two clients may ask the same one."""
+    return len(incoming) > 1 and incoming[-1].get("role") in ("user", "tool") and \
+        any(m.get("role") == "assistant" for m in incoming[:-1])
 
 
 def reconcile(conv: Conversation | None, conversation_id: str, fork_id: str,

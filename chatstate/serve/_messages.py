@@ -10,7 +10,8 @@ blocks ride on their assistant message (``extra["thinking_blocks"]``, kept
 exactly as sent, signature and all). Then it is the same turn as a chat
 completion (``app.Proxy._chat``); the upstream's events (``message_start``,
 ``content_block_*``, ``message_delta``, ``message_stop``, ``ping``, ``error``)
-are relayed with their names. Errors are Anthropic-shaped.
+are relayed with their names. Errors are Anthropic-shaped, a stream that fails
+mid-way too (``_stream_events``).
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ from chatstate.adapter.dialects.anthropic_messages import (
 )
 from chatstate.core.transcript import Message
 from chatstate.serve._replay import REPLAYED_HEADER
+from chatstate.serve._stream_events import AnthropicEvents, anthropic_kind
 from chatstate.serve._wires import Wire, stored_reply
 
 __all__ = ["MESSAGES_WIRE", "anthropic_error", "request_messages"]
 
-_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
-          429: "rate_limit_error", 529: "overloaded_error"}
 _STOP = {"length": "max_tokens", "content_filter": "refusal", "tool_calls": "tool_use"}
 
 
@@ -44,9 +43,7 @@ def anthropic_error(status: int, message: str, kind: str = "", *, param: str | N
                     headers: Mapping[str, str] | None = None) -> Response:
     """An error in Anthropic's shape; chatstate's own kind is kept as ``error.code`` (the
     same arguments as ``openai_error``, so a turn answers either way)."""
-    error: dict[str, Any] = {"type": _KINDS.get(status, "api_error" if status >= 500
-                                                else "invalid_request_error"),
-                             "message": message}
+    error: dict[str, Any] = {"type": anthropic_kind(status), "message": message}
     if kind or code:
         error["code"] = code or kind
     if param:
@@ -221,6 +218,6 @@ def _key_headers(api_key: str) -> dict[str, str]:
 
 MESSAGES_WIRE = Wire("anthropic_messages", ANTHROPIC_MESSAGES.path, request_messages,
                      anthropic_error, _fields, replay, decoder=MessagesStream, holds=_holds,
-                     named=True, key_headers=_key_headers,
+                     named=True, key_headers=_key_headers, failures=AnthropicEvents,
                      passed_headers=("anthropic-version", "anthropic-beta"))
 DEFAULT_VERSION = {"anthropic-version": VERSION}

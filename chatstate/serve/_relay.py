@@ -12,8 +12,8 @@ A stream that fails after it began (the upstream connection breaks, or its body
 ends with no finish_reason and no ``[DONE]``, or it sends an ``{"error": ...}``
 event) is a failure, never a complete reply: the text so far is saved as the
 partial reply, the failure is recorded (``fail``) and only then does the client get
-an OpenAI-shaped error event (the upstream's own, or the proxy's), so its SDK
-raises as it would have against the upstream directly.
+the error events of its API (the upstream's own, or the proxy's: ``_stream_events``),
+so its SDK fails as it would have against the upstream directly.
 
 Tool calls are not text: the partial reply holds text only, so once a tool-call
 delta arrives, that event and every later one is held back and written after the
@@ -51,7 +51,7 @@ from starlette.types import Receive, Scope, Send
 from chatstate.adapter import AttemptFailed
 from chatstate.adapter.dialects.base import StreamDecoder
 from chatstate.adapter.dialects.chat_completions import StreamAccumulator
-from chatstate.serve._errors import stream_error
+from chatstate.serve._stream_events import StreamEvents
 from chatstate.serve._wires import stored_reply
 
 log = logging.getLogger("chatstate.serve")
@@ -123,11 +123,13 @@ class StreamRelay:
                  decoder: StreamDecoder | None = None,
                  holds: Callable[[object], bool] = chat_holds,
                  named: bool = False,
-                 rewrite: Callable[[str | None, Any], Any] | None = None) -> None:
+                 rewrite: Callable[[str | None, Any], Any] | None = None,
+                 failures: StreamEvents | None = None) -> None:
         """``decoder`` folds the events (chat completions' by default); ``named``: the API
         names its events (Responses, Anthropic), which are relayed with their names and
         end with the reply's finish instead of ``[DONE]``; ``holds``: an event that starts
-        a tool call; ``rewrite``: the event as relayed (filling what a spec requires)."""
+        a tool call; ``rewrite``: the event as relayed (filling what a spec requires);
+        ``failures``: the API's error events, read and written (chat completions')."""
         self._buffer = buffer
         self._lines = lines
         self._save_partial = save_partial  # blocking store calls, run in a thread
@@ -137,6 +139,7 @@ class StreamRelay:
         self._holds = holds
         self._named = named
         self._rewrite = rewrite
+        self._failures = failures or StreamEvents()
         self.acc: StreamDecoder = decoder or StreamAccumulator()
         self.saved = ""
         self.grown = False  # text arrived since the last save
@@ -245,8 +248,7 @@ class StreamRelay:
 
     async def _failure(self, broke: Exception | None) -> bytes:
         """Keep the text so far as partial, record why, and return what ends the client's
-        stream: nothing more if the upstream's own error event was relayed, else the
-        proxy's error event."""
+        stream in its API's shape (only what the upstream's own error events left out)."""
         if self.acc.text != self.saved:
             await self.save()
         if self.upstream_error is not None:
@@ -261,7 +263,8 @@ class StreamRelay:
             self.failed = (f"{why} after {len(self.acc.text)} characters; they are kept as "
                            "the partial reply")
         await asyncio.to_thread(self._fail, status, self.failed)
-        return b"" if self.upstream_error is not None else stream_error(self.failed)
+        message = self.upstream_error[1] if self.upstream_error is not None else self.failed
+        return self._failures.closing(status, self._redact(message), self.acc.text)
 
     def _feed(self, name: str | None, data: str) -> str:
         """Fold one event into the reply (holding events from a tool call's first on);
@@ -274,9 +277,9 @@ class StreamRelay:
         if self._rewrite is not None:
             chunk = self._rewrite(name, chunk)
             data = json.dumps(chunk)
-        if isinstance(chunk, dict) and chunk.get("error") and self.upstream_error is None:
-            status, text = upstream_event_error(chunk["error"])
-            self.upstream_error = status, self._redact(text)
+        error = self._failures.see(name, chunk)
+        if error is not None and self.upstream_error is None:
+            self.upstream_error = error[0], self._redact(error[1])
         try:
             if self.acc.feed(chunk):
                 self.grown = True
@@ -314,17 +317,6 @@ def client_failure(relay: StreamRelay) -> tuple[int, str]:
         return 500, f"the relay failed mid-stream ({type(relay.broke).__name__}: " \
             f"{relay.broke}); {kept}"
     return 499, f"the client disconnected mid-stream; {kept}"
-
-
-def upstream_event_error(error: object) -> tuple[int, str]:
-    """(status, text) of an upstream ``{"error": ...}`` event, to record."""
-    if not isinstance(error, dict):
-        return 502, str(error)[:500]
-    code = error.get("code")
-    status = code if isinstance(code, int) and 400 <= code < 600 else (
-        int(code) if isinstance(code, str) and code.isdigit() and 400 <= int(code) < 600
-        else 502)
-    return status, str(error.get("message") or error)[:500]
 
 
 class RelayResponse(StreamingResponse):

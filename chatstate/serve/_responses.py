@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from chatstate.adapter.dialects.responses import RESPONSES, ResponsesStream, parse_response
 from chatstate.core.transcript import Message
 from chatstate.serve._replay import REPLAYED_HEADER
+from chatstate.serve._stream_events import ResponsesEvents
 from chatstate.serve._wire import openai_error
 from chatstate.serve._wires import Wire, stored_reply
 
@@ -339,4 +340,5 @@ def stored_input_items(store: Any, namespace: str, rid: str) -> Response:
 
 RESPONSES_WIRE = Wire("responses", RESPONSES.path, request_messages, openai_error, _fields,
                       replay, decoder=ResponsesStream, holds=_holds, named=True,
-                      rewrite=complete_events, expand=expand_previous)
+                      rewrite=complete_events, expand=expand_previous,
+                      failures=ResponsesEvents)

@@ -6,7 +6,8 @@ turn writer before the request goes upstream, each streamed piece is saved
 before it is relayed, and the reply is committed before its last event is. A
 ``Wire`` only says how to read that API's request into messages, where it goes
 upstream, how its reply and stream are folded (the adapter's dialect), how its
-errors and stored replies look, and which headers carry the credentials.
+errors, stored replies and failed streams look, and which headers carry the
+credentials.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.responses import Response
 from chatstate.adapter.dialects.base import Reply, StreamDecoder
 from chatstate.core.transcript import Message
 from chatstate.serve._replay import replay_response
+from chatstate.serve._stream_events import StreamEvents
 from chatstate.serve._wire import openai_error, reply_fields
 
 __all__ = ["CHAT", "Wire", "stored_reply"]
@@ -50,6 +52,8 @@ class Wire:
     expand: Callable[[Any, str, dict[str, Any]], dict[str, Any]] | None = None
     """(store, namespace, request) -> the request it means (``previous_response_id``
     answered from the store); LookupError with ``rid``: unknown, a 404."""
+    failures: Callable[[], StreamEvents] = StreamEvents
+    """A fresh per-stream reader and writer of the API's error events (``_stream_events``)."""
 
 
 def stored_reply(reply: Reply) -> dict[str, Any]:

@@ -424,7 +424,8 @@ class Proxy:
             redact=lambda text: scrub(text, self.config.api_key, bearer(
                 request.headers.get("authorization", "")), limit=None),
             decoder=wire.decoder() if wire.decoder else None, named=wire.named,
-            holds=wire.holds or chat_holds, rewrite=wire.rewrite() if wire.rewrite else None)
+            holds=wire.holds or chat_holds, rewrite=wire.rewrite() if wire.rewrite else None,
+            failures=wire.failures())
 
         async def cleanup() -> None:
             try:

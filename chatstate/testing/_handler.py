@@ -280,15 +280,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_head(200, "text/event-stream; charset=utf-8", None)
         texts = 0
         for index, (name, payload, text) in enumerate(stream):
-            if act is not None and act.kind == "stream_error" and text and \
+            if act is not None and act.kind == "error_event" and text and \
                     texts >= act.after_chunks:
-                message = act.message or "Overloaded (fake)"
+                message = _event_message(act)
                 error = _messages.error_body(act.status, message) if wire == "messages" \
                     else _responses.stream_error(act.status, message)
                 self._named_event("error", json.dumps(error))
                 self._end_chunks()
                 return
-            if act is not None and act.kind == "stream_error" and text:
+            if act is not None and act.kind == "error_event" and text:
                 texts += 1
             if act is not None and act.kind == "cut" and text:
                 if texts >= act.after_chunks:
@@ -378,11 +378,6 @@ class _Handler(BaseHTTPRequestHandler):
         deltas = [{"content": piece} for piece in reply.chunks]
         deltas += call_deltas(reply.calls, self.server.script.options.arg_chunk)
         for index, delta in enumerate(deltas):
-            if fault is not None and fault.kind == "stream_error" and \
-                    index >= fault.after_chunks:
-                self._event(error_body(fault.status, fault.message or "Overloaded (fake)"))
-                self._end_chunks()
-                return
             if fault is not None and fault.kind in ("cut", "error_event") \
                     and index >= fault.after_chunks:
                 break
@@ -397,9 +392,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         assert fault is not None
         if fault.kind == "error_event":  # a provider failing mid-generation says so in-band
-            self._event_raw(json.dumps(error_body(500, fault.message or
-                                                  "The server had an error while processing "
-                                                  "your request (fake).")))
+            self._event_raw(json.dumps(error_body(fault.status, _event_message(fault))))
             self._end_chunks()
         elif fault.clean:  # a well-formed body that simply stops: no finish_reason, no [DONE]
             self._end_chunks()
@@ -556,3 +549,11 @@ def _non_text_refusal(messages: list[Any]) -> tuple[int, str] | None:
             if kind not in ("text", None):
                 return 400, f"unsupported content[].type: {kind}"
     return None
+
+
+def _event_message(fault: Fault) -> str:
+    """The message of a mid-stream error event: the scripted one, else the status's."""
+    if fault.message:
+        return fault.message
+    return "Overloaded (fake)" if fault.status in (503, 529) else \
+        default_error_message(fault.status)

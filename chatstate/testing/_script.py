@@ -26,11 +26,10 @@ class Fault:
     ``clean`` ends the body properly but without finish_reason or [DONE]),
     ``hang`` (say nothing for ``seconds``, then answer normally),
     ``malformed`` (a reply that is not valid JSON/SSE), ``error_event`` (a stream that
-    sends ``after_chunks`` content chunks, then an OpenAI-shaped ``{"error": ...}`` event
-    with ``message``, and ends), ``html`` (a 200 whose body is an HTML page, as a
-    captive portal or a misrouted proxy answers), ``stream_error`` (after
-    ``after_chunks`` content chunks, an error event in the API's shape, for ``status``:
-    529/503 an overload, as providers report one mid-stream, then the body ends).
+    sends ``after_chunks`` content chunks, then an error event in the shape of the API
+    it answers, for ``status`` and with ``message``, as a provider failing
+    mid-generation does, and ends), ``html`` (a 200 whose body is an HTML page, as a
+    captive portal or a misrouted proxy answers).
     """
 
     kind: str
@@ -174,7 +173,7 @@ class Script:
 
 _FAULT_KINDS = {"fail_next": "fail", "cut_stream_next": "cut", "hang_next": "hang",
                 "malformed_next": "malformed", "error_event_next": "error_event",
-                "html_next": "html", "error_stream_next": "stream_error"}
+                "html_next": "html"}
 
 
 class Controls(ABC):
@@ -201,14 +200,6 @@ class Controls(ABC):
         self._command("cut_stream_next", {"after_chunks": after_chunks, "times": times,
                                           "clean": clean})
 
-    def error_stream_next(self, after_chunks: int = 1, *, status: int = 529,
-                          times: int = 1, message: str | None = None) -> None:
-        """The next ``times`` streamed requests send ``after_chunks`` content chunks, then an
-        error event in their API's shape (Anthropic ``overloaded_error`` for 529, an
-        OpenAI ``server_error`` else) and end the body."""
-        self._command("error_stream_next", {"after_chunks": after_chunks, "status": status,
-                                            "times": times, "message": message})
-
     def hang_next(self, seconds: float, *, times: int = 1) -> None:
         """The next ``times`` chat requests get nothing for ``seconds``, then a normal reply."""
         self._command("hang_next", {"seconds": seconds, "times": times})
@@ -217,13 +208,16 @@ class Controls(ABC):
         """The next ``times`` chat requests get a 200 whose body is not valid JSON/SSE."""
         self._command("malformed_next", {"times": times})
 
-    def error_event_next(self, after_chunks: int = 1, *, times: int = 1,
+    def error_event_next(self, after_chunks: int = 1, *, status: int = 500, times: int = 1,
                          message: str | None = None) -> None:
-        """The next ``times`` streamed chat requests send ``after_chunks`` content chunks,
-        then ``data: {"error": {...}}`` (as a provider that fails mid-generation does), and
-        end the body without finish_reason or [DONE]."""
-        self._command("error_event_next", {"after_chunks": after_chunks, "times": times,
-                                           "message": message})
+        """The next ``times`` streamed requests send ``after_chunks`` content chunks, then
+        an error event in their API's shape, as a provider failing mid-generation does, and
+        end the body (no finish, no [DONE]): chat completions ``data: {"error": {...}}``,
+        Responses ``event: error`` (``code`` ``server_error``, or ``rate_limit_exceeded``
+        for 429), Anthropic ``event: error`` (``overloaded_error`` for 529, ``api_error``
+        for another 5xx). ``message`` defaults to "Overloaded (fake)" for 503 and 529."""
+        self._command("error_event_next", {"after_chunks": after_chunks, "status": status,
+                                           "times": times, "message": message})
 
     def html_next(self, *, times: int = 1) -> None:
         """The next ``times`` chat requests get a 200 ``text/html`` page instead of a reply."""

@@ -265,10 +265,10 @@ def test_an_overload_reported_mid_stream_is_retried_without_repeating_text(
     adapter = adapter_for(fake, api)
     messages = [{"role": "user", "content": "overload me midway"}]
     expected = adapter.complete(messages).text
-    fake.error_stream_next(after_chunks=2, status=529)
+    fake.error_event_next(after_chunks=2, status=529)
     items = list(adapter.stream(messages))
     assert "".join(i for i in items if isinstance(i, str)) == expected == items[-1].text
     assert len(fake.request_log) == 3  # the plain one, the overloaded stream, its retry
-    fake.error_stream_next(after_chunks=1, status=529, times=9)
+    fake.error_event_next(after_chunks=1, status=529, times=9)
     with pytest.raises(ModelError, match="Overloaded"):
         list(adapter.stream(messages))

@@ -195,6 +195,31 @@ def test_error_event_next_fails_in_band(http: httpx2.Client, fake: FakeModel) ->
     assert "[DONE]" not in events
 
 
+@pytest.mark.parametrize(("path", "status", "shape"), [
+    ("/chat/completions", 529, {"error": {"message": "Overloaded (fake)",
+                                          "type": "server_error", "param": None,
+                                          "code": "529"}}),
+    ("/responses", 429, {"type": "error", "code": "rate_limit_exceeded",
+                         "message": "Rate limit reached for requests (fake).", "param": None,
+                         "sequence_number": 0}),
+    ("/messages", 529, {"type": "error", "error": {"type": "overloaded_error",
+                                                   "message": "Overloaded (fake)"}})])
+def test_error_event_next_speaks_the_api_it_answers(http: httpx2.Client, fake: FakeModel,
+                                                    path: str, status: int,
+                                                    shape: dict[str, Any]) -> None:
+    """One mid-stream error fault for every API, its event in that API's shape."""
+    assert not hasattr(fake, "error_stream_next")
+    fake.error_event_next(after_chunks=1, status=status)
+    body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": 50}
+    body.update({"input": "hello fake"} if path == "/responses" else {"messages": MESSAGES})
+    events = http.post(fake.base_url + path, json=body).text.strip().split("\n\n")
+    name, _, data = events[-1].rpartition("data: ")
+    assert json.loads(data) == shape
+    assert name.strip() == ("" if path == "/chat/completions" else "event: error")
+    assert "[DONE]" not in events and not any("completed" in e or "message_stop" in e
+                                               for e in events)
+
+
 def test_html_next_answers_a_page(http: httpx2.Client, fake: FakeModel) -> None:
     fake.html_next(times=2)
     for stream in (False, True):

@@ -19,6 +19,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
+from support.agents_serve import AGENTS_SCRIPT
 from support.serve_helpers import ServeProcess, serve_env
 from support.venvs import cached_venv
 
@@ -229,42 +230,12 @@ def test_previous_response_id_is_answered_from_the_store_for_a_stateless_upstrea
         client.responses.retrieve("resp_nope")
 
 
-AGENTS_SCRIPT = r"""
-import asyncio, json, sys
-from agents import (Agent, Runner, function_tool, set_default_openai_api,
-                    set_default_openai_client, set_tracing_disabled)
-from openai import AsyncOpenAI
-import agents
-
-set_default_openai_client(AsyncOpenAI(base_url=sys.argv[1], api_key=sys.argv[2],
-                                      max_retries=0), use_for_tracing=False)
-set_default_openai_api("responses")
-set_tracing_disabled(True)
-
-@function_tool
-def get_weather(city: str) -> str:
-    "The weather in a city."
-    return f"sunny in {city}"
-
-async def main():
-    agent = Agent(name="helper", instructions="be brief", tools=[get_weather],
-                  model="fake-model")
-    first = await Runner.run(agent, "what is the weather?")
-    second = await Runner.run(agent, first.to_input_list() +
-                              [{"role": "user", "content": "and tomorrow?"}])
-    print(json.dumps({"first": first.final_output, "second": second.final_output,
-                      "version": agents.__version__}))
-
-asyncio.run(main())
-"""
-
-
 def test_agents_sdk_default_responses_model_with_a_tool_and_two_turns(
         served: tuple[FakeModel, ServeProcess, str], tmp_path: Path) -> None:
     import sys
 
     fake, proxy, url = served
-    proc = subprocess.run([sys.executable, "-c", AGENTS_SCRIPT, proxy.base_url, TOKEN],
+    proc = subprocess.run([sys.executable, "-c", AGENTS_SCRIPT, proxy.base_url, TOKEN, "run"],
                           capture_output=True, text=True, timeout=120, check=False,
                           env=serve_env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:] + proxy.stderr

@@ -326,6 +326,34 @@ def test_a_retry_after_kill_9_continues_the_same_conversation(tmp_path: Path,
     assert conv.verify() is None
 
 
+def test_an_unanswered_turn_sent_again_with_another_body_answers_that_turn(
+        tmp_path: Path, fake: FakeModel) -> None:
+    """After a restart, a history whose last turn is stored unanswered is that turn again,
+    even when its body (so its request key) differs: a client rebuilds it from what it
+    was sent. A first question is never guessed so: two clients may ask the same one."""
+    url = local_url("sqlite", tmp_path)
+    env = serve_env(tmp_path)
+    cid = "x-chatstate-conversation"
+    with ServeProcess(url, fake.base_url, env) as p:
+        first = post(p, turn("keep one history"))
+        history = [{"role": "user", "content": "keep one history"}, reply_of(first),
+                   {"role": "user", "content": "and then?"}]
+        fake.fail_next(500, times=2)
+        assert post(p, {"model": "m", "messages": history, "temperature": 0.1}
+                    ).status_code == 500
+        lone = post(p, {**turn("a first question that fails"), "temperature": 0.1})
+        assert lone.status_code == 500
+        p.kill()
+    with ServeProcess(url, fake.base_url, env) as p:
+        again = post(p, {"model": "m", "messages": history, "temperature": 0.2})
+        fresh = post(p, {**turn("a first question that fails"), "temperature": 0.2})
+    assert again.headers[cid] == first.headers[cid]
+    assert [m.role for m in load(url, again.headers[cid]).messages] == [
+        "user", "assistant", "user", "assistant"]
+    assert fresh.status_code == 200 and fresh.headers[cid] != lone.headers[cid]
+    assert len(ids(url)) == 3
+
+
 # -- 13: tool-call arguments re-serialised ---------------------------------------------------
 def test_reserialised_tool_arguments_stay_in_one_conversation(open_proxy: ServeProcess,
                                                               fake: FakeModel) -> None:
