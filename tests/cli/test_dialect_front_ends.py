@@ -21,6 +21,7 @@ from support.batch_child import PROMPT, ledger_rows, run_args, spawn, write_json
 from support.cli_helpers import API_KEY, ReplSession, cli_env, invoke, replay_json, strip_ansi
 
 from chatstate import Chat, open_store
+from chatstate.batch import Batch
 from chatstate.testing import FakeModel, reply_text
 
 pytestmark = pytest.mark.usefixtures("no_model_settings_from_env")
@@ -168,6 +169,17 @@ def test_batch_run_killed_mid_run_resumes_and_completes(api: str, tmp_path: Path
         assert (out / f"{rid}.txt").read_text() == expected + "\n"
     verified = invoke(["batch", "verify", "--out", str(out)])
     assert verified.code == 0 and verified.out.startswith("verify ok: 8 done"), verified.out
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_the_library_batch_takes_the_api(api: str, tmp_path: Path, fake: FakeModel) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out"
+    write_jsonl(source, 3)
+    with Batch(out, prompt=PROMPT, base_url=fake.base_url, api=api, api_key=API_KEY,
+               model="fake-model", echo=lambda _: None) as job:
+        summary = job.run(source)
+    assert summary.ok and summary.counts["done"] == 3
+    assert paths(fake) == {PATH[api]}
 
 
 # -- the tool loop, and the commands that read or copy a conversation ------------------------
