@@ -12,10 +12,10 @@ rest go as they are (``include``, ``reasoning``, ``store``).
 
 A reply's ``status`` is the stored finish_reason: ``completed`` is "stop" (or
 "tool_calls"), ``incomplete`` for ``max_output_tokens`` is "length" (a cut
-reply), for ``content_filter`` "content_filter" (``settle``: a ``completed`` reply whose
-output tokens reached ``max_output_tokens`` is "length" too, as llama.cpp never says
-``incomplete``); ``failed`` and ``error``
-events fail the attempt. Reasoning items are kept in ``extra["reasoning_items"]``.
+reply), for ``content_filter`` "content_filter"; ``failed`` and ``error``
+events fail the attempt. ``settle`` reads a ``completed`` reply whose output tokens
+reached the requested ``max_output_tokens`` as "length" too: llama.cpp never says
+``incomplete``. Reasoning items are kept in ``extra["reasoning_items"]``.
 Chatstate asks for nothing by itself: no ``previous_response_id`` (the
 adapter is stateless and sends the whole conversation every time).
 """
