@@ -6,6 +6,7 @@ it with ``client=`` is refused with a message that names the fix."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,22 +43,37 @@ def get_weather(city: str) -> str:
     return f"sunny in {city}"
 
 
-def test_the_sdk_backend_sends_responses_to_the_responses_path(fake: FakeModel) -> None:
-    adapter = sdk_adapter(fake)
-    assert adapter.backend.endpoint.endswith("/v1/responses")
+def same(done: Any) -> Any:
+    """A Completion but for its response id (each reply has its own)."""
+    assert isinstance(done, Completion) and (done.extra or {}).get("response_id")
+    return dataclasses.replace(done, extra={k: v for k, v in (done.extra or {}).items()
+                                            if k != "response_id"})
+
+
+def test_the_sdk_backend_reads_responses_as_the_wire_backend_does(fake: FakeModel) -> None:
+    """Plain, streamed and cut: the same request through the caller's client and through
+    the built-in backend gives the same reply, text, usage and finish reason alike."""
+    sdk = sdk_adapter(fake)
+    wire = make_adapter(base_url=fake.base_url, api="responses", api_key="sk-test-sdk-dialects",
+                        model="fake-model")
+    assert sdk.backend.endpoint == wire.backend.endpoint == fake.base_url + "/responses"
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    done = adapter.complete(messages)
-    assert done.text.startswith("Echo: hi") and done.finish_reason == "stop"
-    assert done.usage and done.usage["completion_tokens"] == len(done.text.split())
-    items = list(adapter.stream(messages, params={"max_tokens": 3}))
-    final = items[-1]
-    assert isinstance(final, Completion) and final.finish_reason == "length"
-    assert "".join(i for i in items if isinstance(i, str)) == final.text
-    assert len(final.text.split()) == 3
-    sent = fake.request_log
-    assert [e["path"] for e in sent] == ["/v1/responses"] * 2
-    assert sent[0]["body"]["input"][0]["role"] == "system"
-    assert sent[1]["body"]["stream"] is True and sent[1]["body"]["max_output_tokens"] == 3
+    for params in ({}, {"max_tokens": 3}):
+        plain = [a.complete(messages, params=params) for a in (sdk, wire)]
+        streamed = [list(a.stream(messages, params=params)) for a in (sdk, wire)]
+        assert same(plain[0]) == same(plain[1])
+        assert [*streamed[0][:-1], same(streamed[0][-1])] == \
+            [*streamed[1][:-1], same(streamed[1][-1])]
+        final = streamed[0][-1]
+        assert isinstance(final, Completion) and final.text == plain[0].text
+        assert "".join(i for i in streamed[0] if isinstance(i, str)) == final.text
+        assert final.finish_reason == plain[0].finish_reason == \
+            ("length" if params else "stop")
+        assert final.usage and final.usage["completion_tokens"] == len(final.text.split())
+    assert {e["path"] for e in fake.request_log} == {"/v1/responses"}
+    assert [bool(e["body"].get("stream")) for e in fake.request_log] == \
+        [False, False, True, True] * 2
+    wire.close()
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
