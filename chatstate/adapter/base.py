@@ -145,7 +145,8 @@ class RetryingAdapter:
                                    stream=False)
 
         def attempt() -> Generator[str | Completion, None, None]:
-            yield Completion(*self.dialect.decode(self.backend.send(body)))
+            yield Completion(*self.dialect.settle(self.dialect.decode(self.backend.send(body)),
+                                                     body))
 
         for item in self._run(attempt):
             if isinstance(item, Completion):
@@ -168,7 +169,7 @@ class RetryingAdapter:
                 # No finish_reason means the stream stopped early, even if cleanly.
                 raise AttemptFailed("cut", "the stream ended before the reply was finished",
                                     retryable=True)
-            yield Completion(*acc.reply())
+            yield Completion(*self.dialect.settle(acc.reply(), body))
 
         return self._run(attempt)
 

@@ -52,7 +52,7 @@ class Pool:
 
         args = self.batch._model_args
         return make_adapter(model=args["model"], base_url=args["base_url"],
-                            api_key=args["api_key"])
+                            api_key=args["api_key"], api=args["api"])
 
     def close(self) -> None:
         if self._owned and hasattr(self._base, "close"):

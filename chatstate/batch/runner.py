@@ -46,7 +46,7 @@ class Batch:
     ``Batch(out, *, prompt="{text}", ledger=None, system=None, model=None,
     base_url=None, api_key=None, adapter=None, params=None, concurrency=4,
     max_attempts=None, transcripts=None, allow_ephemeral=False, echo=None,
-    host_id=None, lease=30.0)``
+    host_id=None, lease=30.0, tools=None, api=None)``
 
     - ``out``: the output directory (one ``<encoded id>.txt`` per record), or
       ``s3://bucket/prefix?endpoint_url=…`` (shared: written create-only).
@@ -56,8 +56,9 @@ class Batch:
       claim then holds a lease of ``lease`` seconds, renewed while in flight).
     - ``host_id``: this worker's host name in the ledger (default:
       ``CHATSTATE_HOST_ID``, else the hostname).
-    - ``model``/``base_url``/``api_key`` or ``adapter``: the model, as for
-      ``make_adapter``; ``params``: extra request parameters (temperature, ...).
+    - ``model``/``base_url``/``api_key``/``api`` or ``adapter``: the model, as for
+      ``make_adapter`` (``api``: the wire API, else ``CHATSTATE_API``); ``params``:
+      extra request parameters (temperature, ...).
     - ``max_attempts``: model requests per record before it is ``failed``
       (default: the ledger's last value, else 3); every request counts,
       including the adapter's retries after a 429 or a 5xx.
@@ -81,8 +82,8 @@ class Batch:
                  max_attempts: int | None = None, transcripts: Store | None = None,
                  allow_ephemeral: bool = False,
                  echo: Callable[[str], None] | None = None, host_id: str | None = None,
-                 lease: float = pgledger.DEFAULT_LEASE, tools: Iterable[Any] | None = None
-                 ) -> None:
+                 lease: float = pgledger.DEFAULT_LEASE, tools: Iterable[Any] | None = None,
+                 api: str | None = None) -> None:
         if "{text}" not in prompt and "{id}" not in prompt:
             raise InvalidOption("the prompt template must contain {text} (or {id})")
         if concurrency < 1 or (max_attempts is not None and max_attempts < 1):
@@ -114,7 +115,8 @@ class Batch:
         self.prompt, self.system, self.params = prompt, system, dict(params or {})
         self.concurrency = concurrency
         self._max_attempts = max_attempts
-        self._model_args = {"model": model, "base_url": base_url, "api_key": api_key}
+        self._model_args = {"model": model, "base_url": base_url, "api_key": api_key,
+                            "api": api}
         self._adapter = adapter
         self._store = SerialisedStore(transcripts) if transcripts is not None else None
         self._set_aside: dict[str, str] = {}

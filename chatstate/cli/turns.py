@@ -32,6 +32,13 @@ def _set_api(ctx: click.Context, param: click.Parameter, value: str | None) -> N
     os.environ["CHATSTATE_API"] = value
 
 
+api_option = click.option(
+    "--api", metavar="API", expose_value=False, callback=_set_api,
+    help="The model's wire API: chat_completions (default), responses or "
+    "anthropic_messages (same as CHATSTATE_API).")
+"""``--api``: the one option every command that talks to a model shares."""
+
+
 def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--id / -c / --new / --model / --base-url / --system / --lease-wait, for chat and ask."""
     for decorator in reversed([
@@ -46,9 +53,7 @@ def conversation_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--offline", is_flag=True, help="Use the built-in fake model."),
         click.option("--base-url", metavar="URL", help="OpenAI-compatible endpoint "
                      "(default: CHATSTATE_BASE_URL / OPENAI_BASE_URL)."),
-        click.option("--api", metavar="API", expose_value=False, callback=_set_api,
-                     help="The model's wire API: chat_completions (default), responses or "
-                     "anthropic_messages (same as CHATSTATE_API)."),
+        api_option,
         click.option("--system", metavar="TEXT", help="System prompt for a new conversation."),
         click.option("--lease-wait", default=0.0, type=click.FloatRange(min=0),
                      metavar="SECONDS", help="How long a turn waits while another live "

@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from chatstate.adapter.dialects import dialect
 from chatstate.adapter.dialects.base import Reply, StreamDecoder
 from chatstate.core.transcript import Message
 from chatstate.serve._replay import replay_response
@@ -54,6 +55,17 @@ class Wire:
     answered from the store); LookupError with ``rid``: unknown, a 404."""
     failures: Callable[[], StreamEvents] = StreamEvents
     """A fresh per-stream reader and writer of the API's error events (``_stream_events``)."""
+
+    def settle(self, fields: Mapping[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+        """A reply's stored fields with its finish reason settled by the adapter's dialect
+        against the request that was forwarded (a Responses reply llama.cpp calls
+        ``completed`` although ``max_output_tokens`` cut it is stored as cut)."""
+        finish = fields.get("finish_reason") or ("tool_calls" if fields.get("tool_calls")
+                                                 else "stop")
+        reply = Reply(str(fields.get("content") or ""), fields.get("model"),
+                      fields.get("usage"), finish)
+        settled = dialect(self.name).settle(reply, request).finish_reason
+        return dict(fields) if settled == finish else {**fields, "finish_reason": settled}
 
 
 def stored_reply(reply: Reply) -> dict[str, Any]:

@@ -365,7 +365,7 @@ class Proxy:
                                     outcome(resp.status_code, clock() - started, resp.headers))
             return relayed
         try:
-            reply = wire.reply_fields(resp.json())
+            reply = wire.settle(wire.reply_fields(resp.json()), forward)
         except ValueError as exc:
             await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc),
                                     outcome(resp.status_code, clock() - started, resp.headers))
@@ -417,8 +417,8 @@ class Proxy:
             lines,
             save_partial=lambda text, model: writer.save_partial(turn, text, model),
             commit=lambda reply: self._committed(
-                turn, reply, namespace, outcome(resp.status_code, clock() - started,
-                                                resp.headers)),
+                turn, wire.settle(reply, forward), namespace,
+                outcome(resp.status_code, clock() - started, resp.headers)),
             fail=lambda status, detail: writer.note_failure(
                 turn, status, detail, outcome(status, clock() - started, resp.headers)),
             redact=lambda text: scrub(text, self.config.api_key, bearer(

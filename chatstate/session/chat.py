@@ -68,7 +68,8 @@ class Chat:
     """A conversation bound to a store and a stateless model adapter.
 
     ``store`` is a Store or a store URL; ``adapter`` a ModelAdapter, else one is
-    made from ``model``/``base_url``/``api_key``/``client`` and the settings.
+    made from ``model``/``base_url``/``api_key``/``client``/``api`` (the wire API:
+    ``chat_completions``, ``responses`` or ``anthropic_messages``) and the settings.
     ``conversation_id`` continues that conversation or creates it on first send.
     """
 
@@ -81,7 +82,7 @@ class Chat:
                  flush_interval: float | None = None, allow_ephemeral: bool = False,
                  context_window: int | None = None, max_tool_rounds: int = 8,
                  on_tool: Callable[[Message], None] | None = None, lease_wait: float = 0.0,
-                 lease_term: float = LEASE_TERM) -> None:
+                 lease_term: float = LEASE_TERM, api: str | None = None) -> None:
         if store is None or isinstance(store, str):
             from chatstate.stores import open_store
 
@@ -92,7 +93,7 @@ class Chat:
             from chatstate.adapter import make_adapter
 
             adapter = make_adapter(model=model, base_url=base_url, api_key=api_key,
-                                   client=client)
+                                   client=client, api=api)
         self.adapter: ModelAdapter = adapter
         self.model: str | None = model or getattr(adapter, "model", None)
         self.params: dict[str, Any] = dict(params or {})

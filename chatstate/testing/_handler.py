@@ -258,7 +258,8 @@ class _Handler(BaseHTTPRequestHandler):
         n = reply.id.rsplit("-", 1)[-1]
         out: _responses.Output | _messages.Output
         if wire == "responses":
-            out = _responses.Output(f"resp_fake-{n}", reply, body, thought)
+            out = _responses.Output(f"resp_fake-{n}", reply, body, thought,
+                                    self.server.script.options.responses_cut_status)
             whole = _responses.response_body(out)
             stream = _responses.events(out, self.server.script.options.arg_chunk)
         else:

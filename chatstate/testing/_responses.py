@@ -123,8 +123,9 @@ def wants_reasoning(body: Mapping[str, Any]) -> tuple[bool, bool]:
 class Output:
     """One reply's Responses output items, built once for the body and the stream."""
 
-    def __init__(self, rid: str, reply: Any, body: Mapping[str, Any], thought: str) -> None:
-        self.rid, self.reply, self.body = rid, reply, body
+    def __init__(self, rid: str, reply: Any, body: Mapping[str, Any], thought: str,
+                 cut_status: str = "incomplete") -> None:
+        self.rid, self.reply, self.body, self.cut_status = rid, reply, body, cut_status
         reasoning, encrypted = wants_reasoning(body)
         self.items: list[dict[str, Any]] = []
         n = rid.rsplit("-", 1)[-1]
@@ -181,7 +182,7 @@ class Output:
 
 
 def response_body(out: Output) -> dict[str, Any]:
-    return out.response("incomplete" if out.cut else "completed")
+    return out.response(out.cut_status if out.cut else "completed")
 
 
 def events(out: Output, arg_chunk: int) -> Iterator[tuple[str, dict[str, Any], bool]]:

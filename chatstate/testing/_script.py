@@ -98,6 +98,9 @@ class Options:
     """Refuse content parts other than text as llama.cpp's server does for a model without
     a vision projector: images with a 500 "image input is not supported", file parts with a
     400 "unsupported content[].type"."""
+    responses_cut_status: str = "incomplete"
+    """The Responses ``status`` of a reply cut by ``max_output_tokens``: "incomplete" (with
+    ``incomplete_details``, as OpenAI says it) or "completed" (as llama.cpp says it)."""
 
 
 @dataclass

@@ -272,3 +272,27 @@ def test_an_overload_reported_mid_stream_is_retried_without_repeating_text(
     fake.error_event_next(after_chunks=1, status=529, times=9)
     with pytest.raises(ModelError, match="Overloaded"):
         list(adapter.stream(messages))
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+def test_a_responses_reply_cut_but_called_completed_is_stored_as_cut(
+        fake: FakeModel, streamed: bool, tmp_path: Path) -> None:
+    """llama.cpp answers a reply cut by max_output_tokens with status "completed": the output
+    tokens reaching the requested limit are what say it was cut, and Chat stores it so."""
+    fake.configure(responses_cut_status="completed")
+    chat = Chat(f"sqlite:///{tmp_path}/c.db", base_url=fake.base_url, api="responses",
+                api_key="sk-test-dialects", model="fake-model", params={"max_tokens": 3})
+    if streamed:
+        text = "".join(chat.stream("tell me more"))
+    else:
+        text = chat.send("tell me more").text or ""
+    sent = fake.request_log[-1]
+    assert sent["path"].startswith("/v1/responses") and sent["body"]["max_output_tokens"] == 3
+    assert len(text.split()) == 3
+    reply = chat.conversation.messages[-1]
+    assert reply.finish_reason == "length" and reply.text == text
+    # a whole reply within the limit is not called cut
+    whole = Chat(f"sqlite:///{tmp_path}/c.db", base_url=fake.base_url, api="responses",
+                 api_key="sk-test-dialects", model="fake-model", params={"max_tokens": 100})
+    whole.send("short")
+    assert whole.conversation.messages[-1].finish_reason in (None, "stop")

@@ -30,10 +30,11 @@ __all__ = ["venv_python"]  # the cached venv fixture, shared with test_real_mode
 pytestmark = pytest.mark.slow
 DIALECTS = ["responses", "anthropic_messages"]
 CUT = 3  # max tokens asked for: every reply is cut there
-# What the store keeps for a reply cut at CUT tokens: llama.cpp (xllamacpp 2026.10.11549)
-# says Anthropic ``stop_reason: max_tokens`` ("length"), but reports a Responses reply cut
-# at ``max_output_tokens`` as ``status: completed`` (stored as a plain stop, None).
-CUT_STORED = {"responses": None, "anthropic_messages": "length"}
+# What the store keeps for a reply cut at CUT tokens: "length" for both. llama.cpp
+# (xllamacpp 2026.10.11549) says Anthropic ``stop_reason: max_tokens``, but reports a
+# Responses reply cut at ``max_output_tokens`` as ``status: completed``: the responses
+# dialect reads output tokens at the requested limit as the cut it was (``settle``).
+CUT_STORED = {"responses": "length", "anthropic_messages": "length"}
 
 
 @pytest.fixture(scope="module")

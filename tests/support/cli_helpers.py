@@ -41,7 +41,7 @@ RAW_CONTROLS = ("\x1b]0;pwned", "\x1b[2J", "\x07", "\x00", "\x9b", "C\rD", "\x1b
 CLEARED = ("CHATSTATE_STORE", "CHATSTATE_ALLOW_EPHEMERAL", "CHATSTATE_API_KEY",
            "CHATSTATE_BASE_URL", "CHATSTATE_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL",
            "CHATSTATE_FAKE_REPLY_WORDS", "CHATSTATE_FAKE_CHUNK_DELAY", "DEPLOY_ID",
-           "CHATSTATE_CONFIG_DIR", "CHATSTATE_CONTEXT_WINDOW")
+           "CHATSTATE_CONFIG_DIR", "CHATSTATE_CONTEXT_WINDOW", "CHATSTATE_API")
 
 
 @dataclass
@@ -116,16 +116,17 @@ FRESH_PROMPT = re.compile(r"\x1b\[\?2004h[^\n]*?you>")
 
 
 class ReplSession:
-    """``chatstate --store STORE chat --model fake ARGS`` on a pseudo-terminal.
+    """``chatstate --store STORE chat --model MODEL ARGS`` on a pseudo-terminal.
 
     ``--raw`` unless ``markdown``: most tests read the streamed text as it arrives.
+    ``model`` is the built-in fake unless given (with ``--base-url`` in ``args``).
     """
 
     def __init__(self, store: str, env: dict[str, str], *args: str,
-                 timeout: float = 30, markdown: bool = False) -> None:
+                 timeout: float = 30, markdown: bool = False, model: str = "fake") -> None:
         self.log = io.StringIO()
         raw = [] if markdown else ["--raw"]
-        self.child = pexpect.spawn(CHATSTATE, ["--store", store, "chat", "--model", "fake",
+        self.child = pexpect.spawn(CHATSTATE, ["--store", store, "chat", "--model", model,
                                                *raw, *args], env=env, encoding="utf-8",
                                    timeout=timeout, dimensions=(50, 200))
         self.child.logfile_read = self.log

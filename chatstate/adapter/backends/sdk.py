@@ -64,9 +64,12 @@ class SdkBackend:
                  dialect: Dialect = CHAT_COMPLETIONS) -> None:
         call = _CALLS.get(dialect.name)
         if call is None:
-            raise ValueError(f"an openai.OpenAI client cannot speak the {dialect.name!r} api; "
-                             f"it speaks {', '.join(sorted(_CALLS))}: use one of those, or "
-                             "no client= (the built-in httpx2 backend)")
+            # There is no Anthropic SDK backend: the built-in one speaks Anthropic Messages.
+            raise ValueError(f"an openai.OpenAI client cannot speak the {dialect.name!r} api "
+                             f"(it speaks {', '.join(sorted(_CALLS))}) and chatstate has no "
+                             f"backend for another SDK: drop client= and pass base_url= and "
+                             f"api_key= with api={dialect.name!r} (the built-in httpx2 "
+                             "backend speaks it), or choose one of those apis")
         self.dialect = dialect
         self._call = call
         if timeout is not None:

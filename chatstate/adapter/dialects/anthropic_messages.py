@@ -359,6 +359,9 @@ class AnthropicMessages:
     def stream_decoder(self) -> MessagesStream:
         return MessagesStream()
 
+    def settle(self, reply: Reply, body: Mapping[str, Any]) -> Reply:
+        return reply  # Messages says ``max_tokens`` itself for a reply cut at the limit
+
     def error_details(self, body: object) -> ErrorDetails:
         return ErrorDetails(provider_message(body), context_too_long(body))
 

@@ -107,6 +107,13 @@ class Dialect(Protocol):
         """A fresh decoder for one streamed attempt."""
         ...
 
+    def settle(self, reply: Reply, body: Mapping[str, Any]) -> Reply:
+        """The decoded ``reply`` with its finish reason settled against the request ``body``
+        that asked for it (plain or streamed): an upstream that reports a reply cut at the
+        requested limit as finished is read as cut ("length"). Most dialects return
+        ``reply`` as it is."""
+        ...
+
     def error_details(self, body: object) -> ErrorDetails:
         """Read an HTTP error body (bytes, text or decoded JSON)."""
         ...

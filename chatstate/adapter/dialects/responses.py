@@ -13,7 +13,9 @@ rest go as they are (``include``, ``reasoning``, ``store``).
 A reply's ``status`` is the stored finish_reason: ``completed`` is "stop" (or
 "tool_calls"), ``incomplete`` for ``max_output_tokens`` is "length" (a cut
 reply), for ``content_filter`` "content_filter"; ``failed`` and ``error``
-events fail the attempt. Reasoning items are kept in ``extra["reasoning_items"]``.
+events fail the attempt. ``settle`` reads a ``completed`` reply whose output tokens
+reached the requested ``max_output_tokens`` as "length" too: llama.cpp never says
+``incomplete``. Reasoning items are kept in ``extra["reasoning_items"]``.
 Chatstate asks for nothing by itself: no ``previous_response_id`` (the
 adapter is stateless and sends the whole conversation every time).
 """
@@ -326,6 +328,18 @@ class Responses:
 
     def stream_decoder(self) -> ResponsesStream:
         return ResponsesStream()
+
+    def settle(self, reply: Reply, body: Mapping[str, Any]) -> Reply:
+        """llama.cpp reports a reply cut by ``max_output_tokens`` as ``completed``: a
+        finished reply whose output tokens reached the requested limit is read as cut. (A
+        reply that ends naturally on exactly the limit is then marked cut too; continuing
+        it costs a turn, losing a cut would cost the reader the rest.)"""
+        limit = body.get("max_output_tokens")
+        used = (reply.usage or {}).get("completion_tokens")
+        if reply.finish_reason == "stop" and isinstance(limit, int) \
+                and isinstance(used, int) and used >= limit > 0:
+            return reply._replace(finish_reason="length")
+        return reply
 
     def error_details(self, body: object) -> ErrorDetails:
         return ErrorDetails(provider_message(body), context_overflow(body))

@@ -19,6 +19,7 @@ import click
 
 from chatstate.cli.common import Env
 from chatstate.cli.mcp_options import allow_listed_mcp_options, open_mcp
+from chatstate.cli.turns import api_option
 
 PLAIN_EVERY = 5.0  # seconds between progress lines when stderr is not a terminal
 
@@ -87,6 +88,7 @@ def batch() -> None:
               "fake model in this process.")
 @click.option("--base-url", metavar="URL", help="OpenAI-compatible endpoint (default: "
               "CHATSTATE_BASE_URL / OPENAI_BASE_URL).")
+@api_option
 @click.option("--concurrency", "-j", type=click.IntRange(1, 512), default=4, show_default=True,
               help="Model requests in flight at once.")
 @click.option("--max-attempts", type=click.IntRange(1, 100), default=None,

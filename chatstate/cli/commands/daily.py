@@ -10,6 +10,7 @@ import click
 
 from chatstate.cli.common import Env, fail
 from chatstate.cli.render import neutralise
+from chatstate.cli.turns import api_option
 
 
 @click.group()
@@ -88,6 +89,7 @@ def fork(env: Env, conversation_id: str, at: int | None, new_id: str | None) -> 
 @click.option("--model", "-m", metavar="M", help="Model that writes the summary ('fake' "
               "for the offline fake).")
 @click.option("--base-url", metavar="URL", help="OpenAI-compatible endpoint.")
+@api_option
 @click.pass_obj
 def compact(env: Env, conversation_id: str, keep_turns: int, model: str | None,
             base_url: str | None) -> None:

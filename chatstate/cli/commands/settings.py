@@ -7,10 +7,12 @@ import json
 import click
 
 from chatstate.cli.common import Env, fail
+from chatstate.cli.turns import api_option
 
 
 @click.command()
 @click.option("--base-url", metavar="URL", help="The endpoint to ask (default: as `ask` uses).")
+@api_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: models, default.")
 @click.pass_obj
 def models(env: Env, base_url: str | None, as_json: bool) -> None:
