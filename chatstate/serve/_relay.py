@@ -22,10 +22,11 @@ commit, which stores the calls whole.
 What the reader may hold ahead of the client is bounded (``RELAY_BUFFER`` bytes of
 event data while the reply is short, then the length of the reply saved so far, up to
 ``READ_AHEAD_MAX`` times ``RELAY_BUFFER``: never more than the reply the relay holds
-anyway):
-the relay moves at the client's pace, and
-a slow reader holds the upstream back rather than making the proxy buffer its
-reply.
+anyway), counting every byte read and not yet handed to the client, whether queued or
+being written: the relay moves at the client's pace, and a slow reader holds the
+upstream back rather than making the proxy buffer its reply. Events are handed over in
+pieces of at most ``WRITE_PIECE`` bytes, each let go once written, and the reply's text
+is kept once (the decoder's pieces collapse into the string each save joins).
 
 Partial saves are paced so their cost stays in proportion to the reply (each one
 writes the whole reply so far): a save waits, after the previous one, as long as
