@@ -14,7 +14,8 @@
    through the proxy, stops reading for ``--stall`` seconds, then reads the rest
    at full speed. The proxy's RSS before, at the end of the stall, and its peak
    say whether it buffered the reply; the same stream read at full speed, direct
-   and through the proxy, gives the relay's cost.
+   and through a second fresh proxy (its own peak), gives the relay's cost. Both
+   on each ``--store`` (sqlite and json by default).
 
 ``--chatstate`` runs another build's ``chatstate`` (an older checkout's venv) for a
 before/after; options that build does not know are left out.
@@ -194,12 +195,14 @@ def stall_table(args: argparse.Namespace, work: Path, env: dict[str, str]) -> li
 
 
 # -- 2. a slow reader of a large stream --------------------------------------------------------
-def read_stream(url: str, stall: float, sample: Any = None) -> tuple[int, float]:
+def read_stream(url: str, stall: float, sample: Any = None,
+                ask: str = "a big one") -> tuple[int, float]:
     """(bytes, seconds) of one streamed request; stops reading ``stall`` s after the first
-    bytes, calling ``sample()`` at the end of the stall."""
+    bytes, calling ``sample()`` at the end of the stall. ``ask``: the user message (each
+    stream asks its own, or serve would answer a repeat from the stored turn)."""
     host, port = url.removeprefix("http://").split("/", 1)[0].rsplit(":", 1)
     body = json.dumps({"model": "big", "stream": True,
-                       "messages": [{"role": "user", "content": "a big one"}]}).encode()
+                       "messages": [{"role": "user", "content": ask}]}).encode()
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     t0 = time.perf_counter()
@@ -220,33 +223,48 @@ def read_stream(url: str, stall: float, sample: Any = None) -> tuple[int, float]
     return total, time.perf_counter() - t0
 
 
+def store_url(kind: str, work: Path, name: str) -> str:
+    return f"sqlite://{work}/{name}.db" if kind == "sqlite" else f"json://{work}/{name}"
+
+
 def memory_table(args: argparse.Namespace, work: Path, env: dict[str, str]) -> list[str]:
+    """Each stream through a fresh serve process, so each has its own peak (VmHWM)."""
     size = args.stream_mb * 1000 * 1000
     up, base = start([sys.executable, __file__, "--upstream-only", str(size)],
                      r"serving on (http://\S+/v1)", env)
     rows = []
     try:
         direct_bytes, direct_s = read_stream(base, 0)
-        proxy, url = serve(args.chatstate, f"sqlite://{work}/memory.db", base, env)
-        try:
-            idle = rss_mb(proxy.pid)  # fresh: no stream yet
-            stalled: list[float] = []
-            _, slow_s = read_stream(url, args.stall,
-                                    lambda: stalled.append(rss_mb(proxy.pid)))
-            peak = rss_mb(proxy.pid, "VmHWM")
-            fast_bytes, fast_s = read_stream(url, 0)
-        finally:
-            stop(proxy)
+        for kind in args.stores:
+            proxy, url = serve(args.chatstate, store_url(kind, work, f"slow-{kind}"), base, env)
+            try:
+                idle = rss_mb(proxy.pid)  # fresh: no stream yet
+                stalled: list[float] = []
+                slow_bytes, slow_s = read_stream(url, args.stall,
+                                                 lambda s=stalled, p=proxy.pid:  # type: ignore[misc]
+                                                 s.append(rss_mb(p)))
+                peak = rss_mb(proxy.pid, "VmHWM")
+            finally:
+                stop(proxy)
+            proxy, url = serve(args.chatstate, store_url(kind, work, f"fast-{kind}"), base, env)
+            try:
+                fast_idle = rss_mb(proxy.pid)
+                fast_bytes, fast_s = read_stream(url, 0, ask="a fast one")
+                fast_peak = rss_mb(proxy.pid, "VmHWM")
+            finally:
+                stop(proxy)
+            rows.append(f"| {kind}: the same through serve, full speed | {fast_s:.2f} s "
+                        f"({fast_bytes / 1e6:.0f} MB) | {fast_idle:.0f} / {fast_peak:.0f} MB "
+                        f"(+{fast_peak - fast_idle:.0f}) |")
+            rows.append(f"| {kind}: through serve, the reader stalled {args.stall:g} s: "
+                        f"RSS fresh / at the end of the stall / peak | {slow_s:.1f} s "
+                        f"({slow_bytes / 1e6:.0f} MB) | {idle:.0f} / {stalled[0]:.0f} / "
+                        f"{peak:.0f} MB (+{peak - idle:.0f}) |")
     finally:
         stop(up)
-    rows.append(f"| {args.stream_mb} MB stream, direct, full speed | {direct_s:.2f} s "
-                f"({direct_bytes / 1e6:.0f} MB) | |")
-    rows.append(f"| the same through serve, full speed | {fast_s:.2f} s "
-                f"({fast_bytes / 1e6:.0f} MB) | |")
-    rows.append(f"| serve RSS: fresh / at the end of a {args.stall:g} s reader stall / "
-                f"peak over that stream | | {idle:.0f} / {stalled[0]:.0f} / {peak:.0f} MB |")
-    rows.append(f"| the stalled stream, through serve | {slow_s:.1f} s | |")
-    return ["| run | time | memory |", "|:---|---:|---:|", *rows]
+    return [f"| {args.stream_mb} MB reply | time | serve RSS: fresh / peak (growth) |",
+            "|:---|---:|---:|",
+            f"| direct, full speed | {direct_s:.2f} s ({direct_bytes / 1e6:.0f} MB) | |", *rows]
 
 
 def main() -> None:
@@ -260,7 +278,10 @@ def main() -> None:
     parser.add_argument("--dir", default="bench/work/serve-stall")
     parser.add_argument("--chatstate", default=CHATSTATE)
     parser.add_argument("--only", choices=["stall", "memory"])
+    parser.add_argument("--store", dest="stores", action="append", choices=["sqlite", "json"],
+                        help="the memory table's stores (default: both)")
     args = parser.parse_args()
+    args.stores = args.stores or ["sqlite", "json"]
     work = Path(args.dir).resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

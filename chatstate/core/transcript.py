@@ -92,10 +92,17 @@ def canonical_json(data: dict[str, Any]) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+HASH_SLICE = 1 << 20
+"""Characters of a body encoded at a time to be hashed."""
+
+
 def chain_hash(prev_hash: str | None, body: str) -> str:
     h = hashlib.sha256()
     h.update((prev_hash or "").encode())
-    h.update(body.encode("utf-8", "surrogatepass"))
+    # in slices: a long reply's body is not copied whole once more to be hashed (each code
+    # point encodes on its own, so the slices' bytes are the whole body's)
+    for at in range(0, len(body), HASH_SLICE):
+        h.update(body[at:at + HASH_SLICE].encode("utf-8", "surrogatepass"))
     return h.hexdigest()
 
 

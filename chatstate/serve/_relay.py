@@ -22,10 +22,11 @@ commit, which stores the calls whole.
 What the reader may hold ahead of the client is bounded (``RELAY_BUFFER`` bytes of
 event data while the reply is short, then the length of the reply saved so far, up to
 ``READ_AHEAD_MAX`` times ``RELAY_BUFFER``: never more than the reply the relay holds
-anyway):
-the relay moves at the client's pace, and
-a slow reader holds the upstream back rather than making the proxy buffer its
-reply.
+anyway), counting every byte read and not yet handed to the client, whether queued or
+being written: the relay moves at the client's pace, and a slow reader holds the
+upstream back rather than making the proxy buffer its reply. Events are handed over in
+pieces of at most ``WRITE_PIECE`` bytes, each let go once written, and the reply's text
+is kept once (the decoder's pieces collapse into the string each save joins).
 
 Partial saves are paced so their cost stays in proportion to the reply (each one
 writes the whole reply so far): a save waits, after the previous one, as long as
@@ -60,6 +61,8 @@ _END = object()
 RELAY_BUFFER = 8 * 1024 * 1024
 """Bytes of upstream events read ahead of the client at most (one group commit takes
 them all), unless the reply saved so far is longer."""
+WRITE_PIECE = 1024 * 1024
+"""Bytes of events handed to the client at a time."""
 READ_AHEAD_MAX = 4
 """... and never more than this many times ``RELAY_BUFFER``."""
 PACE = 1.0
@@ -104,6 +107,16 @@ async def sse_named(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None
         yield name, "\n".join(data)
 
 
+def _size(item: object) -> int:
+    """Bytes an event read from the upstream counts for, against the read-ahead."""
+    return len(item[1] if isinstance(item, tuple) else item)  # type: ignore[arg-type]
+
+
+def _event(name: str | None, data: str) -> bytes:
+    """One event as relayed."""
+    return ((f"event: {name}\n" if name else "") + f"data: {data}\n\n").encode()
+
+
 def chat_holds(chunk: object) -> bool:
     """A chat-completions chunk that carries a tool-call delta."""
     choices = chunk.get("choices") if isinstance(chunk, dict) else None
@@ -141,7 +154,7 @@ class StreamRelay:
         self._rewrite = rewrite
         self._failures = failures or StreamEvents()
         self.acc: StreamDecoder = decoder or StreamAccumulator()
-        self.saved = ""
+        self.saved_chars = 0  # characters of the reply saved so far
         self.grown = False  # text arrived since the last save
         self._next_save = 0.0  # monotonic time before which no partial save starts
         self.committed = False
@@ -153,9 +166,10 @@ class StreamRelay:
 
     async def events(self) -> AsyncIterator[bytes]:
         # Bounded: a client that reads slowly makes the reader wait, and so the upstream
-        # (TCP backpressure), instead of the proxy buffering the whole reply.
+        # (TCP backpressure), instead of the proxy buffering the whole reply. What counts
+        # is every byte read and not yet handed to the client, queued or being written.
         queue: asyncio.Queue[object] = asyncio.Queue()
-        held = [0]  # bytes in the queue
+        held = [0]  # bytes of events read and not yet handed to the client
         drained = asyncio.Event()
         full = asyncio.Event()  # the reader waits for room
 
@@ -168,12 +182,17 @@ class StreamRelay:
                         drained.clear()
                         full.set()  # a paced save need wait no longer: nothing more comes
                         await drained.wait()
-                    held[0] += len(data[1] if isinstance(data, tuple) else data)
+                    held[0] += _size(data)
                     queue.put_nowait(data)
                 end: object = _END
             except Exception as exc:  # the upstream connection broke mid-stream
                 end = exc
             queue.put_nowait(end)
+
+        def handed(size: int) -> None:
+            held[0] -= size
+            if held[0] < self._read_ahead():
+                drained.set()
 
         reader = asyncio.create_task(read())
         loop = asyncio.get_running_loop()
@@ -188,10 +207,8 @@ class StreamRelay:
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
-                held[0] = 0
                 full.clear()
-                drained.set()
-                out: list[bytes] = []
+                out: list[tuple[str | None, str, int]] = []  # (name, data, size read)
                 done = False
                 broke: Exception | None = None
                 for item in batch:
@@ -199,6 +216,7 @@ class StreamRelay:
                         ended = True
                         broke = item if isinstance(item, Exception) else None
                         break
+                    size = _size(item)
                     name, data = item if isinstance(item, tuple) else (None, item)
                     assert isinstance(data, str)
                     if data.strip() == "[DONE]":
@@ -207,29 +225,51 @@ class StreamRelay:
                         data = self._feed(name, data)
                     if self.upstream_error is not None:  # an error event: the key stays out
                         data = self._redact(data)
-                    event = (f"event: {name}\n" if name else "") + f"data: {data}\n\n"
-                    (self.held if self.holding else out).append(event.encode())
+                    if self.holding:
+                        self.held.append(_event(name, data))
+                        handed(size)
+                    else:
+                        out.append((name, data, size))
+                del batch, item  # the events live on in ``out`` only, until written
                 # a named API (Responses, Anthropic) ends with its reply's finish, no [DONE]
                 finished = (done or (((ended and broke is None) or self._named)
                                      and self.acc.finish_reason is not None)) \
                     and self.upstream_error is None
+                tail = b""
                 if (ended or done) and not finished and not self.committed:
-                    out.append(await self._failure(broke))
+                    tail = await self._failure(broke)
                     ended = True
                 elif finished and not self.committed:
                     await asyncio.to_thread(self._commit, self.reply())
                     self.committed = True
-                    out, self.held, self.holding = out + self.held, [], False
+                    tail, self.held, self.holding = b"".join(self.held), [], False
                 elif self.grown and not self.committed:
                     started = loop.time()
                     await self.save()
                     spent = loop.time() - started
                     # a long reply: the next save waits for the read-ahead (as much new
                     # text as it rewrites) to fill, or PACE_MAX
-                    pause = PACE_MAX if len(self.saved) > SMALL_REPLY else PACE * spent
+                    pause = PACE_MAX if self.saved_chars > SMALL_REPLY else PACE * spent
                     self._next_save = loop.time() + min(pause, PACE_MAX)
-                if out:
-                    yield b"".join(out)
+                # written in pieces of at most WRITE_PIECE bytes, each let go once handed
+                # over: the events are not copied whole into one buffer
+                out.reverse()
+                while out:
+                    piece, sizes = [], 0
+                    while out and sizes < WRITE_PIECE:
+                        name, data, size = out.pop()
+                        piece.append(_event(name, data))
+                        sizes += size
+                    if not out and tail:
+                        piece.append(tail)
+                        tail = b""
+                    chunk = b"".join(piece)
+                    del piece
+                    yield chunk
+                    del chunk
+                    handed(sizes)
+                if tail:
+                    yield tail
         except Exception as exc:
             self.broke = exc
             raise
@@ -241,7 +281,7 @@ class StreamRelay:
         the reply is short; beyond ``SMALL_REPLY``, as much as the reply saved so far (so
         each save carries as much new text as it rewrites), at most ``READ_AHEAD_MAX``
         times ``RELAY_BUFFER``."""
-        saved = len(self.saved)
+        saved = self.saved_chars
         if saved <= SMALL_REPLY:
             return self._buffer
         return min(saved, READ_AHEAD_MAX * self._buffer)
@@ -249,7 +289,7 @@ class StreamRelay:
     async def _failure(self, broke: Exception | None) -> bytes:
         """Keep the text so far as partial, record why, and return what ends the client's
         stream in its API's shape (only what the upstream's own error events left out)."""
-        if self.acc.text != self.saved:
+        if self.grown:
             await self.save()
         if self.upstream_error is not None:
             status, detail = self.upstream_error
@@ -296,14 +336,14 @@ class StreamRelay:
         except BaseException:
             self.grown = True
             raise
-        self.saved = text
+        self.saved_chars = len(text)
 
     def save_now(self) -> None:
         """Keep what arrived but was not relayed yet (the client went away): blocking."""
         if not self.committed and self.grown:
             text, self.grown = self.acc.text, False
             self._save_partial(text, self.acc.model)
-            self.saved = text
+            self.saved_chars = len(text)
 
     def reply(self) -> dict[str, Any]:
         return stored_reply(self.acc.reply())
@@ -312,7 +352,7 @@ class StreamRelay:
 def client_failure(relay: StreamRelay) -> tuple[int, str]:
     """(status, detail) to record for a stream that ended on the client's side: it went
     away (499, as nginx logs it), or the relay failed writing the store (500)."""
-    kept = f"{len(relay.saved)} characters are kept as the partial reply"
+    kept = f"{relay.saved_chars} characters are kept as the partial reply"
     if relay.broke is not None:
         return 500, f"the relay failed mid-stream ({type(relay.broke).__name__}: " \
             f"{relay.broke}); {kept}"

@@ -435,7 +435,7 @@ class Proxy:
                 elif not relay.committed:  # the client went away, or the upstream did
                     await asyncio.to_thread(relay.save_now)
                     log.info("serve: %s: turn %s left as partial (%d chars)", turn.id,
-                             turn.turn_id, len(relay.saved))
+                             turn.turn_id, relay.saved_chars)
                     if relay.failed is None:  # the upstream's failure is recorded already
                         await asyncio.to_thread(self.writer.note_failure, turn,
                                                 *client_failure(relay))

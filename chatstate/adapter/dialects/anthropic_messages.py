@@ -31,6 +31,7 @@ from chatstate.adapter.dialects.base import (
     Overflow,
     Reply,
     Usage,
+    joined,
     note_dropped,
     request_messages,
 )
@@ -254,7 +255,7 @@ class MessagesStream:
 
     @property
     def text(self) -> str:
-        return "".join(self._parts)
+        return joined(self._parts)
 
     def feed(self, event: object) -> str:
         if not isinstance(event, Mapping):

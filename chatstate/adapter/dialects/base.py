@@ -48,6 +48,14 @@ class ErrorDetails(NamedTuple):
     overflow: Overflow | None
 
 
+def joined(parts: list[str]) -> str:
+    """The text of ``parts``, which then hold it as one string: a long stream's text is
+    kept once, not once in its pieces and again in each join of them."""
+    if len(parts) > 1:
+        parts[:] = ["".join(parts)]
+    return parts[0] if parts else ""
+
+
 class StreamDecoder(Protocol):
     """Folds one attempt's stream events into the reply so far (a new one per attempt)."""
 

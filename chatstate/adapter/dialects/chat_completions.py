@@ -28,6 +28,7 @@ from chatstate.adapter.dialects.base import (
     Reply,
     Usage,
     bearer,
+    joined,
     note_dropped,
     request_messages,
 )
@@ -136,7 +137,7 @@ class StreamAccumulator:
 
     @property
     def text(self) -> str:
-        return "".join(self._parts)
+        return joined(self._parts)
 
     def reply(self) -> Reply:
         calls = None

@@ -32,6 +32,7 @@ from chatstate.adapter.dialects.base import (
     Reply,
     Usage,
     bearer,
+    joined,
     note_dropped,
     request_messages,
 )
@@ -233,7 +234,7 @@ class ResponsesStream:
 
     @property
     def text(self) -> str:
-        return "".join(self._parts)
+        return joined(self._parts)
 
     def _key(self, event: Mapping[str, Any]) -> str:
         key = event.get("item_id") or (event.get("item") or {}).get("id")

@@ -46,9 +46,14 @@ DOC_END = b"\n]}\n"
 
 def encode_record(at: str, lines: list[str], schema: int) -> bytes:
     """One log record holding the ``message_line`` of each message of one append."""
-    head = f'{{"schema":{schema},"at":{orjson.dumps(at).decode()},"messages":['
-    body = (head + ",".join(lines) + "]}").encode()
-    return body + b"\t%08x\n" % zlib.crc32(body)
+    head = f'{{"schema":{schema},"at":{orjson.dumps(at).decode()},"messages":['.encode()
+    # in pieces, joined once: a long message's line is not copied whole again and again
+    parts = [head, ",".join(lines).encode(), b"]}"]
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    parts.append(b"\t%08x\n" % crc)
+    return b"".join(parts)
 
 
 def split(raw: bytes) -> tuple[bytes, bytes] | None:

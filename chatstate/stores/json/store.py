@@ -282,6 +282,8 @@ class JsonStore(JsonLease, JsonBlobs):
             raw = read_bytes(partial_path) if messages else None
             partial = doc.decode_partial(raw, str(partial_path)) if raw is not None else None
             check_partial_commit(where, fresh, partial)
+            covered = partial is not None and partial.seq <= messages[-1].seq
+            del raw, partial  # a long partial reply is not held while the append is written
             if fresh:
                 if records is not None and records.torn:
                     self._compact(cid, snap)
@@ -289,7 +291,7 @@ class JsonStore(JsonLease, JsonBlobs):
                 self._append_log(cid, header, lines, stored, records, fresh)
             elif already:  # a retry of an append whose outcome was unknown: make it durable
                 sync_durably(self._file(cid))
-            if partial is not None and partial.seq <= messages[-1].seq:
+            if covered:
                 remove_durably(partial_path)
 
     def _append_log(self, cid: str, header: dict[str, Any], lines: list[str],
