@@ -266,6 +266,7 @@ def compose_create_leased(store: Store, conversation: Conversation,
                           messages: Sequence[Message], *, owner: str | None = None,
                           term: float = LEASE_TERM, wait: float = 0.0) -> Any:
     """``create_leased`` as the three separate calls (see ``create_leased``)."""
+    check_append(store.url, -1, lambda seq: "", messages)  # a broken chain: nothing written
     lease = None
     if isinstance(store, Leases):
         lease = store.acquire_lease(conversation.id, term=term, wait=wait, owner=owner)

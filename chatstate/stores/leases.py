@@ -39,7 +39,7 @@ from functools import cache
 from typing import Any
 
 from chatstate.errors import ConversationInUse, LeaseLost
-from chatstate.stores.base import LEASE_TERM
+from chatstate.stores.base import LEASE_TERM, check_append
 
 
 @cache
@@ -187,6 +187,7 @@ class LeaseMethods(ABC):
         Here the three writes one after another, the lease given back when a later one
         fails (a conversation created before its messages failed stays, empty): a store
         that can make them one transaction overrides it."""
+        check_append(self.url, -1, lambda seq: "", messages)  # a broken chain: nothing written
         holder = self._try_lease(lease)
         if holder is not None:
             return holder
