@@ -23,7 +23,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _WRITES = frozenset({"create", "append", "save_partial", "clear_partial", "set_header",
-                     "delete", "acquire_lease", "renew_lease", "release_lease"})
+                     "delete", "acquire_lease", "renew_lease", "release_lease",
+                     "create_leased"})
 
 
 class Metrics:

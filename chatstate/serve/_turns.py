@@ -123,11 +123,10 @@ class Writer:
                 return seen
             plan = self._plan(namespace, conversation_id, incoming, seen)
             writer = self._writer_for(plan, incoming, namespace)
-            held = writer.hold()
             try:
-                turn = self._write(writer, plan, key, record)
+                turn = self._start(writer, plan, key, record) if self._new(writer, plan) \
+                    else self._held_write(writer, plan, key, record)
             except BaseException as exc:
-                writer.release(held)
                 if attempt == 2 or not isinstance(exc, ConflictError) \
                         or isinstance(exc, ConversationInUse | LeaseLost):
                     raise  # another writer keeps moving this conversation on
@@ -227,6 +226,47 @@ class Writer:
         """The turn is over: give its lease up (it lapses by itself if this fails)."""
         turn.writer.release()
 
+    @staticmethod
+    def _new(writer: TurnWriter, plan: Plan) -> bool:
+        """A conversation the store does not have yet, and not a fork (which copies the
+        history it keeps first)."""
+        return not writer.created and plan.fork_of is None
+
+    def _start(self, writer: TurnWriter, plan: Plan, key: str | None,
+               record: Mapping[str, Any] | None) -> Turn:
+        """A new conversation: its lease, its header and the request's messages in one
+        store write (``TurnWriter.start``), the one write before the request goes
+        upstream. ConflictError (nothing written, no lease held) if another writer
+        created it meanwhile."""
+        turn = Turn(writer, new_turn_id())
+        writer.start(self._sealed(plan, None, turn.turn_id, key, record))
+        return turn
+
+    def _held_write(self, writer: TurnWriter, plan: Plan, key: str | None,
+                    record: Mapping[str, Any] | None) -> Turn:
+        """A stored conversation (or a fork): take its lease, then write."""
+        held = writer.hold()
+        try:
+            return self._write(writer, plan, key, record)
+        except BaseException:
+            writer.release(held)
+            raise
+
+    @staticmethod
+    def _sealed(plan: Plan, last: Message | None, turn_id: str, key: str | None,
+                record: Mapping[str, Any] | None) -> list[Message]:
+        """The request's new messages sealed after ``last``, the request's record and key
+        in the last one's ``params["request"]``."""
+        sealed: list[Message] = []
+        for i, raw in enumerate(plan.new):
+            prev = sealed[-1] if sealed else last
+            final = i == len(plan.new) - 1
+            params = {REQUEST: {**(record or {}), **({"key": key} if key else {})}} \
+                if final and (key or record) else None
+            sealed.append(Message.seal(prev, turn_id=turn_id, params=params,
+                                       **message_fields(raw)))
+        return sealed
+
     def _write(self, writer: TurnWriter, plan: Plan, key: str | None = None,
                record: Mapping[str, Any] | None = None) -> Turn:
         forked_from = None
@@ -244,15 +284,7 @@ class Writer:
         turn_id = conv.messages[-1].turn_id if not plan.new and conv.messages else new_turn_id()
         turn = Turn(writer, turn_id, forked_from)
         if plan.new:
-            sealed: list[Message] = []
-            for i, raw in enumerate(plan.new):
-                prev = sealed[-1] if sealed else conv.last
-                last = i == len(plan.new) - 1
-                params = {REQUEST: {**(record or {}), **({"key": key} if key else {})}} \
-                    if last and (key or record) else None
-                sealed.append(Message.seal(prev, turn_id=turn.turn_id, params=params,
-                                           **message_fields(raw)))
-            writer.append(sealed)
+            writer.append(self._sealed(plan, conv.last, turn.turn_id, key, record))
         return turn
 
     def _fork(self, writer: TurnWriter, plan: Plan) -> dict[str, Any]:

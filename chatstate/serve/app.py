@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,21 @@ class ServeConfig:
     rate: float | None = None  # requests per second per namespace, then 429
     ready_cache: float = 1.0  # seconds /readyz reuses its last store probe
     allowed_hosts: list[str] = field(default_factory=list)  # beyond loopback and IP literals
+    worker_threads: int = 64
+    """Threads for blocking work (store calls, parsing): a burst's writers share commits."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request checked and placed, before anything of it is written (``_prepare``)."""
+
+    data: Any  # the request as parsed
+    messages: list[dict[str, Any]]  # its messages in the stored form
+    cid: str | None  # the conversation it names
+    forward: dict[str, Any]  # the body to forward
+    key: str  # what knows the same request again (``request_key``)
+    target: str | None  # the stored conversation it continues (None: a new one)
+    content: bytes  # ``forward`` encoded
 
 
 class _TurnEnd:
@@ -147,6 +163,11 @@ class Proxy:
         limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
         self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout, connect=connect),
                                          limits=limits)
+        # Store calls wait on the disk and on the store's lock, not on the CPU: with the
+        # default pool (CPUs + 4 threads) a burst of new conversations queued behind a
+        # handful of them, and sqlite's group commit could only group that many writers.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
+            max_workers=self.config.worker_threads, thread_name_prefix="chatstate-serve"))
         # The store's summaries, in the background: serving starts at once, and only a
         # request that may continue a stored conversation without naming it waits.
         self.indexing = asyncio.ensure_future(asyncio.to_thread(self.index.start))
@@ -228,20 +249,40 @@ class Proxy:
             return Refusal(400, problem, "n")
         return data, messages
 
-    async def _target(self, namespace: str, cid: str | None,
-                      messages: list[dict[str, Any]]) -> str | None:
-        """The stored conversation the request continues, if any (None: a new one, or a
-        history more than one conversation has: it starts a new one)."""
+    async def _indexed(self) -> None:
+        """Wait for the store's summaries while they are still being read (at startup)."""
         if self.indexing is not None and not self.indexing.done():
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.indexing)
-        await asyncio.to_thread(self.index.prime, cid, messages)
-        if cid is not None or len(messages) < 2:  # a first turn continues nothing
-            return cid
+
+    def _prepare(self, request: Request, body: bytes, wire: Wire, space: str
+                 ) -> Prepared | Refusal:
+        """Everything about a request that comes before its first write, in one
+        worker-thread hop (blocking: CPU in proportion to the body): the checked request
+        (``_parse``), the conversation it names, the body to forward (and its bytes),
+        the digest that knows it again, and the stored conversation it continues, if any
+        (None: a new one, or a history more than one conversation has: it starts a new
+        one). Under a burst every hop waits its turn behind every other request's, so
+        one hop instead of four brings the first chunk forward."""
+        parsed = self._parse(body, wire, space)
+        if isinstance(parsed, Refusal):
+            return parsed
+        data, messages = parsed
         try:
-            return await asyncio.to_thread(self.index.find, namespace, messages)
-        except Ambiguous:
-            return None
+            cid = conversation_id(request, data)
+        except InvalidConversationId as exc:
+            return Refusal(400, str(exc))
+        forward = forward_body(data)
+        # a digest of the whole body: CPU in proportion to it, off the event loop
+        rkey = request_key(request, space, forward, cid)
+        self.index.prime(cid, messages)
+        target = cid
+        if cid is None and len(messages) >= 2:  # a first turn continues nothing
+            try:
+                target = self.index.find(space, messages)
+            except Ambiguous:
+                target = None
+        return Prepared(data, messages, cid, forward, rkey, target, encode_json(forward))
 
     async def _chat(self, request: Request, namespace: str, slot: list[bool],
                     wire: Wire = CHAT) -> Response:
@@ -252,22 +293,17 @@ class Proxy:
         body = await read_body(request, self.config.max_body)
         if isinstance(body, Response):
             return body
-        parsed = await asyncio.to_thread(self._parse, body, wire, request.state.namespace)
-        if isinstance(parsed, Refusal):
-            return openai_error(parsed.status, parsed.message, param=parsed.param)
-        data, messages = parsed
-        try:
-            cid = conversation_id(request, data)
-        except InvalidConversationId as exc:
-            return openai_error(400, str(exc))
+        space: str = request.state.namespace  # the store's; ``namespace``: the label
+        await self._indexed()
+        prepared = await asyncio.to_thread(self._prepare, request, body, wire, space)
+        if isinstance(prepared, Refusal):
+            return openai_error(prepared.status, prepared.message, param=prepared.param)
+        data, messages, cid, forward, rkey = (prepared.data, prepared.messages, prepared.cid,
+                                              prepared.forward, prepared.key)
         # Only turns of one stored conversation wait for each other (the lock key: the
         # namespace and the conversation); a new conversation waits for nobody. A client
         # that left while waiting is not sent upstream.
-        space: str = request.state.namespace  # the store's; ``namespace``: the label
-        forward = forward_body(data)
-        # a digest of the whole body: CPU in proportion to it, off the event loop
-        rkey = await asyncio.to_thread(request_key, request, space, forward, cid)
-        target = await self._target(space, cid, messages)
+        target = prepared.target
         key = None if target is None else space + "\n" + target
         if not await self._hold(key, request):
             return openai_error(499, "the client went away before the request was sent "
@@ -318,11 +354,13 @@ class Proxy:
         slot[0] = False
         if not data.get("stream"):
             try:
-                return await self._plain(request, turn, forward, headers, namespace, wire)
+                return await self._plain(request, turn, prepared.content, headers, namespace,
+                                         wire)
             finally:
                 await end()
         try:
-            return await self._stream(request, turn, forward, headers, end, namespace, wire)
+            return await self._stream(request, turn, prepared.content, headers, end, namespace,
+                                      wire)
         except BaseException:  # once the relay has begun, its cleanup ends the turn
             await end()
             raise
@@ -343,11 +381,11 @@ class Proxy:
         self.metrics.reply(reply, namespace)
         return message
 
-    async def _plain(self, request: Request, turn: Turn, forward: dict[str, Any],
+    async def _plain(self, request: Request, turn: Turn, content: bytes,
                      headers: dict[str, str], namespace: str, wire: Wire = CHAT) -> Response:
+        """``content``: the body to forward, encoded (``_prepare``)."""
         openai_error = wire.error
         try:
-            content = await asyncio.to_thread(encode_json, forward)
             started = clock()
             resp = await self._http().post(self.upstream + wire.upstream_path,
                                            content=content, headers={
@@ -375,13 +413,13 @@ class Proxy:
                                 outcome(resp.status_code, clock() - started, resp.headers))
         return passthrough(resp, headers)
 
-    async def _stream(self, request: Request, turn: Turn, forward: dict[str, Any],
+    async def _stream(self, request: Request, turn: Turn, content: bytes,
                       headers: dict[str, str], end: _TurnEnd, namespace: str,
                       wire: Wire = CHAT) -> Response:
+        """``content``: the body to forward, encoded (``_prepare``)."""
         openai_error = wire.error
         http = self._http()
         try:
-            content = await asyncio.to_thread(encode_json, forward)
             upstream_request = http.build_request(
                 "POST", self.upstream + wire.upstream_path, content=content,
                 headers={**self.upstream_headers(request, wire), **JSON,

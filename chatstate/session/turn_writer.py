@@ -44,7 +44,7 @@ from chatstate.core.transcript import Conversation, Message, new_id, now_iso
 from chatstate.errors import ChatstateError, ConflictError, ConversationInUse, LeaseLost
 from chatstate.ops.request_log import UPSTREAM_ERROR_KEY as UPSTREAM_ERROR_KEY
 from chatstate.session.writer_lease import Held, hold
-from chatstate.stores.base import LEASE_TERM, Store
+from chatstate.stores.base import LEASE_TERM, Store, create_leased
 
 log = logging.getLogger("chatstate.session")
 
@@ -82,6 +82,23 @@ class TurnWriter:
         held = hold(self.store, self.id, self.owner, term=self.lease_term, wait=self.lease_wait)
         self.held, self._lost = held, None
         self._kept = "Nothing of its reply was stored."
+        return held
+
+    def start(self, messages: Sequence[Message]) -> Held:
+        """Create the conversation with its first ``messages`` under a writer lease taken
+        now, as one store write (``create_leased``: one transaction on sqlite and
+        postgresql, one lock and two files on json), then keep renewing the lease as
+        ``hold`` does. ConversationInUse, or ConflictError when the conversation exists
+        already: then nothing was written and no lease is held."""
+        batch = list(messages)
+        lease = create_leased(self.store, self.conversation, batch, owner=self.owner,
+                              term=self.lease_term, wait=self.lease_wait)
+        held = Held(self.store, lease)
+        self.held, self._lost = held, None
+        self._kept = "Nothing of its reply was stored."
+        self.created = True
+        self.conversation.messages = self.conversation.messages + batch
+        log.debug("%s: created with %d messages", self.id, len(batch))
         return held
 
     def release(self, held: Held | None = None) -> None:

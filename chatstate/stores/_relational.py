@@ -50,7 +50,7 @@ from chatstate.stores.base import (
     check_partial_commit,
 )
 from chatstate.stores.blobs import check_stored_blobs, named_blobs, refuse_unheld_blobs
-from chatstate.stores.leases import check_fence
+from chatstate.stores.leases import Holder, Lease, check_fence
 
 
 @dataclass(frozen=True)
@@ -244,48 +244,76 @@ class RelationalStore(ABC):
         record = dict(zip(("owner", "host", "pid"), row, strict=True)) if row else None
         check_fence(self._shown(), cid, fence, record)
 
-    def create(self, conversation: Conversation) -> None:
+    def _insert_head(self, db: Any, conversation: Conversation) -> None:
         cid = validate_id(conversation.id)
-        with self._write("create a conversation in") as db:
-            added = self._q(db, "INSERT INTO conversations (id, title, created_at, updated_at, "
-                            "metadata) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                            (cid, conversation.title, conversation.created_at,
-                             conversation.updated_at, json.dumps(conversation.metadata))
-                            ).rowcount
+        added = self._q(db, "INSERT INTO conversations (id, title, created_at, updated_at, "
+                        "metadata) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        (cid, conversation.title, conversation.created_at,
+                         conversation.updated_at, json.dumps(conversation.metadata))
+                        ).rowcount
         if not added:
             raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
 
+    def create(self, conversation: Conversation) -> None:
+        with self._write("create a conversation in") as db:
+            self._insert_head(db, conversation)
+
+    def _lease_in(self, db: Any, lease: Lease) -> Holder | None:
+        """Take or extend ``lease`` inside the write transaction ``db`` (the store's lease
+        hook, see ``_create_leased_once``)."""
+        raise NotImplementedError
+
+    def _create_leased_once(self, lease: Lease, conversation: Conversation,
+                            messages: list[Message]) -> Holder | None:
+        """``create_leased`` as one transaction: the lease row, the head row and the
+        message rows commit together or not at all (on sqlite, in the group commit of
+        the writers queued with it)."""
+        cid = validate_id(conversation.id)
+        prepared = PreparedBatch(messages) if messages else None  # before the lock
+        with self._write("start a conversation in") as db:
+            holder = self._lease_in(db, lease)
+            if holder is not None:
+                return holder
+            self._insert_head(db, conversation)
+            if prepared is not None:
+                self._append_in(db, cid, prepared, lease.owner)
+        return None
+
     def append(self, conversation_id: str, messages: Sequence[Message], *,
                fence: str | None = None) -> None:
-        cid = conversation_id
-        where = self._where(cid)
         prepared = PreparedBatch(messages)  # before the lock: CPU in proportion to the batch
         with self._write("append to") as db:
-            self._check_fence(db, cid, fence)
-            count = self._verified_count(db, cid, self.dialect.for_update)
+            self._append_in(db, conversation_id, prepared, fence)
 
-            def hash_at(seq: int) -> str:
-                row = self._q(db, "SELECT hash FROM messages WHERE conversation_id=? AND seq=?",
-                              (cid, seq)).fetchone()
-                return str(row[0]) if row else ""
+    def _append_in(self, db: Any, cid: str, prepared: PreparedBatch,
+                   fence: str | None) -> None:
+        """The compare-and-append inside the write transaction ``db``."""
+        where = self._where(cid)
+        self._check_fence(db, cid, fence)
+        count = self._verified_count(db, cid, self.dialect.for_update)
 
-            already = check_append(where, count - 1, hash_at, prepared.messages, prepared)
-            fresh = prepared.messages[already:]
-            if not fresh:
-                return
-            named = list(named_blobs(fresh))
-            sizes = self._held_blob_sizes(db, named) if named else {}
-            refuse_unheld_blobs(where, fresh, sizes.get)
-            row = self._partial_row(db, cid) if fresh[0].status == "partial" else None
-            if row is not None:
-                held = self._partial_message(cid, row, hash_at(row[0] - 1) if row[0] else None)
-                check_partial_commit(where, fresh, held)
-            self._insert_messages(db, cid, fresh, prepared.bodies[already:])
-            self._q(db, "UPDATE conversations SET message_count=?, last_hash=?, updated_at=? "
-                    "WHERE id=?", (fresh[-1].seq + 1, fresh[-1].hash, now_iso(), cid))
-            self._seen[cid] = (self._version(db), fresh[-1].seq + 1, fresh[-1].hash)
-            self._q(db, "DELETE FROM partials WHERE conversation_id=? AND seq<=?",
-                    (cid, fresh[-1].seq))
+        def hash_at(seq: int) -> str:
+            row = self._q(db, "SELECT hash FROM messages WHERE conversation_id=? AND seq=?",
+                          (cid, seq)).fetchone()
+            return str(row[0]) if row else ""
+
+        already = check_append(where, count - 1, hash_at, prepared.messages, prepared)
+        fresh = prepared.messages[already:]
+        if not fresh:
+            return
+        named = list(named_blobs(fresh))
+        sizes = self._held_blob_sizes(db, named) if named else {}
+        refuse_unheld_blobs(where, fresh, sizes.get)
+        row = self._partial_row(db, cid) if fresh[0].status == "partial" else None
+        if row is not None:
+            held = self._partial_message(cid, row, hash_at(row[0] - 1) if row[0] else None)
+            check_partial_commit(where, fresh, held)
+        self._insert_messages(db, cid, fresh, prepared.bodies[already:])
+        self._q(db, "UPDATE conversations SET message_count=?, last_hash=?, updated_at=? "
+                "WHERE id=?", (fresh[-1].seq + 1, fresh[-1].hash, now_iso(), cid))
+        self._seen[cid] = (self._version(db), fresh[-1].seq + 1, fresh[-1].hash)
+        self._q(db, "DELETE FROM partials WHERE conversation_id=? AND seq<=?",
+                (cid, fresh[-1].seq))
 
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:

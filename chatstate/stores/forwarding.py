@@ -20,7 +20,7 @@ it keeps the wrapper's name, and the wrapper's own methods still win).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from chatstate.core.transcript import Conversation, ConversationSummary, Message
 from chatstate.durable.guard import Report
@@ -29,6 +29,7 @@ from chatstate.stores.base import (
     BlobStore,
     CheckReport,
     CollectsBlobs,
+    CreatesLeased,
     Forgets,
     Leases,
     Location,
@@ -40,6 +41,7 @@ from chatstate.stores.base import (
     ReportsLeftovers,
     Searchable,
     Store,
+    compose_create_leased,
 )
 
 P = ParamSpec("P")
@@ -192,6 +194,23 @@ class _Leases(_Forwarder):
         self._call(self.inner.release_lease, lease)
 
 
+class _CreatesLeased(_Forwarder):
+    inner: CreatesLeased
+
+    def create_leased(self, conversation: Conversation, messages: Sequence[Message], *,
+                      owner: str | None = None, term: float = LEASE_TERM,
+                      wait: float = 0.0) -> Any:
+        """Forwarded as one call, unless the wrapper changes ``create`` or ``append`` (the
+        drill's reporting store): then as those calls, through the wrapper's own."""
+        cls = type(self)
+        if getattr(cls, "create", None) is not ForwardingStore.create or \
+                getattr(cls, "append", None) is not ForwardingStore.append:
+            return compose_create_leased(cast(Store, self), conversation, messages,
+                                         owner=owner, term=term, wait=wait)
+        return self._call(self.inner.create_leased, conversation, messages, owner=owner,
+                          term=term, wait=wait)
+
+
 class _Quarantines(_Forwarder):
     inner: Quarantines
 
@@ -254,6 +273,7 @@ class _Opened(_Forwarder):
 
 _MIXINS: dict[type, type[_Forwarder]] = {
     BlobStore: _Blobs, CollectsBlobs: _CollectsBlobs, Leases: _Leases,
+    CreatesLeased: _CreatesLeased,
     Quarantines: _Quarantines, Searchable: _Searchable, ReportsLeftovers: _ReportsLeftovers,
     Forgets: _Forgets, ReportsDurability: _ReportsDurability, OpensReadOnly: _OpensReadOnly,
     PacesPartials: _PacesPartials, OpenedStore: _Opened,

@@ -32,13 +32,14 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 from chatstate.errors import ConversationInUse, LeaseLost
-from chatstate.stores.base import LEASE_TERM
+from chatstate.stores.base import LEASE_TERM, check_append
 
 
 @cache
@@ -164,6 +165,42 @@ class LeaseMethods(ABC):
         if owner:
             lease.owner = owner
         return take(self.url, self._try_lease, lease, wait)
+
+    def create_leased(self, conversation: Any, messages: Sequence[Any], *,
+                      owner: str | None = None, term: float = LEASE_TERM,
+                      wait: float = 0.0) -> Lease:
+        """The lease, the conversation and its first messages in one write (the
+        ``CreatesLeased`` part of the store contract), waiting for a live holder as
+        ``acquire_lease`` does."""
+        lease = Lease(conversation.id, term)
+        if owner:
+            lease.owner = owner
+        batch = list(messages)
+        return take(self.url, lambda held: self._try_create_leased(held, conversation, batch),
+                    lease, wait)
+
+    def _try_create_leased(self, lease: Lease, conversation: Any,
+                           messages: list[Any]) -> Holder | None:
+        """Take ``lease``, create ``conversation`` and append ``messages`` fenced by it, as
+        one write; the holder, with nothing written, when another writer has the lease.
+
+        Here the three writes one after another, the lease given back when a later one
+        fails (a conversation created before its messages failed stays, empty): a store
+        that can make them one transaction overrides it."""
+        check_append(self.url, -1, lambda seq: "", messages)  # a broken chain: nothing written
+        holder = self._try_lease(lease)
+        if holder is not None:
+            return holder
+        store: Any = self  # a store: create and append are the Store protocol's
+        try:
+            store.create(conversation)
+            if messages:
+                store.append(conversation.id, messages, fence=lease.owner)
+        except BaseException:
+            with suppress(Exception):  # it lapses by itself; the write's error says more
+                self._drop_lease(lease)
+            raise
+        return None
 
     def renew_lease(self, lease: Lease) -> None:
         renew(self.url, self._try_lease, lease)

@@ -52,7 +52,14 @@ from chatstate.errors import (
     Unsupported,
 )
 from chatstate.stores._fastload import validate_json_array
-from chatstate.stores.base import CollectsBlobs, Searchable, Store, check_append
+from chatstate.stores.base import (
+    LEASE_TERM,
+    CollectsBlobs,
+    Searchable,
+    Store,
+    check_append,
+    create_leased,
+)
 from chatstate.stores.codec import (
     AEAD_NAME,
     BLOB_OVERHEAD,
@@ -238,6 +245,28 @@ class SealedStore(ForwardingStore):
             "metadata": self._seal_metadata(cid, conversation.metadata)}))
         with self._lock:
             self._tails[cid] = (0, None, None)
+
+    def create_leased(self, conversation: Conversation, messages: Sequence[Message], *,
+                      owner: str | None = None, term: float = LEASE_TERM,
+                      wait: float = 0.0) -> Any:
+        """The header and the first messages sealed, then the inner store's one write."""
+        cid = self._own(conversation.id)
+        check_append(self._at(cid), -1, lambda seq: "", messages)
+        sealed: list[Message] = []
+        prev: str | None = None
+        logical: str | None = None
+        for msg in messages:
+            sealed.append(self._seal(cid, msg, prev, logical))
+            prev, logical = sealed[-1].hash, msg.hash
+        with self._lock:
+            self._tails.pop(cid, None)
+        lease = create_leased(self.inner, conversation.model_copy(update={
+            "title": self._seal_title(cid, conversation.title),
+            "metadata": self._seal_metadata(cid, conversation.metadata)}), sealed,
+            owner=owner, term=term, wait=wait)
+        with self._lock:
+            self._tails[cid] = (len(sealed), prev, logical)
+        return lease
 
     def _fast_load(self, cid: str) -> Conversation | None:
         """The relational stores' rows, their stored chain verified and opened here

@@ -59,10 +59,18 @@ from chatstate.errors import (
     LeaseLost,
 )
 from chatstate.stores import open_store, register, store_class
-from chatstate.stores.base import BlobStore, CheckReport, CollectsBlobs, Leases, Store
+from chatstate.stores.base import (
+    BlobStore,
+    CheckReport,
+    CollectsBlobs,
+    Leases,
+    Store,
+    create_leased,
+)
 from chatstate.stores.blobs import verify_blobs
 
-__all__ = ["AppendCases", "BlobCases", "ConversationCases", "CrashCases", "DamageCases",
+__all__ = ["AppendCases", "BlobCases", "ConversationCases", "CrashCases", "CreateLeasedCases",
+           "DamageCases",
            "FencingCases", "PartialCases", "StoreCase", "StoreContract", "new_conversation",
            "seal_chain"]
 
@@ -516,6 +524,72 @@ class FencingCases(StoreCase):
         assert len(store.load("c1").messages) == 3
 
 
+class CreateLeasedCases(StoreCase):
+    """A conversation started in one step: lease, header and first messages
+    (``chatstate.stores.base.create_leased``: the store's own ``CreatesLeased`` method,
+    or the three calls composed for a store without it)."""
+
+    def test_create_leased_writes_the_header_the_messages_and_holds_the_lease(
+            self, store: Store, reopen: Any) -> None:
+        msgs = seal_chain(2)
+        lease = create_leased(store, Conversation(id="c1", title="hi", metadata={"k": 1}),
+                              msgs, owner="me-1")
+        conv = reopen().load("c1")
+        assert (conv.title, conv.metadata, conv.messages) == ("hi", {"k": 1}, msgs)
+        if not isinstance(store, Leases):
+            assert lease is None
+            return
+        assert lease.owner == "me-1"
+        with pytest.raises(ConversationInUse):
+            reopen().acquire_lease("c1", term=30)
+        store.append("c1", seal_chain(1, msgs[-1]), fence=lease.owner)  # it fences
+        store.release_lease(lease)
+        reopen().release_lease(reopen().acquire_lease("c1"))
+
+    def test_create_leased_with_no_messages_is_create(self, store: Store) -> None:
+        lease = create_leased(store, Conversation(id="c1", title="empty"), [])
+        assert store.load("c1").messages == []
+        if isinstance(store, Leases):
+            store.release_lease(lease)
+
+    def test_create_leased_on_an_existing_id_conflicts_and_writes_nothing(
+            self, store: Store, reopen: Any) -> None:
+        msgs = new_conversation(store, "c1", 1, title="first")
+        before = _state(store, "c1")
+        with pytest.raises(ConflictError):
+            create_leased(store, Conversation(id="c1", title="second"), seal_chain(2),
+                          owner="me-2")
+        assert _state(reopen(), "c1") == before
+        assert store.load("c1").messages == msgs
+        if isinstance(store, Leases):  # no lease left behind
+            reopen().release_lease(reopen().acquire_lease("c1"))
+
+    def test_create_leased_under_a_live_lease_writes_nothing(self, store: Store,
+                                                            reopen: Any) -> None:
+        if not isinstance(store, Leases):
+            pytest.skip(f"{type(store).__name__} has no writer leases")
+        other = reopen()
+        held = other.acquire_lease("c1", term=30)
+        with pytest.raises(ConversationInUse):
+            create_leased(store, Conversation(id="c1"), seal_chain(2), owner="me-3")
+        with pytest.raises(ConversationNotFound):
+            reopen().load("c1")
+        other.release_lease(held)
+
+    @pytest.mark.parametrize("bad", ["from seq 1", "unsealed"])
+    def test_create_leased_with_a_broken_chain_writes_nothing(self, store: Store,
+                                                             reopen: Any, bad: str) -> None:
+        msgs = seal_chain(3)
+        batch = msgs[1:] if bad == "from seq 1" else \
+            [msgs[0], msgs[1].model_copy(update={"content": "edited"})]
+        with pytest.raises((ConflictError, CorruptTranscriptError)):
+            create_leased(store, Conversation(id="c1"), batch, owner="me-4")
+        with pytest.raises(ConversationNotFound):
+            reopen().load("c1")
+        if isinstance(store, Leases):
+            reopen().release_lease(reopen().acquire_lease("c1"))
+
+
 class BlobCases(StoreCase):
     """The content-addressed blob area (``BlobStore`` stores)."""
 
@@ -643,7 +717,7 @@ class DamageCases(StoreCase):
 
 
 class StoreContract(ConversationCases, AppendCases, PartialCases, CrashCases, FencingCases,
-                    BlobCases, DamageCases):
+                    CreateLeasedCases, BlobCases, DamageCases):
     """Every case of the store contract. Subclass it and provide a ``store_url`` fixture."""
 
 

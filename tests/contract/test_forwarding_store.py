@@ -177,3 +177,33 @@ def _unused_store() -> base.Store:
     from chatstate.stores.json.store import JsonStore
 
     return JsonStore.from_url("json:///nonexistent-chatstate-test")
+
+
+def test_create_leased_is_one_forwarded_call(store: Any) -> None:
+    wrapper = Calls(store)
+    msgs = seal_chain(2)
+    lease = base.create_leased(wrapper, Conversation(id="c1"), msgs, owner="w-1")
+    assert [name for name, _ in wrapper.calls] == ["create_leased"]
+    assert store.load("c1").messages == msgs
+    store.release_lease(lease)
+
+
+def test_create_leased_goes_through_a_wrapper_that_changes_create_and_append(
+        store: Any) -> None:
+    seen: list[str] = []
+
+    class Reporting(ForwardingStore):  # as the drill's: it reports each write it makes
+        def create(self, conversation: Conversation) -> None:
+            seen.append("create")
+            super().create(conversation)
+
+        def append(self, conversation_id: str, messages: Any, *,
+                   fence: str | None = None) -> None:
+            seen.append(f"append {len(messages)} fenced={fence is not None}")
+            super().append(conversation_id, messages, fence=fence)
+
+    msgs = seal_chain(2)
+    lease = base.create_leased(Reporting(store), Conversation(id="c1"), msgs, owner="w-2")
+    assert seen == ["create", "append 2 fenced=True"]
+    assert store.load("c1").messages == msgs
+    store.release_lease(lease)

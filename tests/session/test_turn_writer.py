@@ -34,6 +34,13 @@ class FenceLog(JsonStore):
         self.owners.append(lease.owner)
         return lease
 
+    def create_leased(self, conversation: Any, messages: Sequence[Message],
+                      **kwargs: Any) -> Any:
+        lease = super().create_leased(conversation, messages, **kwargs)
+        self.owners.append(lease.owner)
+        self.writes.append(("create_leased", lease.owner))  # its messages under the lease
+        return lease
+
     def append(self, conversation_id: str, messages: Sequence[Message], *,
                fence: str | None = None) -> None:
         self.writes.append(("append", fence))
@@ -98,7 +105,8 @@ def test_the_proxy_writes_through_the_turn_writer_fenced(store: FenceLog) -> Non
     writer.commit(turn, {"content": "Hello", "model": "m"})
     writer.note_failure(turn, 500, "a later failure, noted")
     writer.end(turn)
-    assert [kind for kind, _ in store.writes] == ["append", "save_partial", "append",
+    # a new conversation: its lease, header and the user message in one write
+    assert [kind for kind, _ in store.writes] == ["create_leased", "save_partial", "append",
                                                    "set_header"]
     assert len(store.owners) == 1
     assert {fence for _, fence in store.writes} == {store.owners[0]}

@@ -23,6 +23,7 @@ import errno
 import json
 import os
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ from chatstate.stores.json._lease import JsonLease
 from chatstate.stores.json._log import Records, encode_record
 from chatstate.stores.json._log_io import append_record, last_summary
 from chatstate.stores.json._sidecar import SidecarLog
+from chatstate.stores.leases import Holder, Lease, holder_of, lease_record
 
 # header, message lines, messages, the log part (None: a document alone)
 Snapshot = tuple[dict[str, Any], list[str], list[Message], Records | None]
@@ -265,6 +267,36 @@ class JsonStore(JsonLease, JsonBlobs):
             if self._file(cid).exists():
                 raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
             self._write(cid, conversation.header(), [], [])
+
+    def _try_create_leased(self, lease: Lease, conversation: Conversation,
+                           messages: list[Message]) -> Holder | None:
+        """The lease and the conversation with its first messages under one take of the
+        conversation's lock: every check first, then the lease file and the document
+        (header and messages in one file, as compaction writes it: no log record), each
+        written atomically. A document that cannot be written takes the lease back."""
+        cid = conversation.id
+        path, lease_path = self._file(cid), self._lease_file(cid)
+        with locked(self._lock(cid)):
+            holder = holder_of(self._read_lease(lease_path), lease)
+            if holder is not None:
+                return holder
+            if path.exists():
+                raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
+            where = str(path)
+            check_append(where, -1, lambda seq: "", messages)
+            refuse_unheld_blobs(where, messages, self._blob_size)
+            header = conversation.header()
+            if messages:
+                header["updated_at"] = now_iso()
+            atomic_write(lease_path, json.dumps(lease_record(lease)).encode())
+            try:
+                self._write(cid, header, [doc.message_line(m) for m in messages],
+                            list(messages))
+            except BaseException:
+                with suppress(ChatstateError):  # else it lapses by itself
+                    remove_durably(lease_path)
+                raise
+        return None
 
     def append(self, conversation_id: str, messages: Sequence[Message], *,
                fence: str | None = None) -> None:

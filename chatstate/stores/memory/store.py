@@ -216,6 +216,29 @@ class MemoryStore(LeaseMethods):
                 self.space.leases[cid] = lease_record(lease)
             return holder
 
+    def _try_create_leased(self, lease: Lease, conversation: Conversation,
+                           messages: list[Message]) -> Holder | None:
+        """The lease, the header and the first messages under one hold of the lock: every
+        check first, then all of it or nothing."""
+        cid = validate_id(conversation.id)
+        where = f"{self.url} conversation {cid!r}"
+        with self._lock:
+            holder = holder_of(self.space.leases.get(cid), lease)
+            if holder is not None:
+                return holder
+            if cid in self.space.conversations:
+                raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
+            check_append(where, -1, lambda seq: "", messages)
+            fresh = tuple(m.model_copy(deep=True) for m in messages)
+            refuse_unheld_blobs(where, list(fresh), self._blob_size)
+            held = Held(copy.deepcopy(conversation.header()))
+            if fresh:
+                held.messages = held.verified = fresh
+                held.header["updated_at"] = now_iso()
+            self.space.leases[cid] = lease_record(lease)
+            self.space.conversations[cid] = held
+            return None
+
     def _drop_lease(self, lease: Lease) -> None:
         with self._lock:
             if self.space.leases.get(lease.conversation_id, {}).get("owner") == lease.owner:

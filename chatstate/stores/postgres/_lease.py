@@ -7,6 +7,8 @@ server's clock decides expiry, so hosts with skewed clocks agree.
 
 from __future__ import annotations
 
+from typing import Any
+
 from chatstate.stores.leases import Holder, Lease, LeaseMethods
 from chatstate.stores.postgres._conn import PgConnection
 
@@ -21,17 +23,21 @@ TAKE = """INSERT INTO leases AS l (conversation_id, owner, host, pid, until)
 
 class PgLease(LeaseMethods, PgConnection):
     def _try_lease(self, lease: Lease) -> Holder | None:
-        dead = lease.dead or ("", -1)
         with self._tx("take the writer lease in") as db:
-            row = db.execute(TAKE, {"cid": lease.conversation_id, "owner": lease.owner,
-                                    "host": lease.host, "pid": lease.pid,
-                                    "term": lease.term, "dead_host": dead[0],
-                                    "dead_pid": dead[1]}).fetchone()
-            if row is not None:
-                lease.until = float(row[0])
-                return None
-            held = db.execute("SELECT host, pid, extract(epoch FROM until) FROM leases WHERE "
-                              "conversation_id=%s", (lease.conversation_id,)).fetchone()
+            return self._lease_in(db, lease)
+
+    def _lease_in(self, db: Any, lease: Lease) -> Holder | None:
+        """Take or extend ``lease`` inside the write transaction ``db``."""
+        dead = lease.dead or ("", -1)
+        row = db.execute(TAKE, {"cid": lease.conversation_id, "owner": lease.owner,
+                                "host": lease.host, "pid": lease.pid,
+                                "term": lease.term, "dead_host": dead[0],
+                                "dead_pid": dead[1]}).fetchone()
+        if row is not None:
+            lease.until = float(row[0])
+            return None
+        held = db.execute("SELECT host, pid, extract(epoch FROM until) FROM leases WHERE "
+                          "conversation_id=%s", (lease.conversation_id,)).fetchone()
         return Holder(held[0], held[1], float(held[2])) if held else Holder("?", 0, 0.0)
 
     def _drop_lease(self, lease: Lease) -> None:

@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from chatstate.core.transcript import Message, validate_id
+from chatstate.core.transcript import Conversation, Message, validate_id
 from chatstate.errors import ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
+from chatstate.stores.leases import Holder, Lease
 from chatstate.stores.postgres._base import PgBase
 from chatstate.stores.postgres._conn import PgTarget
 from chatstate.stores.postgres._lease import PgLease
@@ -39,6 +40,10 @@ class PostgresStore(PgLease, PgBase, RelationalStore):
         return cls(PgTarget(url), url)
 
     # -- the relational core's hooks ---------------------------------------------------
+    def _try_create_leased(self, lease: Lease, conversation: Conversation,
+                           messages: list[Message]) -> Holder | None:
+        return self._create_leased_once(lease, conversation, messages)  # one transaction
+
     def _write(self, action: str) -> AbstractContextManager[Any]:
         return self._tx(action)
 

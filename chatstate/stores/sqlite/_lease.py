@@ -7,6 +7,8 @@ so it is read, judged and written under the write lock instead of in one upsert.
 
 from __future__ import annotations
 
+import sqlite3
+
 from chatstate.core.transcript import validate_id
 from chatstate.stores.leases import Holder, Lease, LeaseMethods, holder_of, lease_record
 from chatstate.stores.sqlite._conn import SqliteConnection
@@ -16,17 +18,21 @@ COLUMNS = ("owner", "host", "pid", "until", "stamp", "boot", "mono", "term")
 
 class SqliteLease(LeaseMethods, SqliteConnection):
     def _try_lease(self, lease: Lease) -> Holder | None:
-        cid = validate_id(lease.conversation_id)
         with self._tx("take the writer lease in") as db:
-            row = db.execute(f"SELECT {', '.join(COLUMNS)} FROM leases WHERE "
-                             "conversation_id=?", (cid,)).fetchone()
-            holder = holder_of(dict(zip(COLUMNS, row, strict=True)) if row else None, lease)
-            if holder is None:
-                rec = lease_record(lease)
-                db.execute(f"INSERT OR REPLACE INTO leases (conversation_id, {', '.join(COLUMNS)}) "
-                           f"VALUES (?{', ?' * len(COLUMNS)})",
-                           (cid, *(rec[c] for c in COLUMNS)))
-            return holder
+            return self._lease_in(db, lease)
+
+    def _lease_in(self, db: sqlite3.Connection, lease: Lease) -> Holder | None:
+        """Take or extend ``lease`` inside the write transaction ``db``."""
+        cid = validate_id(lease.conversation_id)
+        row = db.execute(f"SELECT {', '.join(COLUMNS)} FROM leases WHERE "
+                         "conversation_id=?", (cid,)).fetchone()
+        holder = holder_of(dict(zip(COLUMNS, row, strict=True)) if row else None, lease)
+        if holder is None:
+            rec = lease_record(lease)
+            db.execute(f"INSERT OR REPLACE INTO leases (conversation_id, {', '.join(COLUMNS)}) "
+                       f"VALUES (?{', ?' * len(COLUMNS)})",
+                       (cid, *(rec[c] for c in COLUMNS)))
+        return holder
 
     def _drop_lease(self, lease: Lease) -> None:
         with self._tx("release the writer lease in") as db:

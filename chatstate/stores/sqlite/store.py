@@ -20,11 +20,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from chatstate.core.transcript import Message, now_iso, validate_id
+from chatstate.core.transcript import Conversation, Message, now_iso, validate_id
 from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
 from chatstate.stores.base import Location, local_path
+from chatstate.stores.leases import Holder, Lease
 from chatstate.stores.sqlite._blobs import SqliteBlobs
 from chatstate.stores.sqlite._lease import SqliteLease
 
@@ -48,6 +49,10 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         return Location(url=self.url, path=str(self.path))
 
     # -- the relational core's hooks ---------------------------------------------------
+    def _try_create_leased(self, lease: Lease, conversation: Conversation,
+                           messages: list[Message]) -> Holder | None:
+        return self._create_leased_once(lease, conversation, messages)  # one transaction
+
     def _write(self, action: str) -> AbstractContextManager[sqlite3.Connection]:
         return self._tx(action)
 
