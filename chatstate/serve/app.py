@@ -354,13 +354,11 @@ class Proxy:
         slot[0] = False
         if not data.get("stream"):
             try:
-                return await self._plain(request, turn, prepared.content, headers, namespace,
-                                         wire)
+                return await self._plain(request, turn, prepared, headers, namespace, wire)
             finally:
                 await end()
         try:
-            return await self._stream(request, turn, prepared.content, headers, end, namespace,
-                                      wire)
+            return await self._stream(request, turn, prepared, headers, end, namespace, wire)
         except BaseException:  # once the relay has begun, its cleanup ends the turn
             await end()
             raise
@@ -381,9 +379,10 @@ class Proxy:
         self.metrics.reply(reply, namespace)
         return message
 
-    async def _plain(self, request: Request, turn: Turn, content: bytes,
+    async def _plain(self, request: Request, turn: Turn, prepared: Prepared,
                      headers: dict[str, str], namespace: str, wire: Wire = CHAT) -> Response:
-        """``content``: the body to forward, encoded (``_prepare``)."""
+        """``prepared``: the request as ``_prepare`` read it (the body to forward, encoded)."""
+        content, forward = prepared.content, prepared.forward
         openai_error = wire.error
         try:
             started = clock()
@@ -413,10 +412,11 @@ class Proxy:
                                 outcome(resp.status_code, clock() - started, resp.headers))
         return passthrough(resp, headers)
 
-    async def _stream(self, request: Request, turn: Turn, content: bytes,
+    async def _stream(self, request: Request, turn: Turn, prepared: Prepared,
                       headers: dict[str, str], end: _TurnEnd, namespace: str,
                       wire: Wire = CHAT) -> Response:
-        """``content``: the body to forward, encoded (``_prepare``)."""
+        """``prepared``: the request as ``_prepare`` read it (the body to forward, encoded)."""
+        content, forward = prepared.content, prepared.forward
         openai_error = wire.error
         http = self._http()
         try:
