@@ -387,21 +387,27 @@ class SealedStore(ForwardingStore):
                 if attempt == 0:
                     continue  # what this process knew may be stale: look again
                 raise
+            fresh = list(messages[already:])
+            if not fresh:
+                return
+            sealed: list[Message] = []
+            prev, logical = stored_last, last
+            for msg in fresh:
+                sealed.append(self._seal(cid, msg, prev, logical))
+                prev, logical = sealed[-1].hash, msg.hash
+            try:
+                self.inner.append(cid, sealed, **({} if fence is None else {"fence": fence}))
+            except ConflictError:
+                with self._lock:
+                    self._tails.pop(cid, None)
+                if attempt == 0:  # the stored chain moved under the same plaintext (a
+                    continue      # rekey rewrote it): seal again from what is stored now
+                raise
+            except BaseException:
+                with self._lock:
+                    self._tails.pop(cid, None)
+                raise
             break
-        fresh = list(messages[already:])
-        if not fresh:
-            return
-        sealed: list[Message] = []
-        prev, logical = stored_last, last
-        for msg in fresh:
-            sealed.append(self._seal(cid, msg, prev, logical))
-            prev, logical = sealed[-1].hash, msg.hash
-        try:
-            self.inner.append(cid, sealed, **({} if fence is None else {"fence": fence}))
-        except BaseException:
-            with self._lock:
-                self._tails.pop(cid, None)
-            raise
         with self._lock:
             self._tails[cid] = (fresh[-1].seq + 1, prev, fresh[-1].hash)
 
@@ -518,7 +524,10 @@ def seal_opened(store: Store, *, keyless: bool = False,
             f"{store.url} is encrypted (key {mark.get('key')}) and no key is configured: set "
             "CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND "
             "(`chatstate replay --verify` and `chatstate doctor` check it without one)")
-    codec = AeadCodec(key, older=list(old_keys))
+    from chatstate.stores._rekey import rotation_codec
+
+    codec = (rotation_codec(key, old_keys, mark) if mark is not None else None) or \
+        AeadCodec(key, older=list(old_keys))  # a rekey running: the new key, either opens
     if mark is None:
         if store.list_conversations(limit=1):
             raise ConfigurationError(
