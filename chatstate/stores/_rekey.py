@@ -92,9 +92,10 @@ def rotation_codec(key: bytes, old_keys: Sequence[bytes], mark: dict[str, Any]
 
 def _fp_of_text(text: object) -> str | None:
     try:
-        return base64.b64decode(str(text), validate=True)[:FP_BYTES].hex()
+        raw = base64.b64decode(str(text), validate=True)
     except (binascii.Error, ValueError):
         return None
+    return raw[:FP_BYTES].hex() if len(raw) >= FP_BYTES else None
 
 
 def record_keys(stored: Conversation) -> dict[str, str | None]:
@@ -120,7 +121,7 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
                    max_passes: int = 5) -> RekeyReport:
     """Re-encrypt ``inner`` (an opened store, as stored: not sealed) from ``old`` to
     ``new`` (see the module docstring). Resumes a run that was killed."""
-    from chatstate.stores.sealed import SealedStore, mark_encrypted, marker
+    from chatstate.stores.sealed import HIDDEN, SealedStore, mark_encrypted, marker
 
     old_fp, new_fp = fingerprint_of(old), fingerprint_of(new)
     report = RekeyReport(old=old_fp, new=new_fp)
@@ -164,7 +165,7 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
         report.passes += 1
         changed = 0
         for summary in inner.list_conversations():
-            if summary.id == MARKER_ID:
+            if summary.id in HIDDEN:  # the mark; the keyed index is rebuilt by a search
                 continue
             n = _rekey_conversation(sealed, inner, summary.id, new_fp)
             if n:

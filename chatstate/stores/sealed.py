@@ -65,6 +65,9 @@ from chatstate.stores.codec import (
 from chatstate.stores.forwarding import ForwardingStore
 
 MARKER_ID = "chatstate.encryption"
+HIDDEN = frozenset({MARKER_ID, "chatstate.search-index"})
+"""The store's own conversations, hidden from callers: the mark, the keyed search index
+(``chatstate.stores._keyed_index``)."""
 MARKER_TITLE = ("chatstate: this store is encrypted; open it with its key set "
                 "(CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND)")
 
@@ -119,9 +122,9 @@ class SealedStore(ForwardingStore):
         return where + (f" seq {seq}" if seq is not None else "") + (f" {what}" if what else "")
 
     def _own(self, cid: str) -> str:
-        if cid == MARKER_ID:
-            raise ConversationNotFound(f"{MARKER_ID!r} is the encryption mark of "
-                                       f"{self.inner.url}, not a conversation")
+        if cid in HIDDEN:
+            raise ConversationNotFound(f"{cid!r} is the encryption mark (or the keyed search "
+                                       f"index) of {self.inner.url}, not a conversation")
         return cid
 
     # -- messages ----------------------------------------------------------------------
@@ -340,8 +343,9 @@ class SealedStore(ForwardingStore):
             partial=partial)
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
-        found = [s for s in self.inner.list_conversations(None if limit is None else limit + 1)
-                 if s.id != MARKER_ID]
+        found = [s for s in self.inner.list_conversations(None if limit is None else
+                                                          limit + len(HIDDEN))
+                 if s.id not in HIDDEN]
         return [s.model_copy(update={"title": self._open_title(s.id, s.title)})
                 for s in found[:limit]]
 
@@ -433,9 +437,12 @@ class SealedStore(ForwardingStore):
             **({} if fence is None else {"fence": fence}))
 
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
-        raise Unsupported(f"{self.inner.url} is encrypted: full-text search is off, because "
-                          "an index would keep the words of every message in the clear. "
-                          "Decrypt a conversation with `chatstate show ID` instead")
+        """Off, unless opted in to a keyed index (``chatstate.stores._keyed_index``)."""
+        from chatstate.stores import _keyed_index
+
+        if not _keyed_index.enabled():
+            raise _keyed_index.refused(self.inner.url)
+        return _keyed_index.KeyedIndex(self).search(text, limit)
 
     # -- blobs -------------------------------------------------------------------------
     def put_blob(self, data: bytes, *, media_type: str | None = None,
