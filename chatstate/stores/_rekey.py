@@ -28,12 +28,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from chatstate.core.transcript import Conversation
-from chatstate.errors import ConfigurationError, ConflictError, Unsupported
+from chatstate.errors import (
+    ConfigurationError,
+    ConflictError,
+    ConversationNotFound,
+    Unsupported,
+)
 from chatstate.stores.base import CollectsBlobs, Rewrites, Store
 from chatstate.stores.codec import AEAD_NAME, FP_BYTES, SEALED_META, AeadCodec, fingerprint_of
 
@@ -181,6 +187,10 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
         raise ConflictError(f"{inner.url}: records under key {old_fp} kept appearing for "
                             f"{max_passes} passes (a writer opened before the rotation is "
                             "still writing under the old key): restart it and run rekey again")
+    from chatstate.stores._keyed_index import INDEX_ID
+
+    with contextlib.suppress(ConversationNotFound):  # keyed by the old key: made again
+        inner.delete(INDEX_ID)                       # by the next search, under the new
     inner.set_header(MARKER_ID, metadata={"encryption": {
         "aead": AEAD_NAME, "format": 1, "key": new_fp}})
     return report
@@ -189,8 +199,6 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
 def _rekey_conversation(sealed: Any, inner: Store, cid: str, new_fp: str,
                         attempts: int = 20) -> int:
     """Re-encrypt one conversation's records not under ``new_fp``; how many were."""
-    from chatstate.errors import ConversationNotFound
-
     done = 0
     for _ in range(attempts):
         try:
