@@ -30,7 +30,16 @@ OLD, NEW = parse_key(KEY, "test"), parse_key(OTHER_KEY, "test")
 SECRET = "rekey-secret-51c2"
 
 
-def _url(tmp_path: Path, kind: str) -> str:
+KINDS = ["json", "sqlite", "postgres"]
+
+
+def _url(tmp_path: Path, kind: str, request: pytest.FixtureRequest | None = None) -> str:
+    """A fresh store of ``kind`` (postgres: a fresh schema on the session's server)."""
+    if kind == "postgres":
+        from support.pgserver import fresh_schema_url
+
+        assert request is not None
+        return fresh_schema_url(request.getfixturevalue("pg_dsn"))
     return f"json://{tmp_path}/store" if kind == "json" else f"sqlite://{tmp_path}/s.db"
 
 
@@ -117,15 +126,15 @@ def _append_one(url: str, key: bytes, cid: str, text: str) -> None:
             store.close()
 
 
-@pytest.mark.parametrize("kind", ["json", "sqlite"])
-def test_rekey_in_place_killed_at_random_points_loses_nothing(tmp_path: Path,
-                                                              kind: str) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_rekey_in_place_killed_at_random_points_loses_nothing(
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
     rng = random.Random(int.from_bytes(os.urandom(4), "big"))
     killed = 0
     for trial in range(3):
         root = tmp_path / f"trial{trial}"
         root.mkdir()
-        url = _url(root, kind)
+        url = _url(root, kind, request)
         _fill(url)
         expected = _content(url, OLD)
         for kill in range(2):
@@ -186,10 +195,10 @@ def _assert_finished(root: Path, url: str, expected: dict[str, Any]) -> None:
             keyless_verify.stderr, keyless_verify.stderr
 
 
-@pytest.mark.parametrize("kind", ["json", "sqlite"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_appends_while_rekey_runs_are_kept_and_end_under_the_new_key(
-        tmp_path: Path, kind: str) -> None:
-    url = _url(tmp_path, kind)
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    url = _url(tmp_path, kind, request)
     _fill(url, conversations=6, messages=200)
     expected_ids = set(_content(url, OLD))
     acked: list[tuple[str, str]] = []
