@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.cli_helpers import CHATSTATE, cli_env
+from support.s3server import moto_endpoint, new_bucket_url
 from support.sealed import KEY, OTHER_KEY, keyless, open_raw
 
 from chatstate.core.transcript import Conversation, Message
@@ -25,6 +26,8 @@ from chatstate.stores import open_store
 from chatstate.stores._rekey import record_keys
 from chatstate.stores.codec import fingerprint_of, parse_key
 from chatstate.testing.store_contract import seal_chain
+
+__all__ = ["moto_endpoint"]  # the fixture, re-exported so pytest finds it here
 
 OLD, NEW = parse_key(KEY, "test"), parse_key(OTHER_KEY, "test")
 SECRET = "rekey-secret-51c2"
@@ -260,3 +263,36 @@ def test_rekey_without_a_new_key_or_twice(tmp_path: Path) -> None:
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout
     with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
         open_store(url, key=OLD)
+
+
+def _refused_untouched(url: str, root: Path, needle: str) -> None:
+    before = _content(url, OLD)
+    done = subprocess.run(REKEY, env=_env(root, url), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and needle in done.stderr and "--from" in done.stderr, \
+        done.stderr
+    mark = _mark(url)
+    assert mark["key"] == fingerprint_of(OLD) and "rekey" not in mark  # not started
+    assert _content(url, OLD) == before
+
+
+def test_rekey_in_place_refuses_a_store_with_blobs_before_writing(tmp_path: Path) -> None:
+    from chatstate.core.content import image, store_parts, text
+
+    url = _url(tmp_path, "sqlite")
+    _fill(url, conversations=1, messages=2)
+    with keyless():
+        store = open_store(url, key=OLD)
+        last = store.load("c00").messages[-1]
+        parts = store_parts(store, [text("see"), image(b"\x89PNG\r\n\x1a\n" + b"x" * 200_000,
+                                                       name="a.png")])
+        store.append("c00", [Message.seal(last, role="user", content=parts, turn_id="t-i")])
+        store.close()
+    _refused_untouched(url, tmp_path, "images or files")
+
+
+def test_rekey_in_place_refuses_s3_which_cannot_rewrite_in_place(
+        tmp_path: Path, moto_endpoint: str) -> None:
+    url = new_bucket_url(moto_endpoint)
+    _fill(url, conversations=2, messages=3)
+    _refused_untouched(url, tmp_path, "cannot rewrite a conversation in place")
