@@ -498,15 +498,18 @@ def describe_sealed(conversation: Conversation) -> str:
 
 def encryption_note(store: Store) -> str | None:
     """For ``doctor``: how the store is encrypted and what a load checks (None: plain)."""
+    rot = (marker(store.inner if isinstance(store, SealedStore) else store) or {}).get("rekey")
+    running = (f"; a rekey from key {rot.get('from')} is under way (both keys read): run "
+               "`chatstate rekey` again to finish it") if isinstance(rot, dict) else ""
     if isinstance(store, SealedStore):
         return (f"{AEAD_NAME}, key {store.codec.fingerprint} configured: every record "
-                "loaded has its authentication tag checked")
+                "loaded has its authentication tag checked" + running)
     mark = marker(store)
     if mark is None:
         return None
     return (f"{mark.get('aead', AEAD_NAME)}, sealed by key {mark.get('key')}; no key "
             "configured: the hash chains over the stored ciphertext are verified, the "
-            "authentication tags are not (set the key to check them too)")
+            "authentication tags are not (set the key to check them too)" + running)
 
 
 def seal_opened(store: Store, *, keyless: bool = False,

@@ -149,6 +149,7 @@ def test_rekey_in_place_killed_at_random_points_loses_nothing(
             assert _content(url, NEW, (OLD,)) == expected, (trial, kill)
             if _mark(url).get("rekey"):  # once it started, the new key alone opens it too
                 assert _content(url, NEW) == expected, (trial, kill)
+                assert "a rekey from key" in _doctor_note(url)  # and doctor says so
             # an append after the kill (configured with the old key) is acknowledged...
             cid = f"c{rng.randrange(10):02d}"
             _append_one(url, OLD, cid, f"after kill {kill} {SECRET}")
@@ -164,6 +165,16 @@ def test_rekey_in_place_killed_at_random_points_loses_nothing(
         assert KEY not in done.stdout + done.stderr and OTHER_KEY not in done.stdout + done.stderr
         _assert_finished(root, url, expected)
     assert killed >= 3, f"only {killed} of 6 kills struck a running rekey"
+
+
+def _doctor_note(url: str) -> str:
+    from chatstate.stores.sealed import encryption_note
+
+    raw = open_raw(url)
+    try:
+        return encryption_note(raw) or ""
+    finally:
+        raw.close()
 
 
 def _mark(url: str) -> dict[str, Any]:
