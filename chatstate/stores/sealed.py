@@ -534,7 +534,7 @@ def seal_opened(store: Store, *, keyless: bool = False,
             f"{store.url} is encrypted (key {mark.get('key')}) and no key is configured: set "
             "CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND "
             "(`chatstate replay --verify` and `chatstate doctor` check it without one)")
-    from chatstate.stores._rekey import rotation_codec
+    from chatstate.stores.rekey import rotation_codec
 
     codec = (rotation_codec(key, old_keys, mark) if mark is not None else None) or \
         AeadCodec(key, older=list(old_keys))  # a rekey running: the new key, either opens

@@ -23,8 +23,8 @@ from support.sealed import KEY, OTHER_KEY, keyless, open_raw
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ConfigurationError, ConflictError
 from chatstate.stores import open_store
-from chatstate.stores._rekey import record_keys
 from chatstate.stores.codec import fingerprint_of, parse_key
+from chatstate.stores.rekey import record_keys
 from chatstate.testing.store_contract import seal_chain
 
 __all__ = ["moto_endpoint"]  # the fixture, re-exported so pytest finds it here
@@ -307,3 +307,27 @@ def test_rekey_in_place_refuses_s3_which_cannot_rewrite_in_place(
     url = new_bucket_url(moto_endpoint)
     _fill(url, conversations=2, messages=3)
     _refused_untouched(url, tmp_path, "cannot rewrite a conversation in place")
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_rekey_waits_for_a_turn_holding_the_lease_and_stops_resumable(
+        tmp_path: Path, kind: str) -> None:
+    url = _url(tmp_path, kind)
+    _fill(url, conversations=3, messages=4)
+    expected = _content(url, OLD)
+    holder = open_raw(url)
+    lease = holder.acquire_lease("c01", term=300)
+    try:
+        busy = subprocess.run([*REKEY, "--wait", "0.5"], env=_env(tmp_path, url),
+                              capture_output=True, text=True, timeout=120)
+        assert busy.returncode != 0 and "c01" in busy.stderr and "run rekey again" in \
+            busy.stderr, busy.stderr
+        assert set(_fingerprints(url)["c01"].values()) == {fingerprint_of(OLD)}  # untouched
+        assert _content(url, OLD) == expected == _content(url, NEW)  # both keys still read
+    finally:
+        holder.release_lease(lease)
+        holder.close()
+    done = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    _assert_finished(tmp_path, url, expected)

@@ -79,6 +79,9 @@ def copy(env: Env, src_url: str, dst_url: str, *, verify: bool, as_json: bool,
               "holding the new key.")
 @click.option("--new-key-command", metavar="COMMAND", help="A command that prints the new key "
               "(run without a shell, like CHATSTATE_KEY_COMMAND).")
+@click.option("--wait", type=click.FloatRange(0), default=120.0, show_default=True,
+              help="Seconds to wait for a turn in progress (it holds its conversation's "
+              "writer lease) before stopping, to be run again later.")
 @click.option("--from", "src_url", metavar="URL",
               help="Copy form: the store encrypted with the old key (CHATSTATE_OLD_ENCRYPTION_KEY, "
               "CHATSTATE_OLD_KEY_FILE or CHATSTATE_OLD_KEY_COMMAND), never changed.")
@@ -87,8 +90,8 @@ def copy(env: Env, src_url: str, dst_url: str, *, verify: bool, as_json: bool,
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def rekey(env: Env, new_key_file: str | None, new_key_env: str | None,
-          new_key_command: str | None, src_url: str | None, dst_url: str | None,
-          as_json: bool) -> None:
+          new_key_command: str | None, wait: float, src_url: str | None,
+          dst_url: str | None, as_json: bool) -> None:
     """Re-encrypt the store under a new key, in place.
 
     The old key is the configured one (CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE
@@ -123,14 +126,14 @@ def rekey(env: Env, new_key_file: str | None, new_key_env: str | None,
                                  "CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or "
                                  "CHATSTATE_KEY_COMMAND")
     from chatstate.stores import open_store
-    from chatstate.stores._rekey import rekey_in_place
+    from chatstate.stores.rekey import rekey_in_place
 
     store = open_store(env.store_url, allow_ephemeral=env.allow_ephemeral, keyless=True,
                        key=None)
     describe_store(store)
     try:
-        report = rekey_in_place(store, old, new, progress=None if as_json else
-                                lambda line: click.echo(line, err=True))
+        report = rekey_in_place(store, old, new, lease_wait=wait, progress=None if as_json
+                                else lambda line: click.echo(line, err=True))
     finally:
         store.close()
     if as_json:

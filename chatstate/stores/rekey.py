@@ -37,10 +37,11 @@ from chatstate.core.transcript import Conversation
 from chatstate.errors import (
     ConfigurationError,
     ConflictError,
+    ConversationInUse,
     ConversationNotFound,
     Unsupported,
 )
-from chatstate.stores.base import CollectsBlobs, Rewrites, Store
+from chatstate.stores.base import CollectsBlobs, Leases, Rewrites, Store
 from chatstate.stores.codec import AEAD_NAME, FP_BYTES, SEALED_META, AeadCodec, fingerprint_of
 
 MARKER_ID = "chatstate.encryption"  # as chatstate.stores.sealed names it (imported late there)
@@ -121,10 +122,15 @@ def record_keys(stored: Conversation) -> dict[str, str | None]:
     return out
 
 
+LEASE_WAIT = 120.0
+"""Seconds to wait for a live writer's turn (which holds the conversation's lease while it
+streams) before rekey stops, to be run again (ConversationInUse)."""
+
+
 # -- the run ------------------------------------------------------------------------------
 def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
                    progress: Callable[[str], None] | None = None,
-                   max_passes: int = 5) -> RekeyReport:
+                   max_passes: int = 5, lease_wait: float = LEASE_WAIT) -> RekeyReport:
     """Re-encrypt ``inner`` (an opened store, as stored: not sealed) from ``old`` to
     ``new`` (see the module docstring). Resumes a run that was killed."""
     from chatstate.stores.sealed import HIDDEN, SealedStore, mark_encrypted, marker
@@ -173,7 +179,7 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
         for summary in inner.list_conversations():
             if summary.id in HIDDEN:  # the mark; the keyed index is rebuilt by a search
                 continue
-            n = _rekey_conversation(sealed, inner, summary.id, new_fp)
+            n = _rekey_conversation(sealed, inner, summary.id, new_fp, lease_wait)
             if n:
                 changed += n
                 report.records += n
@@ -197,8 +203,29 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
 
 
 def _rekey_conversation(sealed: Any, inner: Store, cid: str, new_fp: str,
-                        attempts: int = 20) -> int:
-    """Re-encrypt one conversation's records not under ``new_fp``; how many were."""
+                        wait: float = LEASE_WAIT) -> int:
+    """Re-encrypt one conversation's records not under ``new_fp`` holding its writer lease
+    (where the store has leases), so no turn streams a partial reply meanwhile and every
+    write is fenced; how many records were re-encrypted."""
+    if not isinstance(inner, Leases):
+        return _rekey_records(sealed, inner, cid, new_fp, None)
+    try:
+        lease = inner.acquire_lease(cid, wait=wait)
+    except ConversationNotFound:
+        return 0
+    except ConversationInUse as exc:
+        raise ConversationInUse(f"{exc}; its records were not re-encrypted yet: run rekey "
+                                "again once that turn is over (nothing is lost meanwhile)"
+                                ) from None
+    try:
+        return _rekey_records(sealed, inner, cid, new_fp, str(lease.owner))
+    finally:
+        inner.release_lease(lease)
+
+
+def _rekey_records(sealed: Any, inner: Store, cid: str, new_fp: str, fence: str | None,
+                   attempts: int = 20) -> int:
+    fenced: dict[str, str] = {} if fence is None else {"fence": fence}
     done = 0
     for _ in range(attempts):
         try:
@@ -222,10 +249,12 @@ def _rekey_conversation(sealed: Any, inner: Store, cid: str, new_fp: str,
                 stored_last = stored.messages[-1].hash if stored.messages else None
             if "partial" in stale and opened.partial is not None:
                 logical = opened.messages[-1].hash if opened.messages else None
-                inner.save_partial(cid, sealed._seal(cid, opened.partial, stored_last, logical))
+                inner.save_partial(cid, sealed._seal(cid, opened.partial, stored_last, logical),
+                                   **fenced)
             if "title" in stale or "metadata" in stale:
                 inner.set_header(cid, title=sealed._seal_title(cid, opened.title),
-                                 metadata=sealed._seal_metadata(cid, opened.metadata))
+                                 metadata=sealed._seal_metadata(cid, opened.metadata),
+                                 **fenced)
             done += len(stale)
         except ConflictError:
             pass  # a writer got there first: read it again
