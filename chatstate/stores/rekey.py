@@ -133,7 +133,7 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
                    max_passes: int = 5, lease_wait: float = LEASE_WAIT) -> RekeyReport:
     """Re-encrypt ``inner`` (an opened store, as stored: not sealed) from ``old`` to
     ``new`` (see the module docstring). Resumes a run that was killed."""
-    from chatstate.stores.sealed import HIDDEN, SealedStore, mark_encrypted, marker
+    from chatstate.stores.sealed import HIDDEN, SealedStore, marker
 
     old_fp, new_fp = fingerprint_of(old), fingerprint_of(new)
     report = RekeyReport(old=old_fp, new=new_fp)
@@ -142,12 +142,9 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
                                  "with `chatstate keygen`")
     mark = marker(inner)
     if mark is None:
-        if inner.list_conversations(limit=1):
-            raise ConfigurationError(f"{inner.url} is not encrypted: copy it into an "
-                                     "encrypted store with `chatstate migrate --encrypt`")
-        mark_encrypted(inner, new_fp)
-        report.already_done = True
-        return report
+        raise ConfigurationError(f"{inner.url} is not encrypted, so there is nothing to "
+                                 "re-encrypt: copy it into a new encrypted store with "
+                                 "`chatstate migrate --encrypt`; nothing was changed")
     rot = mark.get("rekey")
     running = isinstance(rot, dict) and rot.get("from") == old_fp and mark.get("key") == new_fp
     if mark.get("key") == new_fp and not isinstance(rot, dict):

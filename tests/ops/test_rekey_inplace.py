@@ -331,3 +331,19 @@ def test_rekey_waits_for_a_turn_holding_the_lease_and_stops_resumable(
                           timeout=120)
     assert done.returncode == 0, done.stderr
     _assert_finished(tmp_path, url, expected)
+
+
+def test_rekey_in_place_refuses_a_plain_store(tmp_path: Path) -> None:
+    url = _url(tmp_path, "sqlite")
+    with keyless():
+        store = open_store(url)
+        store.create(Conversation(id="plain"))
+        store.close()
+    done = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and "not encrypted" in done.stderr, done.stderr
+    raw = open_raw(url)
+    try:
+        assert [s.id for s in raw.list_conversations()] == ["plain"]  # not marked either
+    finally:
+        raw.close()
