@@ -132,7 +132,8 @@ def _append_one(url: str, key: bytes, cid: str, text: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_rekey_in_place_killed_at_random_points_loses_nothing(
         tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
-    rng = random.Random(int.from_bytes(os.urandom(4), "big"))
+    seed = int.from_bytes(os.urandom(4), "big")  # named in every failure, to replay it
+    rng = random.Random(seed)
     killed = 0
     for trial in range(3):
         root = tmp_path / f"trial{trial}"
@@ -145,10 +146,10 @@ def test_rekey_in_place_killed_at_random_points_loses_nothing(
                 break  # it finished before the kill: checked as finished below
             killed += 1
             # either key opens it, and every record reads back as it was acknowledged
-            assert _content(url, OLD) == expected, (trial, kill)
-            assert _content(url, NEW, (OLD,)) == expected, (trial, kill)
+            assert _content(url, OLD) == expected, (seed, trial, kill)
+            assert _content(url, NEW, (OLD,)) == expected, (seed, trial, kill)
             if _mark(url).get("rekey"):  # once it started, the new key alone opens it too
-                assert _content(url, NEW) == expected, (trial, kill)
+                assert _content(url, NEW) == expected, (seed, trial, kill)
                 assert "a rekey from key" in _doctor_note(url)  # and doctor says so
             # an append after the kill (configured with the old key) is acknowledged...
             cid = f"c{rng.randrange(10):02d}"
@@ -161,7 +162,7 @@ def test_rekey_in_place_killed_at_random_points_loses_nothing(
                 assert fps[f"message {last}"] == fingerprint_of(NEW), fps
         done = subprocess.run(REKEY, env=_env(root, url), capture_output=True, text=True,
                               timeout=300)
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 0, (seed, done.stderr)
         assert KEY not in done.stdout + done.stderr and OTHER_KEY not in done.stdout + done.stderr
         _assert_finished(root, url, expected)
     assert killed >= 3, f"only {killed} of 6 kills struck a running rekey"
