@@ -44,7 +44,7 @@ Commands:
   models       List the endpoint's models; * marks the default.
   probe        Boot id, hostname and where writes land.
   prune        Delete old conversations (dry run unless --yes).
-  rekey        Re-encrypt a store under a new key (into a new store, resumable).
+  rekey        Re-encrypt the store under a new key in place (resumable).
   repair       Quarantine a damaged transcript.
   replay       Print a stored transcript.
   rm           Delete a conversation.

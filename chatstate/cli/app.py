@@ -36,8 +36,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fake-server": ("chatstate.cli.commands.fake_server", "fake_server", "Run the built-in fake "
                     "OpenAI-compatible model."),
     "keygen": ("chatstate.cli.commands.keys", "keygen", "Print a new encryption key."),
-    "rekey": ("chatstate.cli.commands.migrate", "rekey", "Re-encrypt a store under a new key "
-              "(into a new store, resumable)."),
+    "rekey": ("chatstate.cli.commands.migrate", "rekey", "Re-encrypt the store under a new key "
+              "in place (resumable)."),
     "migrate": ("chatstate.cli.commands.migrate", "migrate", "Copy every conversation between "
                 "stores."),
     "batch": ("chatstate.cli.commands.batch", "batch", "Resumable batch runner."),

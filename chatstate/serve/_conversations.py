@@ -88,7 +88,9 @@ class Conversations:
                                                  params.get("after"))
         except Unsupported:  # search on an encrypted store: off (the store URL stays hidden)
             return openai_error(400, "this store is encrypted: full-text search is off (an "
-                                "index would keep every word in the clear); leave q= out")
+                                "index would keep every word in the clear); leave q= out, "
+                                "or start serve with CHATSTATE_ENCRYPTED_SEARCH=keyed for a "
+                                "keyed index (see docs/encryption.md for what it reveals)")
         return JSONResponse({"object": "list", "data": [r.model_dump() for r in rows],
                              "has_more": more,
                              "first_id": rows[0].id if rows else None,

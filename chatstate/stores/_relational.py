@@ -48,6 +48,7 @@ from chatstate.stores.base import (
     PreparedBatch,
     check_append,
     check_partial_commit,
+    check_rewrite,
 )
 from chatstate.stores.blobs import check_stored_blobs, named_blobs, refuse_unheld_blobs
 from chatstate.stores.leases import Holder, Lease, check_fence
@@ -314,6 +315,24 @@ class RelationalStore(ABC):
         self._seen[cid] = (self._version(db), fresh[-1].seq + 1, fresh[-1].hash)
         self._q(db, "DELETE FROM partials WHERE conversation_id=? AND seq<=?",
                 (cid, fresh[-1].seq))
+
+    def rewrite(self, conversation_id: str, messages: Sequence[Message], *,
+                expect: str | None) -> None:
+        """Every message row replaced in one transaction, the head moved with them
+        (``Rewrites``: ``chatstate rekey``)."""
+        cid = conversation_id
+        where = self._where(cid)
+        with self._write("rewrite") as db:
+            count = self._verified_count(db, cid, self.dialect.for_update)
+            head = self._header(db, cid)
+            check_rewrite(where, count, head[6], expect, messages)
+            if not messages:
+                return
+            self._q(db, "DELETE FROM messages WHERE conversation_id=?", (cid,))
+            self._insert_messages(db, cid, messages, [m.body() for m in messages])
+            self._q(db, "UPDATE conversations SET last_hash=? WHERE id=?",
+                    (messages[-1].hash, cid))
+            self._seen[cid] = (self._version(db), len(messages), messages[-1].hash)
 
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:

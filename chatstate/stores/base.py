@@ -198,6 +198,34 @@ class Searchable(Protocol):
         ...
 
 
+@runtime_checkable
+class Rewrites(Protocol):
+    def rewrite(self, conversation_id: str, messages: Sequence[Message], *,
+                expect: str | None) -> None:
+        """Replace every stored message of a conversation at once (``chatstate rekey``).
+
+        ``messages`` are the same seqs, re-sealed and re-chained; the swap is one atomic
+        write, made only while the stored last hash is still ``expect`` (ConflictError
+        otherwise: another writer appended since), and refused unless ``messages`` is a
+        valid chain of exactly as many messages (``check_rewrite``).
+        """
+        ...
+
+
+def check_rewrite(where: str, stored_count: int, stored_last: str | None, expect: str | None,
+                  messages: Sequence[Message]) -> None:
+    """Decide a ``Rewrites.rewrite`` against what is stored (see it)."""
+    if stored_count != len(messages) or stored_last != expect:
+        raise ConflictError(f"{where}: changed since it was read for the rewrite (another "
+                            "writer appended); nothing was rewritten, read it again",
+                            expected_seq=len(messages) - 1, actual_seq=stored_count - 1)
+    bad = verify_chain(list(messages), None, 0) if messages else None
+    if bad is not None:
+        raise CorruptTranscriptError(f"{where}: refusing to rewrite: message seq {bad} does "
+                                     "not chain; nothing was rewritten", where=where,
+                                     position=bad)
+
+
 LEASE_TERM = 15.0
 """Seconds a writer lease lasts unless renewed; its holder renews it every third of that."""
 

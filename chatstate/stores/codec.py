@@ -162,6 +162,12 @@ class AeadCodec:
     def fingerprint(self) -> str:
         return self._primary.fingerprint
 
+    def subkey(self, label: str) -> bytes:
+        """A key derived from the primary key for another use (the keyed search index):
+        HMAC-SHA256 of a distinct label under the secret nonce key."""
+        return hmac.new(self._primary.nonce_key, b"chatstate/v1/sub/" + label.encode(),
+                        hashlib.sha256).digest()
+
     def knows(self, fingerprint: str) -> bool:
         return fingerprint in self._keys
 

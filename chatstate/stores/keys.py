@@ -76,3 +76,23 @@ def _run_key_command(command: str, var: str) -> str:
                                  f"{done.returncode}; run it by hand to see why (its output "
                                  "is not shown: it may hold the key)")
     return done.stdout
+
+
+def load_new_key(*, file: str | None = None, env_var: str | None = None,
+                 command: str | None = None, env: Mapping[str, str] | None = None
+                 ) -> bytes | None:
+    """The key ``chatstate rekey`` rotates to, from the source its options name (a file,
+    refused unless 0600 like ``CHATSTATE_KEY_FILE``; the name of an environment variable
+    holding it; a command that prints it), or None when none is named."""
+    env = os.environ if env is None else env
+    if file:
+        return parse_key(_read_key_file(Path(file), "--new-key-file"),
+                         f"--new-key-file ({file})")
+    if env_var:
+        if not env.get(env_var):
+            raise ConfigurationError(f"--new-key-env: the environment variable {env_var} is "
+                                     "not set")
+        return parse_key(env[env_var], env_var)
+    if command:
+        return parse_key(_run_key_command(command, "--new-key-command"), "--new-key-command")
+    return None

@@ -72,6 +72,9 @@ from chatstate.stores.codec import (
 from chatstate.stores.forwarding import ForwardingStore
 
 MARKER_ID = "chatstate.encryption"
+HIDDEN = frozenset({MARKER_ID, "chatstate.search-index"})
+"""The store's own conversations, hidden from callers: the mark, the keyed search index
+(``chatstate.stores._keyed_index``)."""
 MARKER_TITLE = ("chatstate: this store is encrypted; open it with its key set "
                 "(CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND)")
 
@@ -126,9 +129,9 @@ class SealedStore(ForwardingStore):
         return where + (f" seq {seq}" if seq is not None else "") + (f" {what}" if what else "")
 
     def _own(self, cid: str) -> str:
-        if cid == MARKER_ID:
-            raise ConversationNotFound(f"{MARKER_ID!r} is the encryption mark of "
-                                       f"{self.inner.url}, not a conversation")
+        if cid in HIDDEN:
+            raise ConversationNotFound(f"{cid!r} is the encryption mark (or the keyed search "
+                                       f"index) of {self.inner.url}, not a conversation")
         return cid
 
     # -- messages ----------------------------------------------------------------------
@@ -369,8 +372,9 @@ class SealedStore(ForwardingStore):
             partial=partial)
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
-        found = [s for s in self.inner.list_conversations(None if limit is None else limit + 1)
-                 if s.id != MARKER_ID]
+        found = [s for s in self.inner.list_conversations(None if limit is None else
+                                                          limit + len(HIDDEN))
+                 if s.id not in HIDDEN]
         return [s.model_copy(update={"title": self._open_title(s.id, s.title)})
                 for s in found[:limit]]
 
@@ -416,21 +420,27 @@ class SealedStore(ForwardingStore):
                 if attempt == 0:
                     continue  # what this process knew may be stale: look again
                 raise
+            fresh = list(messages[already:])
+            if not fresh:
+                return
+            sealed: list[Message] = []
+            prev, logical = stored_last, last
+            for msg in fresh:
+                sealed.append(self._seal(cid, msg, prev, logical))
+                prev, logical = sealed[-1].hash, msg.hash
+            try:
+                self.inner.append(cid, sealed, **({} if fence is None else {"fence": fence}))
+            except ConflictError:
+                with self._lock:
+                    self._tails.pop(cid, None)
+                if attempt == 0:  # the stored chain moved under the same plaintext (a
+                    continue      # rekey rewrote it): seal again from what is stored now
+                raise
+            except BaseException:
+                with self._lock:
+                    self._tails.pop(cid, None)
+                raise
             break
-        fresh = list(messages[already:])
-        if not fresh:
-            return
-        sealed: list[Message] = []
-        prev, logical = stored_last, last
-        for msg in fresh:
-            sealed.append(self._seal(cid, msg, prev, logical))
-            prev, logical = sealed[-1].hash, msg.hash
-        try:
-            self.inner.append(cid, sealed, **({} if fence is None else {"fence": fence}))
-        except BaseException:
-            with self._lock:
-                self._tails.pop(cid, None)
-            raise
         with self._lock:
             self._tails[cid] = (fresh[-1].seq + 1, prev, fresh[-1].hash)
 
@@ -456,9 +466,12 @@ class SealedStore(ForwardingStore):
             **({} if fence is None else {"fence": fence}))
 
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
-        raise Unsupported(f"{self.inner.url} is encrypted: full-text search is off, because "
-                          "an index would keep the words of every message in the clear. "
-                          "Decrypt a conversation with `chatstate show ID` instead")
+        """Off, unless opted in to a keyed index (``chatstate.stores._keyed_index``)."""
+        from chatstate.stores import _keyed_index
+
+        if not _keyed_index.enabled():
+            raise _keyed_index.refused(self.inner.url)
+        return _keyed_index.KeyedIndex(self).search(text, limit)
 
     # -- blobs -------------------------------------------------------------------------
     def put_blob(self, data: bytes, *, media_type: str | None = None,
@@ -514,15 +527,18 @@ def describe_sealed(conversation: Conversation) -> str:
 
 def encryption_note(store: Store) -> str | None:
     """For ``doctor``: how the store is encrypted and what a load checks (None: plain)."""
+    rot = (marker(store.inner if isinstance(store, SealedStore) else store) or {}).get("rekey")
+    running = (f"; a rekey from key {rot.get('from')} is under way (both keys read): run "
+               "`chatstate rekey` again to finish it") if isinstance(rot, dict) else ""
     if isinstance(store, SealedStore):
         return (f"{AEAD_NAME}, key {store.codec.fingerprint} configured: every record "
-                "loaded has its authentication tag checked")
+                "loaded has its authentication tag checked" + running)
     mark = marker(store)
     if mark is None:
         return None
     return (f"{mark.get('aead', AEAD_NAME)}, sealed by key {mark.get('key')}; no key "
             "configured: the hash chains over the stored ciphertext are verified, the "
-            "authentication tags are not (set the key to check them too)")
+            "authentication tags are not (set the key to check them too)" + running)
 
 
 def seal_opened(store: Store, *, keyless: bool = False,
@@ -547,7 +563,10 @@ def seal_opened(store: Store, *, keyless: bool = False,
             f"{store.url} is encrypted (key {mark.get('key')}) and no key is configured: set "
             "CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or CHATSTATE_KEY_COMMAND "
             "(`chatstate replay --verify` and `chatstate doctor` check it without one)")
-    codec = AeadCodec(key, older=list(old_keys))
+    from chatstate.stores.rekey import rotation_codec
+
+    codec = (rotation_codec(key, old_keys, mark) if mark is not None else None) or \
+        AeadCodec(key, older=list(old_keys))  # a rekey running: the new key, either opens
     if mark is None:
         if store.list_conversations(limit=1):
             raise ConfigurationError(

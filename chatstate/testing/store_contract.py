@@ -64,15 +64,15 @@ from chatstate.stores.base import (
     CheckReport,
     CollectsBlobs,
     Leases,
+    Rewrites,
     Store,
     create_leased,
 )
 from chatstate.stores.blobs import verify_blobs
 
 __all__ = ["AppendCases", "BlobCases", "ConversationCases", "CrashCases", "CreateLeasedCases",
-           "DamageCases",
-           "FencingCases", "PartialCases", "StoreCase", "StoreContract", "new_conversation",
-           "seal_chain"]
+           "DamageCases", "FencingCases", "PartialCases", "RewriteCases", "StoreCase",
+           "StoreContract", "new_conversation", "seal_chain"]
 
 
 def seal_chain(n: int, prev: Message | None = None, *, prefix: str = "msg",
@@ -716,8 +716,50 @@ class DamageCases(StoreCase):
         assert [s.id for s in writer.list_conversations()] == ["c1"]  # listing still works
 
 
+class RewriteCases(StoreCase):
+    """Every message of a conversation replaced at once (``Rewrites`` stores: ``rekey``)."""
+
+    @pytest.fixture
+    def rewritable(self, store: Store) -> tuple[Any, list[Message]]:
+        if not isinstance(store, Rewrites):
+            pytest.skip(f"{type(store).__name__} cannot rewrite a conversation in place "
+                        "(chatstate.stores.Rewrites)")
+        return store, new_conversation(store, "c1", 3)
+
+    def test_a_rewrite_swaps_every_message_and_the_chain_goes_on(
+            self, rewritable: Any, reopen: Any) -> None:
+        store, msgs = rewritable
+        again = seal_chain(3, prefix="rewritten")
+        store.rewrite("c1", again, expect=msgs[-1].hash)
+        fresh = reopen()
+        assert fresh.load("c1").messages == again
+        more = seal_chain(1, again[-1])
+        fresh.append("c1", more)
+        assert store.load("c1").messages == [*again, *more]
+
+    def test_a_rewrite_after_another_append_conflicts_and_changes_nothing(
+            self, rewritable: Any, reopen: Any) -> None:
+        store, msgs = rewritable
+        reopen().append("c1", seal_chain(1, msgs[-1]))
+        before = _state(store, "c1")
+        with pytest.raises(ConflictError):
+            store.rewrite("c1", seal_chain(3, prefix="stale"), expect=msgs[-1].hash)
+        with pytest.raises(ConflictError):  # the right tip, but one message short
+            store.rewrite("c1", seal_chain(3, prefix="short"), expect=before[2][-1].hash)
+        assert _state(store, "c1") == before
+
+    def test_a_rewrite_that_does_not_chain_is_refused(self, rewritable: Any) -> None:
+        store, msgs = rewritable
+        broken = seal_chain(3, prefix="broken")
+        broken[1] = broken[1].model_copy(update={"content": "edited"})
+        before = _state(store, "c1")
+        with pytest.raises(CorruptTranscriptError):
+            store.rewrite("c1", broken, expect=msgs[-1].hash)
+        assert _state(store, "c1") == before
+
+
 class StoreContract(ConversationCases, AppendCases, PartialCases, CrashCases, FencingCases,
-                    CreateLeasedCases, BlobCases, DamageCases):
+                    CreateLeasedCases, BlobCases, DamageCases, RewriteCases):
     """Every case of the store contract. Subclass it and provide a ``store_url`` fixture."""
 
 

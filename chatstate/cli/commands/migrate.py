@@ -73,21 +73,81 @@ def copy(env: Env, src_url: str, dst_url: str, *, verify: bool, as_json: bool,
 
 
 @click.command()
-@click.option("--from", "src_url", required=True, metavar="URL",
-              help="The store encrypted with the old key (CHATSTATE_OLD_ENCRYPTION_KEY, "
-              "CHATSTATE_OLD_KEY_FILE or CHATSTATE_OLD_KEY_COMMAND).")
-@click.option("--to", "dst_url", required=True, metavar="URL",
-              help="A new store, encrypted with the configured (new) key.")
+@click.option("--new-key-file", metavar="PATH", help="A file holding the new key (mode 0600, "
+              "like CHATSTATE_KEY_FILE).")
+@click.option("--new-key-env", metavar="NAME", help="The name of an environment variable "
+              "holding the new key.")
+@click.option("--new-key-command", metavar="COMMAND", help="A command that prints the new key "
+              "(run without a shell, like CHATSTATE_KEY_COMMAND).")
+@click.option("--wait", type=click.FloatRange(0), default=120.0, show_default=True,
+              help="Seconds to wait for a turn in progress (it holds its conversation's "
+              "writer lease) before stopping, to be run again later.")
+@click.option("--from", "src_url", metavar="URL",
+              help="Copy form: the store encrypted with the old key (CHATSTATE_OLD_ENCRYPTION_KEY, "
+              "CHATSTATE_OLD_KEY_FILE or CHATSTATE_OLD_KEY_COMMAND), never changed.")
+@click.option("--to", "dst_url", metavar="URL",
+              help="Copy form: a new store, encrypted with the configured (new) key.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def rekey(env: Env, src_url: str, dst_url: str, as_json: bool) -> None:
-    """Re-encrypt every conversation under a new key, into a new store.
+def rekey(env: Env, new_key_file: str | None, new_key_env: str | None,
+          new_key_command: str | None, wait: float, src_url: str | None,
+          dst_url: str | None, as_json: bool) -> None:
+    """Re-encrypt the store under a new key, in place.
 
-    The old key only reads the source, which is never changed; the new key writes
-    the destination. Kill it at any point and run it again: it resumes where it
-    stopped (it is a verified migrate). Point CHATSTATE_STORE at the new store once it
-    reports no conflicts, then retire the old key.
+    The old key is the configured one (CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE
+    or CHATSTATE_KEY_COMMAND); the new one comes from --new-key-file, --new-key-env
+    or --new-key-command. From the moment it starts, the store opens with either key
+    and every append is sealed under the new one; kill it at any point and run it
+    again: it resumes. When it finishes no record is sealed by the old key and the
+    old key is refused: configure the new one.
+
+    With --from and --to instead, it copies the --from store (old key) into a new
+    store (the configured key), a verified migrate that never changes the source.
     """
+    from chatstate.errors import ConfigurationError
+    from chatstate.stores.keys import load_key, load_new_key
+
+    if src_url or dst_url:
+        if not (src_url and dst_url):
+            raise click.UsageError("rekey: the copy form needs both --from and --to")
+        if new_key_file or new_key_env or new_key_command:
+            raise click.UsageError("rekey: --from/--to take the new key from the usual settings "
+                             "and the old one from CHATSTATE_OLD_*; --new-key-* is for the "
+                             "in-place form")
+        _rekey_copy(env, src_url, dst_url, as_json)
+        return
+    if sum(bool(x) for x in (new_key_file, new_key_env, new_key_command)) != 1:
+        raise click.UsageError("rekey: name the new key with one of --new-key-file, --new-key-env "
+                         "or --new-key-command (`chatstate keygen` makes one)")
+    new = load_new_key(file=new_key_file, env_var=new_key_env, command=new_key_command)
+    old = load_key()
+    if old is None or new is None:
+        raise ConfigurationError("rekey needs the store's current key: set "
+                                 "CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or "
+                                 "CHATSTATE_KEY_COMMAND")
+    from chatstate.stores import open_store
+    from chatstate.stores.rekey import rekey_in_place
+
+    store = open_store(env.store_url, allow_ephemeral=env.allow_ephemeral, keyless=True,
+                       key=None)
+    describe_store(store)
+    try:
+        report = rekey_in_place(store, old, new, lease_wait=wait, progress=None if as_json
+                                else lambda line: click.echo(line, err=True))
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    elif report.already_done:
+        click.echo(f"the store is encrypted by key {report.new} already; nothing to do")
+    else:
+        click.echo(f"re-encrypted {report.records} record(s) in "
+                   f"{len(report.conversations)} conversation(s) under key {report.new}; key "
+                   f"{report.old} is now refused: configure the new key")
+
+
+def _rekey_copy(env: Env, src_url: str, dst_url: str, as_json: bool) -> None:
+    """``rekey --from --to``: every conversation re-encrypted into a new store."""
     from chatstate.errors import ConfigurationError
     from chatstate.stores.keys import load_key
 

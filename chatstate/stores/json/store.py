@@ -59,6 +59,7 @@ from chatstate.stores.base import (
     Location,
     check_append,
     check_partial_commit,
+    check_rewrite,
     local_path,
 )
 from chatstate.stores.blobs import check_stored_blobs, refuse_unheld_blobs
@@ -354,6 +355,20 @@ class JsonStore(JsonLease, JsonBlobs):
                 self._compact(cid, snap)
             except StoreUnavailable as exc:
                 self.recovery.append(f"{cid}: compaction deferred: {exc}")
+
+    def rewrite(self, conversation_id: str, messages: Sequence[Message], *,
+                expect: str | None) -> None:
+        """The whole document written anew, log folded in, by one atomic rename
+        (``Rewrites``: ``chatstate rekey``)."""
+        cid = conversation_id
+        with locked(self._lock(cid)):
+            header, _, stored, _ = self._read(cid)
+            check_rewrite(str(self._file(cid)), len(stored),
+                          stored[-1].hash if stored else None, expect, messages)
+            if messages:
+                fresh = list(messages)
+                self._write(cid, header, [doc.message_line(m) for m in fresh], fresh)
+                self._logged.discard(cid)
 
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:

@@ -38,7 +38,13 @@ from chatstate.errors import (
     InvalidStoreURL,
     LeaseLost,
 )
-from chatstate.stores.base import CheckReport, Location, check_append, check_partial_commit
+from chatstate.stores.base import (
+    CheckReport,
+    Location,
+    check_append,
+    check_partial_commit,
+    check_rewrite,
+)
 from chatstate.stores.blobs import (
     blob_ref,
     check_stored_blobs,
@@ -176,6 +182,18 @@ class MemoryStore(LeaseMethods):
                 held.header["updated_at"] = now_iso()
             if held.partial is not None and messages and held.partial.seq <= messages[-1].seq:
                 held.partial = None  # committed in the same step
+
+    def rewrite(self, conversation_id: str, messages: Sequence[Message], *,
+                expect: str | None) -> None:
+        """Every message replaced at once (``Rewrites``: ``chatstate rekey``)."""
+        with self._lock:
+            held = self._held(conversation_id)
+            stored = held.messages
+            check_rewrite(f"{self.url} conversation {conversation_id!r}", len(stored),
+                          stored[-1].hash if stored else None, expect, messages)
+            if messages:
+                held.messages = held.verified = tuple(m.model_copy(deep=True)
+                                                      for m in messages)
 
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:

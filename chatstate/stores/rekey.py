@@ -1,0 +1,262 @@
+"""``chatstate rekey`` in place: an encrypted store re-encrypted under a new key.
+
+The run, resumable at every step (each is one atomic write of the store):
+
+1. The encryption mark (``chatstate.stores.sealed``) is rewritten to name the new key
+   and the rotation in progress: ``{"key": NEW, "rekey": {"from": OLD, "wrapped":
+   [NEW sealed under OLD, OLD sealed under NEW]}}``. From then on a process opening
+   the store with either key unwraps the other from the mark, so it reads records
+   sealed by both and seals what it writes under the new one.
+2. Each conversation holding a record sealed by the old key is rewritten: its
+   messages opened (every tag checked) and sealed again under the new key, and the
+   stored hash chain over them recomputed, in one atomic ``Rewrites.rewrite`` of the
+   store (a compare-and-swap on the stored last hash: a writer that appended since
+   makes the rewrite conflict, and it is read and done again). Then its partial
+   reply and its title and metadata, each one write. A record already sealed by the
+   new key seals to the same bytes again (the nonce is synthetic), so a rerun after
+   a kill rewrites only what is left.
+3. Passes repeat until one finds nothing under the old key; then the mark names
+   only the new key, the wrapped keys are gone, and the old key is refused.
+
+The plaintext, and so the hashes a caller sees, never change. Blobs are not
+re-keyed in place (their addresses are keyed digests named inside the messages'
+plaintext): a store holding blobs is refused before anything is written; use the
+copy form (``rekey --from --to``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatstate.core.transcript import Conversation
+from chatstate.errors import (
+    ConfigurationError,
+    ConflictError,
+    ConversationInUse,
+    ConversationNotFound,
+    Unsupported,
+)
+from chatstate.stores.base import CollectsBlobs, Leases, Rewrites, Store
+from chatstate.stores.codec import AEAD_NAME, FP_BYTES, SEALED_META, AeadCodec, fingerprint_of
+
+MARKER_ID = "chatstate.encryption"  # as chatstate.stores.sealed names it (imported late there)
+
+
+@dataclass
+class RekeyReport:
+    old: str
+    new: str
+    conversations: list[str] = field(default_factory=list)
+    """Conversations that had a record re-encrypted by this run."""
+    records: int = 0
+    passes: int = 0
+    already_done: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"old_key": self.old, "new_key": self.new, "records": self.records,
+                "conversations": self.conversations, "passes": self.passes,
+                "already_done": self.already_done}
+
+
+# -- the mark -----------------------------------------------------------------------------
+def _wrap(under: bytes, key: bytes) -> str:
+    return base64.b64encode(AeadCodec(under).seal("key", MARKER_ID, None, key)).decode()
+
+
+def rotation_mark(old: bytes, new: bytes) -> dict[str, Any]:
+    """The mark's ``encryption`` value while a rotation from ``old`` to ``new`` runs."""
+    return {"aead": AEAD_NAME, "format": 1, "key": fingerprint_of(new),
+            "rekey": {"from": fingerprint_of(old), "wrapped": [_wrap(old, new), _wrap(new, old)]}}
+
+
+def rotation_codec(key: bytes, old_keys: Sequence[bytes], mark: dict[str, Any]
+                   ) -> AeadCodec | None:
+    """For a store whose mark says a rotation is running: the codec sealing under the new
+    key and reading both, from either key (the other unwrapped); None otherwise."""
+    rot = mark.get("rekey")
+    if not isinstance(rot, dict) or not isinstance(rot.get("wrapped"), list):
+        return None
+    for mine in (key, *old_keys):
+        fp = fingerprint_of(mine)
+        for wrapped in rot["wrapped"]:
+            try:
+                raw = base64.b64decode(str(wrapped), validate=True)
+            except (binascii.Error, ValueError):
+                continue
+            if raw[:FP_BYTES].hex() != fp:
+                continue
+            other = AeadCodec(mine).open("key", MARKER_ID, None, raw,
+                                         f"the encryption mark's wrapped key {fp}")
+            new, old = (mine, other) if fp == mark.get("key") else (other, mine)
+            return AeadCodec(new, older=[old, *old_keys])
+    return None
+
+
+def _fp_of_text(text: object) -> str | None:
+    try:
+        raw = base64.b64decode(str(text), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw[:FP_BYTES].hex() if len(raw) >= FP_BYTES else None
+
+
+def record_keys(stored: Conversation) -> dict[str, str | None]:
+    """Which key (fingerprint) sealed each record of a conversation as stored:
+    ``{"message 0": fp, ..., "partial": fp, "title": fp, "metadata": fp}``."""
+    out: dict[str, str | None] = {}
+    for msg in stored.messages:
+        content = msg.content
+        data = content[0].get("data") if isinstance(content, list) and content and \
+            isinstance(content[0], dict) else None
+        out[f"message {msg.seq}"] = _fp_of_text(data)
+    if stored.partial is not None and isinstance(stored.partial.content, list) \
+            and stored.partial.content:
+        out["partial"] = _fp_of_text(stored.partial.content[0].get("data"))
+    out["title"] = _fp_of_text(stored.title)
+    out["metadata"] = _fp_of_text(stored.metadata.get(SEALED_META))
+    return out
+
+
+LEASE_WAIT = 120.0
+"""Seconds to wait for a live writer's turn (which holds the conversation's lease while it
+streams) before rekey stops, to be run again (ConversationInUse)."""
+
+
+# -- the run ------------------------------------------------------------------------------
+def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
+                   progress: Callable[[str], None] | None = None,
+                   max_passes: int = 5, lease_wait: float = LEASE_WAIT) -> RekeyReport:
+    """Re-encrypt ``inner`` (an opened store, as stored: not sealed) from ``old`` to
+    ``new`` (see the module docstring). Resumes a run that was killed."""
+    from chatstate.stores.sealed import HIDDEN, SealedStore, marker
+
+    old_fp, new_fp = fingerprint_of(old), fingerprint_of(new)
+    report = RekeyReport(old=old_fp, new=new_fp)
+    if old_fp == new_fp:
+        raise ConfigurationError("rekey: the new key is the configured key; make a new one "
+                                 "with `chatstate keygen`")
+    mark = marker(inner)
+    if mark is None:
+        raise ConfigurationError(f"{inner.url} is not encrypted, so there is nothing to "
+                                 "re-encrypt: copy it into a new encrypted store with "
+                                 "`chatstate migrate --encrypt`; nothing was changed")
+    rot = mark.get("rekey")
+    running = isinstance(rot, dict) and rot.get("from") == old_fp and mark.get("key") == new_fp
+    if mark.get("key") == new_fp and not isinstance(rot, dict):
+        report.already_done = True  # a rerun after it finished
+        return report
+    if not running and mark.get("key") != old_fp:
+        raise ConfigurationError(
+            f"{inner.url} is encrypted by key {mark.get('key')}"
+            + (f" (being rotated from {rot.get('from')})" if isinstance(rot, dict) else "")
+            + f", not by the configured key {old_fp}; nothing was changed")
+    if not isinstance(inner, Rewrites):
+        raise Unsupported(f"{inner.url}: this store cannot rewrite a conversation in place; "
+                          "re-encrypt it into a new store with `chatstate rekey --from URL "
+                          "--to NEW_URL`")
+    if isinstance(inner, CollectsBlobs) and inner.list_blobs():
+        raise Unsupported(f"{inner.url} holds images or files, whose keyed addresses are "
+                          "named inside the messages: they are not re-keyed in place yet. "
+                          "Re-encrypt it into a new store with `chatstate rekey --from URL "
+                          "--to NEW_URL`; nothing was changed")
+    if not running:
+        inner.set_header(MARKER_ID, metadata={"encryption": rotation_mark(old, new)})
+        if progress:
+            progress(f"rotation started: appends now go under key {new_fp}; key {old_fp} "
+                     "still reads")
+    sealed = SealedStore(inner, AeadCodec(new, older=[old]))
+    for _ in range(max_passes):
+        report.passes += 1
+        changed = 0
+        for summary in inner.list_conversations():
+            if summary.id in HIDDEN:  # the mark; the keyed index is rebuilt by a search
+                continue
+            n = _rekey_conversation(sealed, inner, summary.id, new_fp, lease_wait)
+            if n:
+                changed += n
+                report.records += n
+                if summary.id not in report.conversations:
+                    report.conversations.append(summary.id)
+                if progress:
+                    progress(f"{summary.id}: {n} record(s) re-encrypted")
+        if not changed:
+            break
+    else:
+        raise ConflictError(f"{inner.url}: records under key {old_fp} kept appearing for "
+                            f"{max_passes} passes (a writer opened before the rotation is "
+                            "still writing under the old key): restart it and run rekey again")
+    from chatstate.stores._keyed_index import INDEX_ID
+
+    with contextlib.suppress(ConversationNotFound):  # keyed by the old key: made again
+        inner.delete(INDEX_ID)                       # by the next search, under the new
+    inner.set_header(MARKER_ID, metadata={"encryption": {
+        "aead": AEAD_NAME, "format": 1, "key": new_fp}})
+    return report
+
+
+def _rekey_conversation(sealed: Any, inner: Store, cid: str, new_fp: str,
+                        wait: float = LEASE_WAIT) -> int:
+    """Re-encrypt one conversation's records not under ``new_fp`` holding its writer lease
+    (where the store has leases), so no turn streams a partial reply meanwhile and every
+    write is fenced; how many records were re-encrypted."""
+    if not isinstance(inner, Leases):
+        return _rekey_records(sealed, inner, cid, new_fp, None)
+    try:
+        lease = inner.acquire_lease(cid, wait=wait)
+    except ConversationNotFound:
+        return 0
+    except ConversationInUse as exc:
+        raise ConversationInUse(f"{exc}; its records were not re-encrypted yet: run rekey "
+                                "again once that turn is over (nothing is lost meanwhile)"
+                                ) from None
+    try:
+        return _rekey_records(sealed, inner, cid, new_fp, str(lease.owner))
+    finally:
+        inner.release_lease(lease)
+
+
+def _rekey_records(sealed: Any, inner: Store, cid: str, new_fp: str, fence: str | None,
+                   attempts: int = 20) -> int:
+    fenced: dict[str, str] = {} if fence is None else {"fence": fence}
+    done = 0
+    for _ in range(attempts):
+        try:
+            stored = inner.load(cid)
+        except ConversationNotFound:
+            return done  # deleted meanwhile
+        keys = record_keys(stored)
+        stale = [what for what, fp in keys.items() if fp is not None and fp != new_fp]
+        if not stale:
+            return done
+        try:
+            opened = sealed.load(cid)  # every tag checked, under either key
+            if any(w.startswith("message ") for w in stale):
+                again, prev, logical = [], None, None
+                for msg in opened.messages:
+                    again.append(sealed._seal(cid, msg, prev, logical))
+                    prev, logical = again[-1].hash, msg.hash
+                inner.rewrite(cid, again, expect=stored.messages[-1].hash)  # type: ignore[attr-defined]
+                stored_last = prev
+            else:
+                stored_last = stored.messages[-1].hash if stored.messages else None
+            if "partial" in stale and opened.partial is not None:
+                logical = opened.messages[-1].hash if opened.messages else None
+                inner.save_partial(cid, sealed._seal(cid, opened.partial, stored_last, logical),
+                                   **fenced)
+            if "title" in stale or "metadata" in stale:
+                inner.set_header(cid, title=sealed._seal_title(cid, opened.title),
+                                 metadata=sealed._seal_metadata(cid, opened.metadata),
+                                 **fenced)
+            done += len(stale)
+        except ConflictError:
+            pass  # a writer got there first: read it again
+        finally:
+            with sealed._lock:
+                sealed._tails.pop(cid, None)
+    raise ConflictError(f"{inner.url}: conversation {cid!r} kept changing while it was "
+                        "re-encrypted; run rekey again")
