@@ -717,13 +717,15 @@ class DamageCases(StoreCase):
 
 
 class RewriteCases(StoreCase):
-    """Every message of a conversation replaced at once (``Rewrites`` stores: ``rekey``)."""
+    """Every message of a conversation replaced at once (``rekey`` in place). Optional, as
+    ``Rewrites`` is: not part of ``StoreContract``; a store that implements ``Rewrites``
+    mixes it in beside it."""
 
     @pytest.fixture
     def rewritable(self, store: Store) -> tuple[Any, list[Message]]:
-        if not isinstance(store, Rewrites):
-            pytest.skip(f"{type(store).__name__} cannot rewrite a conversation in place "
-                        "(chatstate.stores.Rewrites)")
+        assert isinstance(store, Rewrites), (
+            f"{type(store).__name__} does not implement chatstate.stores.Rewrites: mix "
+            "RewriteCases only into the contract of a store that rewrites in place")
         return store, new_conversation(store, "c1", 3)
 
     def test_a_rewrite_swaps_every_message_and_the_chain_goes_on(
@@ -759,7 +761,7 @@ class RewriteCases(StoreCase):
 
 
 class StoreContract(ConversationCases, AppendCases, PartialCases, CrashCases, FencingCases,
-                    CreateLeasedCases, BlobCases, DamageCases, RewriteCases):
+                    CreateLeasedCases, BlobCases, DamageCases):
     """Every case of the store contract. Subclass it and provide a ``store_url`` fixture."""
 
 

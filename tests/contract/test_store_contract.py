@@ -33,14 +33,30 @@ from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
 from chatstate.stores import open_store
 from chatstate.stores.memory.store import MemoryStore
-from chatstate.testing.store_contract import StoreContract, new_conversation, seal_chain
+from chatstate.testing.store_contract import (
+    RewriteCases,
+    StoreContract,
+    new_conversation,
+    seal_chain,
+)
+from conftest import url_for
 
 
 class TestBuiltinStores(DamageHooks, StoreContract):
     """json, sqlite, s3 (moto) and postgresql (the test server): conftest's ``store_url``."""
 
 
-class TestMemoryStore(StoreContract):
+class TestRewritingStores(RewriteCases):
+    """The optional in-place rewrite (``Rewrites``, what ``rekey`` needs) on the built-in
+    stores that have it: json, sqlite and postgresql (s3 has no atomic rewrite yet:
+    rekey in place refuses it, tests/ops/test_rekey_inplace.py)."""
+
+    @pytest.fixture(params=["json", "sqlite", "postgresql"])
+    def store_url(self, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+        return url_for(request.param, tmp_path, request)
+
+
+class TestMemoryStore(RewriteCases, StoreContract):
     """memory://, the reference store: in this process, so allowed as ephemeral here."""
 
     allow_ephemeral = True
