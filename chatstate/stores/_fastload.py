@@ -1,7 +1,9 @@
 """Loading a stored chain fast: one validation pass, hashes over the bytes as stored.
 
-Both local stores load by validating every message in one pydantic-core call
-(``messages``) and verifying the chain in one loop (``first_break``). The hash
+Both local stores load by checking every parsed message with the transcript's
+fast structural test (``Message.from_stored``: no copy, no pydantic), the pydantic
+model deciding only for a message that test does not pass, and verifying the
+chain in one loop (``first_break``). The hash
 is taken over canonical bytes the load already has: the sqlite store keeps
 each message's canonical JSON as its row, and for the json store orjson
 rewrites the parsed dict canonically (sorted keys, compact, UTF-8), which is
@@ -17,38 +19,42 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from functools import cache
 from typing import Any
 
 import orjson
-from pydantic import TypeAdapter
 
 from chatstate.core.transcript import OPTIONAL_FIELDS, Message
 
-_OPTIONAL = frozenset(OPTIONAL_FIELDS)
-
-
-@cache
-def _message_list() -> TypeAdapter[list[Message]]:
-    return TypeAdapter(list[Message])
-
 
 def validate_json_array(array: bytes) -> list[Message]:
-    """Messages from a JSON array, in one pydantic-core call (ValidationError if any is bad)."""
-    return _message_list().validate_json(array)
+    """Messages from a JSON array (ValueError if it is not JSON, ValidationError if any
+    message is bad)."""
+    items = orjson.loads(array)
+    if type(items) is not list:
+        raise ValueError("expected a JSON array")
+    return validate_items(items)
 
 
 def validate_items(items: list[Any]) -> list[Message]:
-    """Messages from parsed dicts, in one pydantic-core call (ValidationError if any is bad)."""
-    return _message_list().validate_python(items)
+    """Messages from freshly parsed dicts, which they keep (not copied): the fast check
+    for each, pydantic for any it does not pass (ValidationError if that one is bad)."""
+    fast = Message.from_stored
+    out = []
+    for item in items:
+        msg = fast(item)
+        out.append(msg if msg is not None else Message.model_validate(item))
+    return out
 
 
 def canonical(item: dict[str, Any]) -> bytes | None:
     """What ``Message.body()`` would hash for this stored dict, or None if orjson cannot."""
+    body = dict(item)
+    body.pop("hash", None)
+    for k in OPTIONAL_FIELDS:
+        if k in body and body[k] is None:
+            del body[k]
     try:
-        return orjson.dumps({k: v for k, v in item.items()
-                             if k != "hash" and not (v is None and k in _OPTIONAL)},
-                            option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError):
         return None
 
