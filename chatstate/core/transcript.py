@@ -30,7 +30,7 @@ import secrets
 import sys
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from chatstate.core.provider_fields import PROVIDER_FIELDS
 from chatstate.errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
@@ -226,6 +226,17 @@ def _plain_message(d: dict[str, Any]) -> bool:
     return True
 
 
+def _frozen(name: str, value: Any) -> Exception:
+    """pydantic's error for setting a field of a frozen model, as it words it."""
+    from pydantic_core import ValidationError
+
+    return ValidationError.from_exception_data(
+        "Message", [{"type": "frozen_instance", "loc": (name,), "input": value}])
+
+
+_R = TypeVar("_R", bound="_Record")
+
+
 class _Record:
     """What the record classes share: pydantic's model API over a plain ``__dict__``."""
 
@@ -238,19 +249,19 @@ class _Record:
         return _models.model(cls.__name__)
 
     @classmethod
-    def _from_values(cls, values: dict[str, Any]) -> Any:
+    def _from_values(cls: type[_R], values: dict[str, Any]) -> _R:
         self = object.__new__(cls)
         object.__setattr__(self, "__dict__", values)
         return self
 
     @classmethod
-    def _validated(cls, data: Any) -> Any:
+    def _validated(cls: type[_R], data: Any) -> _R:
         """Through the pydantic model: coerced as pydantic would, or its ValidationError."""
         parsed = cls._pydantic().model_validate(data)
         return cls._from_values({k: getattr(parsed, k) for k in cls._NAMES})
 
     @classmethod
-    def model_validate(cls, obj: Any) -> Any:
+    def model_validate(cls: type[_R], obj: Any) -> _R:
         if isinstance(obj, cls):
             return obj
         if isinstance(obj, dict):
@@ -258,7 +269,7 @@ class _Record:
         return cls._validated(obj)
 
     @classmethod
-    def model_validate_json(cls, data: str | bytes) -> Any:
+    def model_validate_json(cls: type[_R], data: str | bytes) -> _R:
         try:
             obj = json.loads(data)
         except ValueError:
@@ -266,12 +277,12 @@ class _Record:
         return cls.model_validate(obj) if isinstance(obj, dict) else cls._validated_json(data)
 
     @classmethod
-    def _validated_json(cls, data: str | bytes) -> Any:
+    def _validated_json(cls: type[_R], data: str | bytes) -> _R:
         parsed = cls._pydantic().model_validate_json(data)
         return cls._from_values({k: getattr(parsed, k) for k in cls._NAMES})
 
     @classmethod
-    def model_construct(cls, **values: Any) -> Any:
+    def model_construct(cls: type[_R], **values: Any) -> _R:
         return cls._from_values({k: values[k] if k in values else cls._default(k)
                                  for k in cls._NAMES})
 
@@ -311,7 +322,8 @@ class _Record:
         return json.dumps(self.model_dump(**kwargs), ensure_ascii=False,
                           separators=(",", ":"))
 
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
+    def model_copy(self: _R, *, update: dict[str, Any] | None = None,
+                   deep: bool = False) -> _R:
         values = _copy(self.__dict__) if deep else dict(self.__dict__)
         if update:
             values.update(update)
@@ -379,17 +391,18 @@ class Message(_Record):
             return None
         if len(item) != len(_MESSAGE_NAMES) or tuple(item) != _MESSAGE_NAMES:
             item = {**_MESSAGE_TEMPLATE, **item}  # the defaults, in the table's order
-        return cls._from_values(item)
+        msg: Message = cls._from_values(item)
+        return msg
 
     @classmethod
     def _default(cls, name: str) -> Any:
         return _MESSAGE_DEFAULTS.get(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise TypeError(f"Message is frozen: {name} cannot be set")
+        raise _frozen(name, value)
 
     def __delattr__(self, name: str) -> None:
-        raise TypeError(f"Message is frozen: {name} cannot be deleted")
+        raise _frozen(name, None)
 
     def __hash__(self) -> int:
         return hash((self.seq, self.hash, self.turn_id))
@@ -607,9 +620,10 @@ def is_validation_error(exc: BaseException) -> bool:
 def brief(exc: Exception) -> str:
     """One line saying what is wrong: pydantic's first error, not its multi-line report."""
     if is_validation_error(exc):
-        first = exc.errors()[0]
+        errors = exc.errors()  # type: ignore[attr-defined]
+        first = errors[0]
         field = ".".join(str(p) for p in first["loc"]) or "value"
-        more = len(exc.errors()) - 1
+        more = len(errors) - 1
         return f"{field}: {first['msg']}" + (f" (and {more} more)" if more else "")
     return " ".join(str(exc).split())[:200]
 
