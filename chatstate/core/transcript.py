@@ -139,7 +139,6 @@ _MESSAGE_NAMES = tuple(MESSAGE_FIELDS)
 _MESSAGE_KEYS = frozenset(MESSAGE_FIELDS)
 _MESSAGE_REQUIRED = frozenset(k for k, (_, d) in MESSAGE_FIELDS.items() if d is _REQUIRED)
 _MESSAGE_DEFAULTS = {k: d for k, (_, d) in MESSAGE_FIELDS.items() if d is not _REQUIRED}
-_MESSAGE_TEMPLATE = {k: _MESSAGE_DEFAULTS.get(k) for k in _MESSAGE_NAMES}
 _OPTIONAL = frozenset(OPTIONAL_FIELDS)
 _NOT_NONE = frozenset(("status", "hash"))
 
@@ -309,7 +308,8 @@ class _Record:
                    by_alias: bool = False) -> dict[str, Any]:
         skip = set(exclude or ())
         out = {}
-        for k, v in self.__dict__.items():
+        for k in self._NAMES:
+            v = getattr(self, k)
             if k in skip or (include is not None and k not in include) or \
                     (exclude_none and v is None):
                 continue
@@ -333,17 +333,22 @@ class _Record:
     def model_fields_set(self) -> set[str]:
         return set(self.__dict__)
 
+    def _values(self) -> list[tuple[str, Any]]:
+        """Every field and its value, in the table's order (a record loaded from a store
+        may leave fields at their defaults out of ``__dict__``)."""
+        return [(k, getattr(self, k)) for k in self._NAMES]
+
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self.__dict__ == other.__dict__
+        return self._values() == other._values()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(" + ", ".join(
-            f"{k}={v!r}" for k, v in self.__dict__.items()) + ")"
+            f"{k}={v!r}" for k, v in self._values()) + ")"
 
     def __repr_args__(self) -> list[tuple[str, Any]]:
-        return list(self.__dict__.items())
+        return self._values()
 
 
 class Message(_Record):
@@ -389,9 +394,7 @@ class Message(_Record):
         is not plainly valid (then ``Message.model_validate`` decides)."""
         if type(item) is not dict or not _plain_message(item):
             return None
-        if len(item) != len(_MESSAGE_NAMES) or tuple(item) != _MESSAGE_NAMES:
-            item = {**_MESSAGE_TEMPLATE, **item}  # the defaults, in the table's order
-        msg: Message = cls._from_values(item)
+        msg: Message = cls._from_values(item)  # a field left out reads its class default
         return msg
 
     @classmethod
@@ -409,13 +412,13 @@ class Message(_Record):
 
     def body(self) -> str:
         """The canonical JSON that the hash covers."""
-        return canonical_json({k: v for k, v in self.__dict__.items()
+        return canonical_json({k: v for k, v in self._values()
                                if k != "hash" and not (v is None and k in _OPTIONAL)})
 
     def stored(self) -> dict[str, Any]:
-        """The message as documents store it: the hashed body plus ``hash``."""
-        return {k: _copy(v) for k, v in self.__dict__.items()
-                if not (v is None and k in _OPTIONAL)}
+        """The message as documents store it: the hashed body plus ``hash``, in the
+        table's order."""
+        return {k: _copy(v) for k, v in self._values() if not (v is None and k in _OPTIONAL)}
 
     def needs_schema_2(self) -> bool:
         """Does this message hold anything a 0.1 reader would reject?"""
@@ -481,6 +484,10 @@ class Message(_Record):
         if provider and self.extra:
             out[PROVIDER_FIELDS] = dict(self.extra)
         return out
+
+
+for _name, _value in _MESSAGE_DEFAULTS.items():  # what a field left out of __dict__ reads
+    setattr(Message, _name, _value)
 
 
 SUMMARY_FIELDS: dict[str, tuple[Any, Any]] = {

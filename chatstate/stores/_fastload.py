@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any
 
 import orjson
@@ -26,13 +27,31 @@ import orjson
 from chatstate.core.transcript import OPTIONAL_FIELDS, Message
 
 
+@cache
+def _message_list() -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(list[Message])
+
+
 def validate_json_array(array: bytes) -> list[Message]:
-    """Messages from a JSON array (ValueError if it is not JSON, ValidationError if any
-    message is bad)."""
-    items = orjson.loads(array)
-    if type(items) is not list:
-        raise ValueError("expected a JSON array")
-    return validate_items(items)
+    """Messages from a JSON array, in one pydantic-core call (ValidationError if any is bad;
+    integers of any size kept exactly)."""
+    found: list[Message] = _message_list().validate_json(array)
+    return found
+
+
+def parse_canonical(raw: bytes) -> dict[str, Any]:
+    """A stored canonical body parsed by orjson, if it reads back exactly as stored.
+
+    orjson turns an integer beyond 64 bits into a float; encoding the parse again
+    and comparing with the stored bytes catches that (and any other difference), so
+    a body that does not round-trip raises ValueError and the caller takes the exact,
+    slower path."""
+    item = orjson.loads(raw)
+    if type(item) is not dict or orjson.dumps(item, option=orjson.OPT_SORT_KEYS) != raw:
+        raise ValueError("not a canonical body orjson reads back exactly")
+    return item
 
 
 def validate_items(items: list[Any]) -> list[Message]:
