@@ -41,15 +41,23 @@ def validate_json_array(array: bytes) -> list[Message]:
     return found
 
 
+_NUMBERED = ("usage", "params", "extra", "tool_calls")
+"""The fields where a stored number can stand (besides seq): counts and free JSON."""
+
+
 def parse_canonical(raw: bytes) -> dict[str, Any]:
     """A stored canonical body parsed by orjson, if it reads back exactly as stored.
 
-    orjson turns an integer beyond 64 bits into a float; encoding the parse again
-    and comparing with the stored bytes catches that (and any other difference), so
-    a body that does not round-trip raises ValueError and the caller takes the exact,
-    slower path."""
+    orjson turns an integer beyond 64 bits into a float. A number other than seq can
+    only stand in the free-form fields (``_NUMBERED``, content parts); a body that
+    uses one is encoded again and compared with the stored bytes, so a body that does
+    not round-trip raises ValueError and the caller takes the exact, slower path."""
     item = orjson.loads(raw)
-    if type(item) is not dict or orjson.dumps(item, option=orjson.OPT_SORT_KEYS) != raw:
+    if type(item) is not dict or type(item.get("seq")) is not int:
+        raise ValueError("not a stored message body")
+    get = item.get
+    if (type(get("content")) is not str or any(get(k) is not None for k in _NUMBERED)) \
+            and orjson.dumps(item, option=orjson.OPT_SORT_KEYS) != raw:
         raise ValueError("not a canonical body orjson reads back exactly")
     return item
 
