@@ -287,7 +287,9 @@ class _Record:
 
     @classmethod
     def _default(cls, name: str) -> Any:
-        raise NotImplementedError
+        """A field's value when ``model_construct`` is not given it (None unless the
+        record class says otherwise)."""
+        return None
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
