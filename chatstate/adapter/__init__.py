@@ -62,13 +62,11 @@ def make_adapter(*, model: str | None = None, base_url: str | None = None,
     default), ``responses`` or ``anthropic_messages``; unset, a base URL ending in an
     API's path (``.../v1/messages``) or naming api.anthropic.com picks it.
     """
-    from pydantic import SecretStr
-
-    from chatstate.adapter._env import resolve
+    from chatstate.adapter._env import Secret, resolve
     from chatstate.adapter.dialects import dialect, for_url
 
     given: dict[str, Any] = {"model": model, "base_url": base_url,
-                             "api_key": SecretStr(api_key) if api_key is not None else None,
+                             "api_key": Secret(api_key) if api_key is not None else None,
                              "timeout": timeout, "max_retries": max_retries,
                              "backoff_base": backoff_base, "api": api}
     overrides = {k: v for k, v in given.items() if v is not None}

@@ -34,6 +34,55 @@ VARIABLES = {
 TEXT_FIELDS = frozenset({"model", "base_url", "api_key", "api"})
 
 
+class Secret:
+    """An API key that never shows in a repr, a str, a log line or a traceback.
+
+    What pydantic's SecretStr did for the settings, without importing pydantic on
+    the way to a turn: the key is read with ``get_secret_value()`` only; falsy
+    when empty. Inside ModelSettings it validates from a str (or another secret).
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get_secret_value(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')" if self._value else "Secret('')"
+
+    def __str__(self) -> str:
+        return "**********" if self._value else ""
+
+    def __len__(self) -> int:
+        return len(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    @classmethod
+    def coerce(cls, value: Any) -> Secret:
+        if isinstance(value, Secret):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if callable(getattr(value, "get_secret_value", None)):  # pydantic's SecretStr
+            return cls(value.get_secret_value())
+        raise ValueError("the API key must be a string")
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_plain_validator_function(
+            cls.coerce, serialization=core_schema.plain_serializer_function_ser_schema(str))
+
+
 @dataclass(frozen=True)
 class PlainSettings:
     """ModelSettings' values when nothing needs validating (text only, defaults else).
@@ -44,7 +93,7 @@ class PlainSettings:
 
     model: str = DEFAULT_MODEL
     base_url: str = DEFAULT_BASE_URL
-    api_key: Any = None  # a pydantic SecretStr, never the bare key
+    api_key: Secret | None = None  # never the bare key
     timeout: float | None = 60.0
     connect_timeout: float = 10.0
     max_retries: int = 3
@@ -61,14 +110,12 @@ DEFAULTS = PlainSettings()
 def resolve(overrides: Mapping[str, Any]) -> Any:
     """Settings from ``overrides`` > the environment > .env; validated by ModelSettings
     only when a value needs it (a number, or anything that is not plain text)."""
-    from pydantic import SecretStr
-
     values = {**lookup(VARIABLES), **overrides}
     if set(values) <= TEXT_FIELDS and all(
-            isinstance(v, str) or (k == "api_key" and isinstance(v, SecretStr))
+            isinstance(v, str) or (k == "api_key" and isinstance(v, Secret))
             for k, v in values.items()):
         if isinstance(values.get("api_key"), str):
-            values["api_key"] = SecretStr(values["api_key"])
+            values["api_key"] = Secret(values["api_key"])
         return PlainSettings(**values, model_fields_set=frozenset(values))
     from chatstate.adapter.settings import ModelSettings
 

@@ -5,7 +5,8 @@
 3. ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL`` environment variables
 4. a ``.env`` file in the current directory (either spelling)
 
-The key is a ``SecretStr`` so it never shows in a repr, a log line or a traceback.
+The key is a ``Secret`` (chatstate.adapter._env) so it never shows in a repr, a log
+line or a traceback.
 The environment and ``.env`` are read by a small reader of our own (``_env``),
 not pydantic-settings, which cost ~50 ms of every `chatstate ask`'s start-up;
 the values are validated by this model as before. ``make_adapter`` builds this
@@ -18,9 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chatstate.adapter._env import DEFAULT_BASE_URL, DEFAULT_MODEL, DEFAULTS, VARIABLES, lookup
+from chatstate.adapter._env import (
+    DEFAULT_BASE_URL,
+    DEFAULT_MODEL,
+    DEFAULTS,
+    VARIABLES,
+    Secret,
+    lookup,
+)
 from chatstate.adapter.dialects import dialect
 
 __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "ModelSettings"]
@@ -36,7 +44,7 @@ class ModelSettings(BaseModel):
 
     model: str = DEFAULTS.model
     base_url: str = DEFAULTS.base_url
-    api_key: SecretStr | None = DEFAULTS.api_key
+    api_key: Secret | None = DEFAULTS.api_key
     timeout: float | None = Field(default=DEFAULTS.timeout, gt=0,
                                   description="read timeout, seconds")
     connect_timeout: float = Field(default=DEFAULTS.connect_timeout, gt=0)

@@ -27,11 +27,10 @@ import hashlib
 import json
 import re
 import secrets
+import sys
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing import Any, Literal, TypeVar
 
 from chatstate.core.provider_fields import PROVIDER_FIELDS
 from chatstate.errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
@@ -56,7 +55,7 @@ Content = str | list[dict[str, Any]]
 OPTIONAL_FIELDS = ("tool_calls", "tool_call_id", "name", "extra", "finish_reason",
                    "requested_model")
 # Token counts, with one level of detail ("prompt_tokens_details": {"cached_tokens": 3}).
-Usage = dict[str, "int | dict[str, int]"]
+Usage = dict[str, int | dict[str, int]]
 
 _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -106,66 +105,329 @@ def chain_hash(prev_hash: str | None, body: str) -> str:
     return h.hexdigest()
 
 
-class Message(BaseModel):
-    """One message of a conversation; immutable once sealed into the chain."""
+_REQUIRED: Any = object()
+"""Marks a field without a default in the field tables below."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+MESSAGE_FIELDS: dict[str, tuple[Any, Any]] = {
+    "seq": (int, _REQUIRED),
+    "role": (Role, _REQUIRED),
+    "content": (Content, _REQUIRED),
+    "created_at": (str, _REQUIRED),
+    "turn_id": (str, _REQUIRED),
+    "status": (Status, "complete"),
+    "model": (str | None, None),
+    "usage": (Usage | None, None),
+    "params": (dict[str, Any] | None, None),
+    "tool_calls": (list[dict[str, Any]] | None, None),
+    "tool_call_id": (str | None, None),
+    "name": (str | None, None),
+    "extra": (dict[str, Any] | None, None),
+    "finish_reason": (str | None, None),
+    "requested_model": (str | None, None),
+    "hash": (str, ""),
+}
+"""The one field table of a stored message: name -> (type, default). ``Message`` keeps
+its values as a plain record; the pydantic model built from this table
+(``chatstate.core._models``) is made only when a value needs more than the fast
+structural check (coercion, or an error to report in pydantic's words).
 
-    seq: int = Field(ge=0)
+``tool_calls``: assistant tool calls as chat-completions sends them: ``{"id", "type":
+"function", "function": {"name", "arguments"}}``, arguments the raw JSON string, kept
+byte for byte. ``tool_call_id``: on a ``tool`` message, the call it answers.
+``extra``: other fields the provider returned that a later request needs
+(``refusal``, ``reasoning``, ...), kept as they came. ``finish_reason``: why the model
+stopped, when it was not a normal stop ("length", "content_filter").
+``requested_model``: the model the request named, when the server reported a
+different one in ``model``."""
+
+_ROLES = frozenset(("system", "user", "assistant", "tool", "event"))
+_STATUSES = frozenset(("complete", "partial", "error", "unknown"))
+_MESSAGE_NAMES = tuple(MESSAGE_FIELDS)
+_MESSAGE_KEYS = frozenset(MESSAGE_FIELDS)
+_MESSAGE_REQUIRED = frozenset(k for k, (_, d) in MESSAGE_FIELDS.items() if d is _REQUIRED)
+_MESSAGE_DEFAULTS = {k: d for k, (_, d) in MESSAGE_FIELDS.items() if d is not _REQUIRED}
+_OPTIONAL = frozenset(OPTIONAL_FIELDS)
+_NOT_NONE = frozenset(("status", "hash"))
+
+
+def _copy(value: Any) -> Any:
+    """A copy of the dicts and lists in ``value`` (what a pydantic dump hands back)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _str_keys(d: dict[Any, Any]) -> bool:
+    return all(type(k) is str for k in d)
+
+
+def _opt_str(v: Any) -> bool:
+    return type(v) is str
+
+
+def _str_dict(v: Any) -> bool:
+    return type(v) is dict and _str_keys(v)
+
+
+def _usage(v: Any) -> bool:
+    if type(v) is not dict:
+        return False
+    for k, n in v.items():
+        if type(k) is not str:
+            return False
+        if type(n) is not int and (type(n) is not dict or not all(
+                type(a) is str and type(b) is int for a, b in n.items())):
+            return False
+    return True
+
+
+def _calls(v: Any) -> bool:
+    if type(v) is not list:
+        return False
+    for call in v:
+        if type(call) is not dict or not _str_keys(call):
+            return False
+        function = call.get("function")
+        if type(call.get("id")) is not str or type(function) is not dict or \
+                type(function.get("name")) is not str or \
+                type(function.get("arguments")) is not str:
+            return False
+    return True
+
+
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "status": lambda v: v in _STATUSES, "hash": _opt_str, "model": _opt_str,
+    "tool_call_id": _opt_str, "name": _opt_str, "finish_reason": _opt_str,
+    "requested_model": _opt_str, "params": _str_dict, "extra": _str_dict,
+    "usage": _usage, "tool_calls": _calls}
+"""The fast check of each field with a default, for a value other than None (status and
+hash have no None: a None there fails its check)."""
+
+
+def _plain_message(d: dict[str, Any]) -> bool:
+    """Does ``d`` hold a message pydantic would take exactly as it is (no coercion)?
+
+    False is no verdict: the pydantic model then decides, coercing or raising."""
+    keys = d.keys()
+    if not (_MESSAGE_REQUIRED <= keys <= _MESSAGE_KEYS):
+        return False
+    seq = d["seq"]
+    if type(seq) is not int or seq < 0 or d["role"] not in _ROLES or \
+            type(d["created_at"]) is not str or type(d["turn_id"]) is not str:
+        return False
+    content = d["content"]
+    if type(content) is not str:
+        if type(content) is not list:
+            return False
+        for part in content:
+            if type(part) is not dict or type(part.get("type")) is not str or \
+                    not _str_keys(part):
+                return False
+    for k in keys - _MESSAGE_REQUIRED:
+        v = d[k]
+        if (v is not None or k in _NOT_NONE) and not _CHECKS[k](v):
+            return False
+    return True
+
+
+def _frozen(name: str, value: Any) -> Exception:
+    """pydantic's error for setting a field of a frozen model, as it words it."""
+    from pydantic_core import ValidationError
+
+    return ValidationError.from_exception_data(
+        "Message", [{"type": "frozen_instance", "loc": (name,), "input": value}])
+
+
+_R = TypeVar("_R", bound="_Record")
+
+
+class _Record:
+    """What the record classes share: pydantic's model API over a plain ``__dict__``."""
+
+    _NAMES: tuple[str, ...] = ()
+
+    @classmethod
+    def _pydantic(cls) -> Any:
+        from chatstate.core import _models
+
+        return _models.model(cls.__name__)
+
+    @classmethod
+    def _from_values(cls: type[_R], values: dict[str, Any]) -> _R:
+        self = object.__new__(cls)
+        object.__setattr__(self, "__dict__", values)
+        return self
+
+    @classmethod
+    def _validated(cls: type[_R], data: Any) -> _R:
+        """Through the pydantic model: coerced as pydantic would, or its ValidationError."""
+        parsed = cls._pydantic().model_validate(data)
+        return cls._from_values({k: getattr(parsed, k) for k in cls._NAMES})
+
+    @classmethod
+    def model_validate(cls: type[_R], obj: Any) -> _R:
+        if isinstance(obj, cls):
+            return obj
+        if isinstance(obj, dict):
+            return cls(**obj)
+        return cls._validated(obj)
+
+    @classmethod
+    def model_validate_json(cls: type[_R], data: str | bytes) -> _R:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return cls._validated_json(data)
+        return cls.model_validate(obj) if isinstance(obj, dict) else cls._validated_json(data)
+
+    @classmethod
+    def _validated_json(cls: type[_R], data: str | bytes) -> _R:
+        parsed = cls._pydantic().model_validate_json(data)
+        return cls._from_values({k: getattr(parsed, k) for k in cls._NAMES})
+
+    @classmethod
+    def model_construct(cls: type[_R], **values: Any) -> _R:
+        return cls._from_values({k: values[k] if k in values else cls._default(k)
+                                 for k in cls._NAMES})
+
+    @classmethod
+    def _default(cls, name: str) -> Any:
+        """A field's value when ``model_construct`` is not given it (None unless the
+        record class says otherwise)."""
+        return None
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """Inside other pydantic models and TypeAdapters: validated by the pydantic
+        model of the same fields, handed back as this record class."""
+        from pydantic_core import core_schema
+
+        inner = handler.generate_schema(cls._pydantic())
+        to_record = core_schema.no_info_after_validator_function(
+            lambda m: cls._from_values({k: getattr(m, k) for k in cls._NAMES}), inner)
+        return core_schema.no_info_before_validator_function(
+            lambda v: v.model_dump() if isinstance(v, cls) else v, to_record,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda r: r.model_dump()))
+
+    def model_dump(self, *, include: Any = None, exclude: Any = None,
+                   exclude_none: bool = False, mode: str = "python",
+                   by_alias: bool = False) -> dict[str, Any]:
+        skip = set(exclude or ())
+        out = {}
+        for k in self._NAMES:
+            v = getattr(self, k)
+            if k in skip or (include is not None and k not in include) or \
+                    (exclude_none and v is None):
+                continue
+            out[k] = v.model_dump() if isinstance(v, _Record) else (
+                [m.model_dump() if isinstance(m, _Record) else _copy(m) for m in v]
+                if isinstance(v, list) else _copy(v))
+        return out
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.model_dump(**kwargs), ensure_ascii=False,
+                          separators=(",", ":"))
+
+    def model_copy(self: _R, *, update: dict[str, Any] | None = None,
+                   deep: bool = False) -> _R:
+        values = _copy(self.__dict__) if deep else dict(self.__dict__)
+        if update:
+            values.update(update)
+        return self._from_values(values)
+
+    @property
+    def model_fields_set(self) -> set[str]:
+        return set(self.__dict__)
+
+    def _values(self) -> list[tuple[str, Any]]:
+        """Every field and its value, in the table's order (a record loaded from a store
+        may leave fields at their defaults out of ``__dict__``)."""
+        return [(k, getattr(self, k)) for k in self._NAMES]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(" + ", ".join(
+            f"{k}={v!r}" for k, v in self._values()) + ")"
+
+    def __repr_args__(self) -> list[tuple[str, Any]]:
+        return self._values()
+
+
+class Message(_Record):
+    """One message of a conversation; immutable once sealed into the chain.
+
+    A plain record of the fields in ``MESSAGE_FIELDS`` (attributes, read only),
+    checked by a fast structural test and, for anything that test does not pass, by
+    the pydantic model of the same fields, which coerces or raises its ValidationError.
+    """
+
+    _NAMES = _MESSAGE_NAMES
+    model_fields = MESSAGE_FIELDS
+
+    seq: int
     role: Role
     content: Content
     created_at: str
     turn_id: str
-    status: Status = "complete"
-    model: str | None = None
-    usage: Usage | None = None
-    params: dict[str, Any] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    """Assistant tool calls as chat-completions sends them:
-    ``{"id", "type": "function", "function": {"name", "arguments"}}``, arguments the raw
-    JSON string, kept byte for byte."""
-    tool_call_id: str | None = None
-    """On a ``tool`` message: the call it answers."""
-    name: str | None = None
-    extra: dict[str, Any] | None = None
-    """Other fields the provider returned that a later request needs (``refusal``,
-    ``reasoning``, ...), kept as they came."""
-    finish_reason: str | None = None
-    """Why the model stopped, when it was not a normal stop ("length", "content_filter")."""
-    requested_model: str | None = None
-    """The model the request named, when the server reported a different one in ``model``."""
-    hash: str = ""
+    status: Status
+    model: str | None
+    usage: Usage | None
+    params: dict[str, Any] | None
+    tool_calls: list[dict[str, Any]] | None
+    tool_call_id: str | None
+    name: str | None
+    extra: dict[str, Any] | None
+    finish_reason: str | None
+    requested_model: str | None
+    hash: str
 
-    @field_validator("content")
-    @classmethod
-    def _parts_are_typed(cls, value: Content) -> Content:
-        if isinstance(value, list):
-            for i, part in enumerate(value):
-                if not isinstance(part.get("type"), str):
-                    raise ValueError(f"content part {i} has no string 'type'")
-        return value
+    def __init__(self, **data: Any) -> None:
+        if not _plain_message(data):
+            parsed = self._pydantic().model_validate(data)
+            values = {k: getattr(parsed, k) for k in _MESSAGE_NAMES}
+        else:
+            values = {k: _copy(data[k]) if k in data else _MESSAGE_DEFAULTS[k]
+                      for k in _MESSAGE_NAMES}
+        object.__setattr__(self, "__dict__", values)
 
-    @field_validator("tool_calls")
     @classmethod
-    def _calls_have_ids(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        for i, call in enumerate(value or ()):
-            function = call.get("function")
-            if not isinstance(call.get("id"), str) or not isinstance(function, dict) or \
-                    not isinstance(function.get("name"), str) or \
-                    not isinstance(function.get("arguments"), str):
-                raise ValueError(f"tool call {i} needs a string 'id' and a 'function' with "
-                                 "string 'name' and 'arguments'")
-        return value
+    def from_stored(cls, item: Any) -> Message | None:
+        """A freshly parsed stored dict as a Message, without copying it; None when it
+        is not plainly valid (then ``Message.model_validate`` decides)."""
+        if type(item) is not dict or not _plain_message(item):
+            return None
+        msg: Message = cls._from_values(item)  # a field left out reads its class default
+        return msg
+
+    @classmethod
+    def _default(cls, name: str) -> Any:
+        return _MESSAGE_DEFAULTS.get(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise _frozen(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise _frozen(name, None)
+
+    def __hash__(self) -> int:
+        return hash((self.seq, self.hash, self.turn_id))
 
     def body(self) -> str:
         """The canonical JSON that the hash covers."""
-        unset = {f for f in OPTIONAL_FIELDS if getattr(self, f) is None}
-        return canonical_json(self.model_dump(exclude={"hash", *unset}))
+        return canonical_json({k: v for k, v in self._values()
+                               if k != "hash" and not (v is None and k in _OPTIONAL)})
 
     def stored(self) -> dict[str, Any]:
-        """The message as documents store it: the hashed body plus ``hash``."""
-        unset = {f for f in OPTIONAL_FIELDS if getattr(self, f) is None}
-        return self.model_dump(exclude=unset)
+        """The message as documents store it: the hashed body plus ``hash``, in the
+        table's order."""
+        return {k: _copy(v) for k, v in self._values() if not (v is None and k in _OPTIONAL)}
 
     def needs_schema_2(self) -> bool:
         """Does this message hold anything a 0.1 reader would reject?"""
@@ -189,6 +451,7 @@ class Message(BaseModel):
                     created_at=created_at or now_iso(), turn_id=turn_id, status=status,
                     model=model, usage=usage, params=params, **fields)
         return draft.model_copy(update={"hash": draft.expected_hash(prev.hash if prev else None)})
+
 
     @property
     def text(self) -> str:
@@ -232,30 +495,87 @@ class Message(BaseModel):
         return out
 
 
-class ConversationSummary(BaseModel):
+for _name, _value in _MESSAGE_DEFAULTS.items():  # what a field left out of __dict__ reads
+    setattr(Message, _name, _value)
+
+
+SUMMARY_FIELDS: dict[str, tuple[Any, Any]] = {
+    "id": (str, _REQUIRED), "title": (str, _REQUIRED), "created_at": (str, _REQUIRED),
+    "updated_at": (str, _REQUIRED), "message_count": (int, _REQUIRED)}
+
+
+class ConversationSummary(_Record):
+    _NAMES = tuple(SUMMARY_FIELDS)
+    model_fields = SUMMARY_FIELDS
+
     id: str
     title: str
     created_at: str
     updated_at: str
     message_count: int
 
+    def __init__(self, **data: Any) -> None:
+        if data.keys() == SUMMARY_FIELDS.keys() and type(data["message_count"]) is int and \
+                all(type(data[k]) is str for k in ("id", "title", "created_at", "updated_at")):
+            values = {k: data[k] for k in self._NAMES}
+        else:
+            parsed = self._pydantic().model_validate(data)
+            values = {k: getattr(parsed, k) for k in self._NAMES}
+        object.__setattr__(self, "__dict__", values)
 
-class Conversation(BaseModel):
+
+_NOW: Any = object()
+"""The default of created_at and updated_at: the time the conversation is made."""
+CONVERSATION_FIELDS: dict[str, tuple[Any, Any]] = {
+    "id": (str, _REQUIRED), "title": (str, ""), "created_at": (str, _NOW),
+    "updated_at": (str, _NOW), "metadata": (dict[str, Any], dict),
+    "messages": (list[Message], list), "partial": (Message | None, None)}
+"""The fields of a conversation: name -> (type, default; a type as default is a factory)."""
+_CONV_NAMES = tuple(CONVERSATION_FIELDS)
+
+
+class Conversation(_Record):
     """A conversation as loaded from a store.
 
     ``messages`` is the hash-chained transcript. ``partial`` is the one
     in-progress reply a streaming writer saved (not part of the chain yet).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    _NAMES = _CONV_NAMES
+    model_fields = CONVERSATION_FIELDS
 
     id: str
-    title: str = ""
-    created_at: str = Field(default_factory=now_iso)
-    updated_at: str = Field(default_factory=now_iso)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    messages: list[Message] = Field(default_factory=list)
-    partial: Message | None = None
+    title: str
+    created_at: str
+    updated_at: str
+    metadata: dict[str, Any]
+    messages: list[Message]
+    partial: Message | None
+
+    def __init__(self, **data: Any) -> None:
+        messages = data.get("messages", ())
+        partial = data.get("partial")
+        if data.keys() <= CONVERSATION_FIELDS.keys() and "id" in data and \
+                all(type(data.get(k, "")) is str
+                    for k in ("id", "title", "created_at", "updated_at")) and \
+                type(data.get("metadata", {})) is dict and \
+                type(messages) in (list, tuple) and \
+                all(type(m) is Message for m in messages) and \
+                (partial is None or type(partial) is Message):
+            values = {k: data[k] if k in data else self._default(k) for k in _CONV_NAMES}
+            values["messages"] = list(messages)
+            values["metadata"] = dict(values["metadata"])
+        else:
+            parsed = self._pydantic().model_validate(data)
+            values = {k: getattr(parsed, k) for k in _CONV_NAMES}
+        object.__setattr__(self, "__dict__", values)
+
+    @classmethod
+    def _default(cls, name: str) -> Any:
+        default = CONVERSATION_FIELDS[name][1]
+        if default is _NOW:
+            return now_iso()
+        return default() if isinstance(default, type) else default
 
     @property
     def last(self) -> Message | None:
@@ -277,7 +597,6 @@ class Conversation(BaseModel):
         """The conversation's fields without messages, as stored."""
         return {"id": self.id, "title": self.title, "created_at": self.created_at,
                 "updated_at": self.updated_at, "metadata": self.metadata}
-
 
 def verify_chain(messages: list[Message], prev_hash: str | None = None,
                  start_seq: int = 0) -> int | None:
@@ -307,12 +626,20 @@ def check_schema(version: object, where: str) -> None:
             where=where)
 
 
+def is_validation_error(exc: BaseException) -> bool:
+    """Is ``exc`` pydantic's ValidationError? (Without importing pydantic: it can only be
+    one if pydantic is loaded.)"""
+    core = sys.modules.get("pydantic_core")
+    return core is not None and isinstance(exc, core.ValidationError)
+
+
 def brief(exc: Exception) -> str:
     """One line saying what is wrong: pydantic's first error, not its multi-line report."""
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
+    if is_validation_error(exc):
+        errors = exc.errors()  # type: ignore[attr-defined]
+        first = errors[0]
         field = ".".join(str(p) for p in first["loc"]) or "value"
-        more = len(exc.errors()) - 1
+        more = len(errors) - 1
         return f"{field}: {first['msg']}" + (f" (and {more} more)" if more else "")
     return " ".join(str(exc).split())[:200]
 
@@ -321,7 +648,9 @@ def parse_message(item: Any, where: str, position: int) -> Message:
     """Validate one stored message; a bad one is a CorruptTranscriptError naming its position."""
     try:
         return Message.model_validate(item)
-    except ValidationError as exc:
+    except ValueError as exc:  # pydantic's ValidationError
+        if not is_validation_error(exc):
+            raise
         raise CorruptTranscriptError(
             f"{where}: message at position {position} (seq {position}) is invalid "
             f"({brief(exc)}); it was left as it is.", where=where, position=position) from exc

@@ -1,7 +1,9 @@
 """Loading a stored chain fast: one validation pass, hashes over the bytes as stored.
 
-Both local stores load by validating every message in one pydantic-core call
-(``messages``) and verifying the chain in one loop (``first_break``). The hash
+Both local stores load by checking every parsed message with the transcript's
+fast structural test (``Message.from_stored``: no copy, no pydantic), the pydantic
+model deciding only for a message that test does not pass, and verifying the
+chain in one loop (``first_break``). The hash
 is taken over canonical bytes the load already has: the sqlite store keeps
 each message's canonical JSON as its row, and for the json store orjson
 rewrites the parsed dict canonically (sorted keys, compact, UTF-8), which is
@@ -21,34 +23,65 @@ from functools import cache
 from typing import Any
 
 import orjson
-from pydantic import TypeAdapter
 
 from chatstate.core.transcript import OPTIONAL_FIELDS, Message
 
-_OPTIONAL = frozenset(OPTIONAL_FIELDS)
-
 
 @cache
-def _message_list() -> TypeAdapter[list[Message]]:
+def _message_list() -> Any:
+    from pydantic import TypeAdapter
+
     return TypeAdapter(list[Message])
 
 
 def validate_json_array(array: bytes) -> list[Message]:
-    """Messages from a JSON array, in one pydantic-core call (ValidationError if any is bad)."""
-    return _message_list().validate_json(array)
+    """Messages from a JSON array, in one pydantic-core call (ValidationError if any is bad;
+    integers of any size kept exactly)."""
+    found: list[Message] = _message_list().validate_json(array)
+    return found
+
+
+_NUMBERED = ("usage", "params", "extra", "tool_calls")
+"""The fields where a stored number can stand (besides seq): counts and free JSON."""
+
+
+def parse_canonical(raw: bytes) -> dict[str, Any]:
+    """A stored canonical body parsed by orjson, if it reads back exactly as stored.
+
+    orjson turns an integer beyond 64 bits into a float. A number other than seq can
+    only stand in the free-form fields (``_NUMBERED``, content parts); a body that
+    uses one is encoded again and compared with the stored bytes, so a body that does
+    not round-trip raises ValueError and the caller takes the exact, slower path."""
+    item = orjson.loads(raw)
+    if type(item) is not dict or type(item.get("seq")) is not int:
+        raise ValueError("not a stored message body")
+    get = item.get
+    if (type(get("content")) is not str or any(get(k) is not None for k in _NUMBERED)) \
+            and orjson.dumps(item, option=orjson.OPT_SORT_KEYS) != raw:
+        raise ValueError("not a canonical body orjson reads back exactly")
+    return item
 
 
 def validate_items(items: list[Any]) -> list[Message]:
-    """Messages from parsed dicts, in one pydantic-core call (ValidationError if any is bad)."""
-    return _message_list().validate_python(items)
+    """Messages from freshly parsed dicts, which they keep (not copied): the fast check
+    for each, pydantic for any it does not pass (ValidationError if that one is bad)."""
+    fast = Message.from_stored
+    out = []
+    for item in items:
+        msg = fast(item)
+        out.append(msg if msg is not None else Message.model_validate(item))
+    return out
 
 
 def canonical(item: dict[str, Any]) -> bytes | None:
     """What ``Message.body()`` would hash for this stored dict, or None if orjson cannot."""
+    body = dict(item)
+    body.pop("hash", None)
+    for k in OPTIONAL_FIELDS:
+        if k in body and body[k] is None:
+            del body[k]
     try:
-        return orjson.dumps({k: v for k, v in item.items()
-                             if k != "hash" and not (v is None and k in _OPTIONAL)},
-                            option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError):
         return None
 

@@ -1,8 +1,9 @@
 """Decoding the message rows of the relational stores (sqlite, postgresql), chain verified.
 
 A body is the message's canonical JSON (what its hash covers), so verifying is
-one sha256 per row; the bodies are validated in chunks by one pydantic-core
-call each, and only a damaged chunk is walked row by row to name the bad seq.
+one sha256 per row; the bodies are parsed by orjson and checked by the fast
+structural test in chunks, and only a damaged chunk is walked row by row to name
+the bad seq.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from chatstate.core.transcript import Message, brief, chain_hash, parse_message
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import first_break, validate_json_array
+from chatstate.stores._fastload import first_break, parse_canonical, validate_items
 
 
 def row_text(raw: bytes, where: str, seq: int) -> str:
@@ -40,19 +41,23 @@ def row_message(body: str, hash_: str, where: str, seq: int) -> Message:
 def decode_rows(rows: list[Any], where: str, chunk: int = 4096) -> list[Message]:
     """Every row as a Message, the chain verified; damage is named by its seq.
 
-    The fast path validates the bodies of a chunk of rows in one pydantic-core
-    call over a JSON array made of the row bytes (no per-row json.loads, no
-    decode; chunks bound the transient memory) and hashes those same bytes;
-    anything odd falls back to the row-by-row path, which names the first bad row.
+    The fast path parses each body with orjson (kept only if it encodes back to the
+    very bytes stored), checks it with the transcript's fast structural test
+    (pydantic only for a body that test does not pass) and hashes those same bytes,
+    a chunk of rows at a time; anything odd falls back to the row-by-row path, which
+    names the first bad row.
     """
     messages: list[Message] = []
     prev: str | None = None
     try:
         for start in range(0, len(rows), chunk):
             part = rows[start:start + chunk]
-            array = b"[" + b",".join(raw[:-1] + b',"hash":"' + hash_.encode() + b'"}'
-                                     for _, raw, hash_ in part) + b"]"
-            decoded = validate_json_array(array)
+            items = []
+            for _, raw, hash_ in part:
+                item = parse_canonical(raw)
+                item["hash"] = hash_
+                items.append(item)
+            decoded = validate_items(items)
             if any(seq != start + i for i, (seq, _, _) in enumerate(part)):
                 raise ValueError("a gap in the seqs")  # the slow path names it
             bad = first_break(decoded, [raw for _, raw, _ in part], prev, start, exact=True)

@@ -69,6 +69,8 @@ def named_blobs(messages: Sequence[Message]) -> dict[str, tuple[int, int]]:
     """digest -> (size, seq of the first message naming it), for blob checks."""
     out: dict[str, tuple[int, int]] = {}
     for msg in messages:
+        if isinstance(msg.content, str):  # the common case: no parts, no blobs
+            continue
         for ref in msg.blob_refs():
             sha = ref.get("sha256")
             if isinstance(sha, str) and sha not in out:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from chatstate.adapter import Completion, ModelSettings, RetryingAdapter, make_adapter
 from chatstate.adapter.backends.sdk import SdkBackend
 from chatstate.adapter.backends.wire import WireBackend
-from chatstate.adapter.dialects import DIALECTS, dialect
+from chatstate.adapter.dialects import DIALECTS, REGISTRY, dialect
 from chatstate.adapter.dialects.base import Reply
 from chatstate.adapter.dialects.chat_completions import (
     CHAT_COMPLETIONS,
@@ -91,6 +91,8 @@ def test_chat_completions_is_the_default_dialect_of_both_backends(fake: FakeMode
     assert ModelSettings().api == "chat_completions"
     assert set(DIALECTS) == {"chat_completions", "responses", "anthropic_messages"}
     assert DIALECTS["chat_completions"] is CHAT_COMPLETIONS
+    for name, (_, _, path) in REGISTRY.items():  # for_url's paths are the dialects' own
+        assert DIALECTS[name].name == name and DIALECTS[name].path == path
     wire = make_adapter(base_url=fake.base_url)
     sdk = make_adapter(client=openai.OpenAI(base_url=fake.base_url, api_key="k"))
     try:

@@ -3,8 +3,9 @@
 The CLI runs in a subprocess against the fake model over real HTTP (a local
 endpoint, not ``--model fake``), with a real sqlite store; at exit it lists
 the heavy modules it loaded. openai is only for an SDK client, pydantic-settings
-is not used at all, rich only renders in a terminal, and chatstate.testing is
-only for ``--model fake``.
+is not used at all, rich only renders in a terminal, prompt_toolkit only for the
+REPL, pydantic only for a stored value the fast check does not pass (or a setting
+that needs validating), and chatstate.testing is only for ``--model fake``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import pytest
 from chatstate.testing import FakeModel
 
 FORBIDDEN = ("openai", "pydantic_settings", "rich", "chatstate.testing",
-             "chatstate.adapter.settings")  # the settings model: only when a value needs it
+             "chatstate.adapter.settings",  # the settings model: only when a value needs it
+             # the transcript's records and the API key need no pydantic on the way to a turn
+             "pydantic", "pydantic_core", "prompt_toolkit")
 PROBE = f"""
 import json, sys
 FORBIDDEN = {FORBIDDEN!r}

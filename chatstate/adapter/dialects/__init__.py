@@ -8,15 +8,21 @@ ending in ``/responses`` or ``/messages`` names its API), else chat completions.
 
 from __future__ import annotations
 
-from chatstate.adapter.dialects.anthropic_messages import ANTHROPIC_MESSAGES
+import importlib
+from typing import Any
+
 from chatstate.adapter.dialects.base import Dialect
-from chatstate.adapter.dialects.chat_completions import CHAT_COMPLETIONS
-from chatstate.adapter.dialects.responses import RESPONSES
 
 __all__ = ["DIALECTS", "Dialect", "dialect", "for_url"]
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (CHAT_COMPLETIONS, RESPONSES,
-                                                    ANTHROPIC_MESSAGES)}
+# name -> (module, the Dialect's name in it, the path it posts to), imported on first use:
+# a turn loads the one dialect it speaks (tests/adapter/test_dialects.py holds the paths
+# to each dialect's own ``path``)
+REGISTRY = {
+    "chat_completions": ("chat_completions", "CHAT_COMPLETIONS", "/chat/completions"),
+    "responses": ("responses", "RESPONSES", "/responses"),
+    "anthropic_messages": ("anthropic_messages", "ANTHROPIC_MESSAGES", "/messages"),
+}
 ALIASES = {"anthropic": "anthropic_messages", "messages": "anthropic_messages",
            "chat": "chat_completions", "openai_responses": "responses"}
 
@@ -24,10 +30,18 @@ ALIASES = {"anthropic": "anthropic_messages", "messages": "anthropic_messages",
 def dialect(name: str) -> Dialect:
     """The dialect named ``name``; ValueError naming the known ones if there is none."""
     try:
-        return DIALECTS[ALIASES.get(name, name)]
+        module, attribute, _ = REGISTRY[ALIASES.get(name, name)]
     except KeyError:
         raise ValueError(f"unknown model api {name!r} in the model settings (CHATSTATE_API, "
-                         f"--api); use one of: {', '.join(sorted(DIALECTS))}") from None
+                         f"--api); use one of: {', '.join(sorted(REGISTRY))}") from None
+    found: Dialect = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DIALECTS":  # every dialect, by name (imports them all)
+        return {n: dialect(n) for n in REGISTRY}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def for_url(base_url: str) -> tuple[str, str | None]:
@@ -35,9 +49,10 @@ def for_url(base_url: str) -> tuple[str, str | None]:
     Responses API at ``.../v1``, ``.../v1/messages`` Anthropic Messages, and
     ``api.anthropic.com`` speaks Anthropic Messages."""
     stripped = base_url.rstrip("/")
-    for d in (RESPONSES, ANTHROPIC_MESSAGES, CHAT_COMPLETIONS):
-        if stripped.endswith(d.path):
-            return stripped[: -len(d.path)], d.name
+    for name in ("responses", "anthropic_messages", "chat_completions"):
+        path = REGISTRY[name][2]
+        if stripped.endswith(path):
+            return stripped[: -len(path)], name
     if "api.anthropic.com" in stripped:
-        return base_url, ANTHROPIC_MESSAGES.name
+        return base_url, "anthropic_messages"
     return base_url, None
