@@ -143,10 +143,12 @@ class _Record(Message):
         if self._canonical is None or not isinstance(part, dict) or \
                 part.get("type") != SEALED_PART:
             return super().stored()
-        return {"seq": self.seq, "role": "event",
-                "content": [{"type": SEALED_PART, "data": part["data"]}],
-                "created_at": self.created_at, "turn_id": "sealed", "status": self.status,
-                "model": None, "usage": None, "params": None, "hash": self.hash}
+        # in the canonical body's order, "hash" last: a json document line is then the
+        # body and its hash, and a load cuts it rather than parsing it (``_doc.stored_rows``)
+        return {"content": [{"data": part["data"], "type": SEALED_PART}],
+                "created_at": self.created_at, "model": None, "params": None,
+                "role": "event", "seq": self.seq, "status": self.status,
+                "turn_id": "sealed", "usage": None, "hash": self.hash}
 
     def model_copy(self: _R, *, update: Mapping[str, Any] | None = None,
                    deep: bool = False) -> _R:
@@ -284,13 +286,17 @@ class SealedStore(ForwardingStore):
             self._tails[cid] = (0, None, None)
 
     def _fast_load(self, cid: str) -> Conversation | None:
-        """The relational stores' rows, their stored chain verified and opened here
-        without building the sealed messages first; None for other stores."""
+        """The rows of a store that hands them over as stored (``stored_rows``: sqlite,
+        postgresql, json), their stored chain verified and opened here without building
+        the sealed messages first; None for other stores (and rows it cannot give)."""
         rows_of = getattr(self.inner, "stored_rows", None)
         sizes_of = getattr(self.inner, "blob_sizes", None)
         if rows_of is None or sizes_of is None:
             return None
-        head, rows, partial_row = rows_of(cid)
+        got = rows_of(cid)
+        if got is None:  # not laid out as written: the store's own load names it
+            return None
+        head, rows, partial_row = got
         where = self._at(cid)
         named: dict[str, tuple[int, int]] = {}
         items = self._open_rows(cid, rows, named)
