@@ -2,8 +2,10 @@
 
 Two codecs. ``PLAIN`` is the identity: a record is stored as it is today, so a
 plain store keeps exactly its bytes and hashes. ``AeadCodec`` seals a record
-with AES-256-GCM-SIV (``cryptography``, the ``chatstate[crypto]`` extra,
-imported only when a key is configured). Every sealed record carries the keyed
+with AES-256-GCM (``cryptography``, the ``chatstate[crypto]`` extra, imported
+only when a key is configured); a store sealed with AES-256-GCM-SIV by an earlier
+build keeps sealing with it (its mark names the algorithm), and a record of either
+opens anywhere. Every sealed record carries the keyed
 fingerprint of the key that sealed it, and its associated data binds it to
 what it is: (kind, conversation id, seq, the plaintext chain hash before it) for
 messages and partial replies (so the tags fix the order too),
@@ -16,10 +18,12 @@ plaintext), cut to 96 bits. The same record at the same place therefore seals
 to the same bytes, so a retried append is still a no-op, the partial reply a
 writer commits seals exactly as the stored partial, and a blob is stored once
 per key; distinct records get distinct nonces with the odds of random ones
-(and GCM-SIV stays safe even if two ever met). What that reveals: that two
-sealed records at the same place are equal, which the hash chain shows anyway.
+(two share one only when they are the same record at the same place, so GCM's
+one weakness, a nonce repeated for different plaintexts, does not arise). What that
+reveals: that two sealed records at the same place are equal, which the hash chain
+shows anyway.
 
-Subkeys (encryption, nonce, fingerprint) are derived from the 32-byte master
+Subkeys (encryption, one per algorithm; nonce; fingerprint) are derived from the 32-byte master
 key with HMAC-SHA256 under distinct labels; the master key never leaves this module.
 """
 
