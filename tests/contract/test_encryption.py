@@ -482,3 +482,24 @@ def test_records_of_both_algorithms_open_in_one_store(tmp_path: Path, key: str) 
     store.close()
     again = open_store(url).load("old")
     assert [m.content for m in again.messages][::3] == ["old question é", "sealed with GCM"]
+
+
+def test_a_json_line_edited_in_the_clear_is_named_by_its_seq(tmp_path: Path, key: str) -> None:
+    """The encrypted json load cuts document lines rather than parsing them: a line whose
+    clear fields were edited (its time) no longer hashes as stored, and the load names
+    its seq; nothing is changed."""
+    url = f"json://{tmp_path}/store"
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", seal_chain(3))
+    store.close()  # compaction: one document line per sealed record
+    path = tmp_path / "store" / "c.json"
+    lines = path.read_bytes().split(b"\n")
+    assert lines[2].startswith(b'{"content":[{"data":"')  # the canonical layout, cut on load
+    lines[2] = lines[2].replace(b'"created_at":"2', b'"created_at":"1', 1)
+    path.write_bytes(b"\n".join(lines))
+    before = path.read_bytes()
+    with pytest.raises(CorruptTranscriptError) as caught:
+        open_store(url).load("c")
+    assert caught.value.position == 1 and "seq 1" in str(caught.value)
+    assert path.read_bytes() == before
