@@ -2,8 +2,10 @@
 
 Two codecs. ``PLAIN`` is the identity: a record is stored as it is today, so a
 plain store keeps exactly its bytes and hashes. ``AeadCodec`` seals a record
-with AES-256-GCM-SIV (``cryptography``, the ``chatstate[crypto]`` extra,
-imported only when a key is configured). Every sealed record carries the keyed
+with AES-256-GCM (``cryptography``, the ``chatstate[crypto]`` extra, imported
+only when a key is configured); a store sealed with AES-256-GCM-SIV by an earlier
+build keeps sealing with it (its mark names the algorithm), and a record of either
+opens anywhere. Every sealed record carries the keyed
 fingerprint of the key that sealed it, and its associated data binds it to
 what it is: (kind, conversation id, seq, the plaintext chain hash before it) for
 messages and partial replies (so the tags fix the order too),
@@ -16,16 +18,19 @@ plaintext), cut to 96 bits. The same record at the same place therefore seals
 to the same bytes, so a retried append is still a no-op, the partial reply a
 writer commits seals exactly as the stored partial, and a blob is stored once
 per key; distinct records get distinct nonces with the odds of random ones
-(and GCM-SIV stays safe even if two ever met). What that reveals: that two
-sealed records at the same place are equal, which the hash chain shows anyway.
+(two share one only when they are the same record at the same place, so GCM's
+one weakness, a nonce repeated for different plaintexts, does not arise). What that
+reveals: that two sealed records at the same place are equal, which the hash chain
+shows anyway.
 
-Subkeys (encryption, nonce, fingerprint) are derived from the 32-byte master
+Subkeys (encryption, one per algorithm; nonce; fingerprint) are derived from the 32-byte master
 key with HMAC-SHA256 under distinct labels; the master key never leaves this module.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import secrets
@@ -45,7 +50,12 @@ Where = str | Callable[[], str]
 
 KEY_PREFIX = "csk1-"
 """What a chatstate key looks like: ``csk1-`` and 43 base64url characters (32 bytes)."""
-AEAD_NAME = "AES-256-GCM-SIV"
+AEAD_NAME = "AES-256-GCM"
+"""What new stores are sealed with (their mark says so: ``aead``)."""
+AEAD_GCM_SIV = "AES-256-GCM-SIV"
+"""What stores were sealed with before 0.4 (their mark says so); still opened, and still
+used to seal new records in a store whose mark names it."""
+ALGORITHMS = (AEAD_NAME, AEAD_GCM_SIV)
 SEALED_PART = "chatstate.sealed"
 """The content part type of a sealed message as a store holds it."""
 SEALED_BLOB_PART = "chatstate.blob"
@@ -114,28 +124,61 @@ PLAIN = PlainCodec()
 @dataclass
 class _Key:
     fingerprint: str
+    fp: bytes
     aead: Any
+    """What this codec seals with (its algorithm: ``AeadCodec.aead``)."""
     nonce_key: bytes
+    other_key: bytes = field(repr=False)
+    """The other algorithm's subkey, its cipher made on first use (``other``)."""
+    algorithm: str = AEAD_NAME
+    openers: list[Any] = field(default_factory=list)
+    """The ciphers a record is opened with, the sealing one first: a store sealed by the
+    other algorithm (one written before the switch) still opens (``other``)."""
+
+    def other(self) -> Any:
+        """The cipher of the other algorithm, made on first use (only a record sealed by it
+        ever gets there)."""
+        if len(self.openers) == 1:
+            name = AEAD_GCM_SIV if self.algorithm == AEAD_NAME else AEAD_NAME
+            self.openers.append(_cipher(name, self.other_key))
+        return self.openers[1]
 
 
-def _aead_class() -> Any:
+def _aead_class(name: str) -> Any:
     try:
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
     except ModuleNotFoundError as exc:
         raise MissingExtra("an encryption key is configured, but the 'cryptography' package "
                            "is missing: pip install 'chatstate[crypto]'",
                            extra="crypto") from exc
-    return AESGCMSIV
+    return AESGCMSIV if name == AEAD_GCM_SIV else AESGCM
 
 
-def _load(master: bytes) -> _Key:
-    aead = _aead_class()
+def _cipher(name: str, subkey: bytes) -> Any:
+    if name not in ALGORITHMS:
+        raise ConfigurationError(f"unknown encryption algorithm {name!r} (this version knows "
+                                 f"{', '.join(ALGORITHMS)}); upgrade chatstate")
     try:
-        cipher = aead(_derive(master, "encrypt"))
+        return _aead_class(name)(subkey)
+    except MissingExtra:
+        raise
     except Exception as exc:  # cryptography built on an OpenSSL without GCM-SIV (< 3.2)
-        raise ConfigurationError(f"this cryptography build cannot do {AEAD_NAME} ({exc}); "
+        raise ConfigurationError(f"this cryptography build cannot do {name} ({exc}); "
                                  "install the cryptography wheel from PyPI") from exc
-    return _Key(fingerprint_of(master), cipher, _derive(master, "nonce"))
+
+
+def _subkey(master: bytes, algorithm: str) -> bytes:
+    """One encryption subkey per algorithm (GCM-SIV's label is the one it always had), so
+    no AES key ever serves two modes."""
+    return _derive(master, "encrypt" if algorithm == AEAD_GCM_SIV else "encrypt/aes-256-gcm")
+
+
+def _load(master: bytes, algorithm: str) -> _Key:
+    cipher = _cipher(algorithm, _subkey(master, algorithm))
+    fingerprint = fingerprint_of(master)
+    return _Key(fingerprint, bytes.fromhex(fingerprint), cipher, _derive(master, "nonce"),
+                _subkey(master, AEAD_GCM_SIV if algorithm == AEAD_NAME else AEAD_NAME),
+                algorithm, [cipher])
 
 
 @dataclass
@@ -143,18 +186,22 @@ class AeadCodec:
     """Seals records under the primary key; opens records sealed by any key it holds.
 
     ``older`` keys are accepted for reading only (a ``rekey`` that has not finished).
+    ``aead``: the algorithm records are sealed with (the store's mark names it); a
+    record sealed by the other one still opens.
     """
 
     primary: bytes = field(repr=False)
     older: Iterable[bytes] = field(default=(), repr=False)
+    aead: str = AEAD_NAME
     encrypted = True
 
     def __post_init__(self) -> None:
-        self._primary = _load(self.primary)
+        self._primary = _load(self.primary, self.aead)
         self._keys = {self._primary.fingerprint: self._primary}
         for key in self.older:
-            loaded = _load(key)
+            loaded = _load(key, self.aead)
             self._keys.setdefault(loaded.fingerprint, loaded)
+        self._by_fp = {k.fp: k for k in self._keys.values()}
         self.primary = b""  # the master key is not kept: only its subkeys
         self.older = ()
 
@@ -176,10 +223,27 @@ class AeadCodec:
         """fingerprint (8) | nonce (12) | ciphertext and tag. ``prev``: the plaintext chain
         hash before a message, bound too, so the tags alone also fix the order."""
         key, ad = self._primary, _ad(kind, cid, seq, prev)
-        nonce = hmac.new(key.nonce_key, ad + b"\0" + plaintext,
-                         hashlib.sha256).digest()[:NONCE_BYTES]
+        nonce = hmac.digest(key.nonce_key, ad + b"\0" + plaintext, "sha256")[:NONCE_BYTES]
         sealed: bytes = key.aead.encrypt(nonce, plaintext, ad)
-        return bytes.fromhex(key.fingerprint) + nonce + sealed
+        return key.fp + nonce + sealed
+
+    def opener(self, kind: str, cid: str) -> Callable[[int, bytes, bytes], bytes | None]:
+        """A load's fast ``open``: ``(seq, stored, prev as ASCII bytes)`` -> the plaintext,
+        or None when the record does not open (``open`` then names what is wrong)."""
+        by_fp, prefix = self._by_fp, f"chatstate/v1\0{kind}\0{cid}\0".encode()
+        head = FP_BYTES + NONCE_BYTES
+
+        def open_(seq: int, stored: bytes, prev: bytes) -> bytes | None:
+            key = by_fp.get(stored[:FP_BYTES])
+            if key is None or len(stored) < head + TAG_BYTES:
+                return None
+            try:
+                opened: bytes = key.aead.decrypt(stored[FP_BYTES:head], stored[head:],
+                                                 prefix + b"%d\0%s" % (seq, prev))
+            except Exception:  # InvalidTag, or sealed by the other algorithm: ``open`` says
+                return None
+            return opened
+        return open_
 
     def open(self, kind: str, cid: str, seq: int | None, stored: bytes, where: Where,
              prev: str | None = None) -> bytes:
@@ -205,21 +269,28 @@ class AeadCodec:
                            f"{self.fingerprint}: set the key that encrypted this store "
                            "(CHATSTATE_ENCRYPTION_KEY, CHATSTATE_KEY_FILE or "
                            "CHATSTATE_KEY_COMMAND); nothing was changed")
-        nonce = stored[FP_BYTES:FP_BYTES + NONCE_BYTES]
+        nonce, body = stored[FP_BYTES:FP_BYTES + NONCE_BYTES], stored[FP_BYTES + NONCE_BYTES:]
+        ad = _ad(kind, cid, seq, prev)
         try:
-            return bytes(key.aead.decrypt(nonce, stored[FP_BYTES + NONCE_BYTES:],
-                                          _ad(kind, cid, seq, prev)))
+            return bytes(key.aead.decrypt(nonce, body, ad))
         except Exception as exc:  # cryptography's InvalidTag
-            raise CorruptTranscriptError(
-                f"{where}: the sealed record fails its authentication tag (it was altered, or "
-                "moved here from another conversation or position); nothing was changed",
-                where=where, position=seq) from exc
+            failed = exc
+        try:  # sealed by the other algorithm (a store written before the switch)?
+            return bytes(key.other().decrypt(nonce, body, ad))
+        except ConfigurationError:
+            pass  # this cryptography cannot do it: the record fails its tag here
+        except Exception:
+            pass
+        raise CorruptTranscriptError(
+            f"{where}: the sealed record fails its authentication tag (it was altered, or "
+            "moved here from another conversation or position); nothing was changed",
+            where=where, position=seq) from failed
 
     # text forms, for records a store keeps as strings --------------------------------
     def seal_text(self, kind: str, cid: str, seq: int | None, plaintext: str,
                   prev: str | None = None) -> str:
         sealed = self.seal(kind, cid, seq, plaintext.encode("utf-8", "surrogatepass"), prev)
-        return base64.b64encode(sealed).decode()
+        return binascii.b2a_base64(sealed, newline=False).decode("ascii")
 
     def open_text(self, kind: str, cid: str, seq: int | None, stored: object,
                   where: str) -> str:

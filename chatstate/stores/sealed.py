@@ -28,8 +28,8 @@ hidden from callers here; a store with the mark refuses to open without a key.
 from __future__ import annotations
 
 import binascii
-import functools
 import hashlib
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -55,12 +55,14 @@ from chatstate.stores._fastload import validate_json_array
 from chatstate.stores.base import (
     LEASE_TERM,
     CollectsBlobs,
+    PreparedBatch,
     Searchable,
     Store,
     check_append,
     create_leased,
 )
 from chatstate.stores.codec import (
+    AEAD_GCM_SIV,
     AEAD_NAME,
     BLOB_OVERHEAD,
     FP_BYTES,
@@ -88,6 +90,16 @@ _SEALED_TAIL = b'","type":"' + SEALED_PART.encode() + b'"}],'
 ends (canonical JSON: sorted keys), so a load need not parse it."""
 
 
+_ROW_HEAD = _SEALED_HEAD.decode()
+_ROW_MID = _SEALED_TAIL.decode() + '"created_at":'
+_ROW_SEQ = ',"model":null,"params":null,"role":"event","seq":'
+_ROW_END = ',"turn_id":"sealed","usage":null}'
+"""The canonical body of a sealed message without blobs, around its data, time, seq and
+status (``Message.body()`` of it, written out: see ``_seal``)."""
+_json_str = json.JSONEncoder(ensure_ascii=False).encode
+"""A string as ``canonical_json`` writes it."""
+
+
 def chain_of(prev: str | None, body: bytes) -> str:
     """The plaintext chain hash of a message body after ``prev`` (``chain_hash`` on bytes)."""
     h = hashlib.sha256((prev or "").encode())
@@ -105,9 +117,44 @@ def marker(store: Store) -> dict[str, Any] | None:
     return mark if isinstance(mark, dict) else {"key": "?"}
 
 
-def mark_encrypted(store: Store, fingerprint: str) -> None:
+def mark_encrypted(store: Store, fingerprint: str, aead: str = AEAD_NAME) -> None:
     store.create(Conversation(id=MARKER_ID, title=MARKER_TITLE, metadata={
-        "encryption": {"aead": AEAD_NAME, "format": 1, "key": fingerprint}}))
+        "encryption": {"aead": aead, "format": 1, "key": fingerprint}}))
+
+
+def algorithm_of(mark: dict[str, Any] | None) -> str:
+    """What a store's records are sealed with: its mark says (a new store: ``AEAD_NAME``;
+    a mark without the field is older than the field, and so GCM-SIV)."""
+    return AEAD_NAME if mark is None else str(mark.get("aead", AEAD_GCM_SIV))
+
+
+class _Record(Message):
+    """A sealed message as ``_seal`` hands it to the inner store, which calls ``body()``
+    (to check its hash) and ``stored()`` (to write it) once more: both answer from what
+    ``_seal`` made already. A copy (``model_copy``) has no slot set, so it computes them
+    again."""
+
+    __slots__ = ("_canonical",)  # beside the fields' __dict__: not a field, never copied
+
+    def _made(self) -> str | None:
+        return getattr(self, "_canonical", None)
+
+    def body(self) -> str:
+        made = self._made()
+        return made if made is not None else super().body()
+
+    def stored(self) -> dict[str, Any]:
+        part = self.content[0] if isinstance(self.content, list) and \
+            len(self.content) == 1 else None
+        if self._made() is None or not isinstance(part, dict) or \
+                part.get("type") != SEALED_PART:
+            return super().stored()
+        # in the canonical body's order, "hash" last: a json document line is then the
+        # body and its hash, and a load cuts it rather than parsing it (``_doc.stored_rows``)
+        return {"content": [{"data": part["data"], "type": SEALED_PART}],
+                "created_at": self.created_at, "model": None, "params": None,
+                "role": "event", "seq": self.seq, "status": self.status,
+                "turn_id": "sealed", "usage": None, "hash": self.hash}
 
 
 class SealedStore(ForwardingStore):
@@ -136,12 +183,27 @@ class SealedStore(ForwardingStore):
 
     # -- messages ----------------------------------------------------------------------
     def _seal(self, cid: str, msg: Message, prev_stored: str | None,
-              prev: str | None) -> Message:
+              prev: str | None, body: str | None = None) -> Message:
         """``msg`` as stored: sealed, bound to (cid, seq, ``prev``: the plaintext chain hash
-        before it), chained from ``prev_stored`` (the stored hash before it)."""
-        parts: list[dict[str, Any]] = [{"type": SEALED_PART, "data": self.codec.seal_text(
-            "message", cid, msg.seq, msg.body(), prev)}]
-        for ref in msg.blob_refs():
+        before it), chained from ``prev_stored`` (the stored hash before it). ``body``:
+        ``msg.body()``, when the caller has it already."""
+        data = self.codec.seal_text("message", cid, msg.seq,
+                                    msg.body() if body is None else body, prev)
+        refs = msg.blob_refs()
+        if not refs:  # the common record: its canonical body written out, not dumped
+            # (the inner store checks the hash against ``body()`` again, so a mismatch
+            # could only ever be refused, never stored)
+            stored = (_ROW_HEAD + data + _ROW_MID + _json_str(msg.created_at) +
+                      _ROW_SEQ + str(msg.seq) + ',"status":' + _json_str(msg.status) +
+                      _ROW_END)
+            record = _Record(seq=msg.seq, role="event",
+                             content=[{"type": SEALED_PART, "data": data}],
+                             created_at=msg.created_at, turn_id="sealed", status=msg.status,
+                             hash=chain_hash(prev_stored, stored))
+            object.__setattr__(record, "_canonical", stored)  # frozen: its one slot
+            return record
+        parts: list[dict[str, Any]] = [{"type": SEALED_PART, "data": data}]
+        for ref in refs:
             size = ref.get("size")
             parts.append({"type": SEALED_BLOB_PART, "blob": {
                 "sha256": ref.get("sha256"),
@@ -170,38 +232,13 @@ class SealedStore(ForwardingStore):
         return self.codec.open("message", cid, seq, raw, lambda: self._at(cid, seq), prev)
 
     def _open_chain(self, cid: str, stored: Sequence[Message]) -> list[Message]:
-        bodies: list[bytes] = []
-        hashes: list[str] = []
+        items: list[bytes] = []
         prev: str | None = None
         for record in stored:
-            bodies.append(self._body(cid, record, prev))
-            prev = chain_of(prev, bodies[-1])
-            hashes.append(prev)
-        return self._open_bodies(cid, bodies, hashes)
-
-    def _open_bodies(self, cid: str, bodies: list[bytes], hashes: list[str],
-                     chunk: int = 4096) -> list[Message]:
-        """The plaintext messages from their opened bodies and plaintext chain hashes,
-        validated in chunks by one pydantic-core call each."""
-        messages: list[Message] = []
-        for start in range(0, len(bodies), chunk):
-            items = [body[:-1] + b',"hash":"' + h.encode() + b'"}' for body, h in
-                     zip(bodies[start:start + chunk], hashes[start:start + chunk], strict=True)]
-            try:
-                part = validate_json_array(b"[" + b",".join(items) + b"]")
-            except ValueError as exc:
-                where = self._at(cid)
-                raise CorruptTranscriptError(f"{where}: a sealed message does not hold a valid "
-                                             "message; nothing was changed",
-                                             where=where) from exc
-            for offset, msg in enumerate(part):
-                if msg.seq != start + offset:
-                    where = self._at(cid, start + offset)
-                    raise CorruptTranscriptError(f"{where}: the sealed message holds another "
-                                                 "position; nothing was changed", where=where,
-                                                 position=start + offset)
-            messages.extend(part)
-        return messages
+            body = self._body(cid, record, prev)
+            prev = chain_of(prev, body)
+            items.append(body[:-1] + b',"hash":"' + prev.encode() + b'"}')
+        return self._validate(cid, items)
 
     def _open_partial(self, cid: str, stored: Message, prev: str | None) -> Message:
         return self._partial_from(cid, stored.seq, self._body(cid, stored, prev), prev)
@@ -232,8 +269,6 @@ class SealedStore(ForwardingStore):
         if set(metadata) != {SEALED_META}:
             raise CorruptTranscriptError(f"{where} is not sealed, but this store is "
                                          "encrypted; nothing was changed", where=where)
-        import json
-
         opened = json.loads(self.codec.open_text("metadata", cid, None,
                                                  metadata[SEALED_META], where))
         if not isinstance(opened, dict):
@@ -272,46 +307,28 @@ class SealedStore(ForwardingStore):
         return lease
 
     def _fast_load(self, cid: str) -> Conversation | None:
-        """The relational stores' rows, their stored chain verified and opened here
-        without building the sealed messages first; None for other stores."""
+        """The rows of a store that hands them over as stored (``stored_rows``: sqlite,
+        postgresql, json), their stored chain verified and opened here without building
+        the sealed messages first; None for other stores (and rows it cannot give)."""
         rows_of = getattr(self.inner, "stored_rows", None)
         sizes_of = getattr(self.inner, "blob_sizes", None)
         if rows_of is None or sizes_of is None:
             return None
-        head, rows, partial_row = rows_of(cid)
+        got = rows_of(cid)
+        if got is None:  # not laid out as written: the store's own load names it
+            return None
+        head, rows, partial_row = got
         where = self._at(cid)
-        bodies: list[bytes] = []
-        hashes: list[str] = []
         named: dict[str, tuple[int, int]] = {}
-        prev = b""
-        last: str | None = None
-        for position, (seq, raw, digest) in enumerate(rows):
-            h = hashlib.sha256(prev)
-            h.update(raw)
-            if seq != position or h.hexdigest() != digest:
-                raise CorruptTranscriptError(
-                    f"{where}: hash chain broken at seq {position} (a record was edited, "
-                    "removed or reordered); the database was left as it is", where=where,
-                    position=position)
-            end = raw.find(_SEALED_TAIL, len(_SEALED_HEAD)) if raw.startswith(_SEALED_HEAD) \
-                else -1
-            if end > 0 and raw.find(b'"', len(_SEALED_HEAD)) == end:  # one part: no blob
-                sealed = binascii.a2b_base64(raw[len(_SEALED_HEAD):end])
-                bodies.append(self.codec.open("message", cid, seq, sealed,
-                                              functools.partial(self._at, cid, seq), last))
-            else:  # blob parts, or anything unusual: parsed in full
-                bodies.append(self._open_parts(cid, seq, self._parts(cid, seq, raw, named),
-                                               last))
-            last = chain_of(last, bodies[-1])
-            hashes.append(last)
-            prev = digest.encode()
+        items = self._open_rows(cid, rows, named)
+        last = items[-1][-66:-2].decode() if items else None
         if len(rows) != head[5] or (rows[-1][2] if rows else None) != head[6]:
             position = min(int(head[5]), len(rows))
             raise CorruptTranscriptError(
                 f"{where}: the conversation row records {head[5]} messages but {len(rows)} "
                 f"are stored (cut off or added by hand from seq {position}); the database "
                 "was left as it is", where=where, position=position)
-        messages = self._open_bodies(cid, bodies, hashes)
+        messages = self._validate(cid, items)
         partial = None
         if partial_row is not None and partial_row[0] == len(rows):
             seq = partial_row[0]
@@ -334,6 +351,64 @@ class SealedStore(ForwardingStore):
             id=head[0], title=self._open_title(cid, head[1]), created_at=head[2],
             updated_at=head[3], metadata=self._open_metadata(cid, orjson.loads(head[4])),
             messages=messages, partial=partial)
+
+    def _open_rows(self, cid: str, rows: Sequence[tuple[int, bytes, str]],
+                   named: dict[str, tuple[int, int]]) -> list[bytes]:
+        """Each stored row (seq, canonical body, stored hash) verified against the stored
+        chain and opened, as the plaintext message's JSON with its plaintext chain hash
+        (one pass: a record is decrypted straight into what ``_validate`` parses). The
+        blobs rows name are noted in ``named``."""
+        open_ = self.codec.opener("message", cid)
+        sha256, a2b, start = hashlib.sha256, binascii.a2b_base64, len(_SEALED_HEAD)
+        items: list[bytes] = []
+        prev = last = b""  # the stored and the plaintext chain hash before, as ASCII
+        for position, (seq, raw, digest) in enumerate(rows):
+            h = sha256(prev)
+            h.update(raw)
+            if seq != position or h.hexdigest() != digest:
+                where = self._at(cid)
+                raise CorruptTranscriptError(
+                    f"{where}: hash chain broken at seq {position} (a record was edited, "
+                    "removed or reordered); the store was left as it is", where=where,
+                    position=position)
+            end = raw.find(b'"', start)
+            body = None
+            if raw.startswith(_SEALED_HEAD) and raw.startswith(_SEALED_TAIL, end):
+                try:  # one sealed part, no blob: the data is cut out, not parsed
+                    sealed = a2b(raw[start:end])
+                except (binascii.Error, ValueError):
+                    sealed = b""
+                body = open_(seq, sealed, last) if sealed else None
+            if body is None:  # blob parts, a record that does not open, anything unusual
+                body = self._open_parts(cid, seq, self._parts(cid, seq, raw, named),
+                                        last.decode() or None)
+            h = sha256(last)
+            h.update(body)
+            last = h.hexdigest().encode()
+            items.append(body[:-1] + b',"hash":"' + last + b'"}')
+            prev = digest.encode()
+        return items
+
+    def _validate(self, cid: str, items: list[bytes], chunk: int = 4096) -> list[Message]:
+        """The plaintext messages from their JSON (``_open_rows``), validated in chunks by
+        one pydantic-core call each."""
+        messages: list[Message] = []
+        for start in range(0, len(items), chunk):
+            try:
+                part = validate_json_array(b"[" + b",".join(items[start:start + chunk]) + b"]")
+            except ValueError as exc:
+                where = self._at(cid)
+                raise CorruptTranscriptError(f"{where}: a sealed message does not hold a valid "
+                                             "message; nothing was changed",
+                                             where=where) from exc
+            for offset, msg in enumerate(part):
+                if msg.seq != start + offset:
+                    where = self._at(cid, start + offset)
+                    raise CorruptTranscriptError(f"{where}: the sealed message holds another "
+                                                 "position; nothing was changed", where=where,
+                                                 position=start + offset)
+            messages.extend(part)
+        return messages
 
     def _parts(self, cid: str, seq: int, raw: bytes,
                named: dict[str, tuple[int, int]]) -> object:
@@ -402,6 +477,7 @@ class SealedStore(ForwardingStore):
         if not messages:
             self.inner.append(cid, [], **({} if fence is None else {"fence": fence}))
             return
+        prepared = PreparedBatch(messages)  # each body made once: checked, then sealed
         for attempt in (0, 1):
             count, stored_last, last = self._tail(cid, fresh=attempt == 1)
             every: list[str] | None = None
@@ -415,18 +491,19 @@ class SealedStore(ForwardingStore):
                 return every[seq] if seq < len(every) else ""
 
             try:
-                already = check_append(self._at(cid), count - 1, hash_at, messages)
+                already = check_append(self._at(cid), count - 1, hash_at,
+                                       prepared.messages, prepared)
             except ConflictError:
                 if attempt == 0:
                     continue  # what this process knew may be stale: look again
                 raise
-            fresh = list(messages[already:])
+            fresh = prepared.messages[already:]
             if not fresh:
                 return
             sealed: list[Message] = []
             prev, logical = stored_last, last
-            for msg in fresh:
-                sealed.append(self._seal(cid, msg, prev, logical))
+            for msg, body in zip(fresh, prepared.bodies[already:], strict=True):
+                sealed.append(self._seal(cid, msg, prev, logical, body))
                 prev, logical = sealed[-1].hash, msg.hash
             try:
                 self.inner.append(cid, sealed, **({} if fence is None else {"fence": fence}))
@@ -531,12 +608,12 @@ def encryption_note(store: Store) -> str | None:
     running = (f"; a rekey from key {rot.get('from')} is under way (both keys read): run "
                "`chatstate rekey` again to finish it") if isinstance(rot, dict) else ""
     if isinstance(store, SealedStore):
-        return (f"{AEAD_NAME}, key {store.codec.fingerprint} configured: every record "
+        return (f"{store.codec.aead}, key {store.codec.fingerprint} configured: every record "
                 "loaded has its authentication tag checked" + running)
     mark = marker(store)
     if mark is None:
         return None
-    return (f"{mark.get('aead', AEAD_NAME)}, sealed by key {mark.get('key')}; no key "
+    return (f"{algorithm_of(mark)}, sealed by key {mark.get('key')}; no key "
             "configured: the hash chains over the stored ciphertext are verified, the "
             "authentication tags are not (set the key to check them too)" + running)
 
@@ -566,7 +643,8 @@ def seal_opened(store: Store, *, keyless: bool = False,
     from chatstate.stores.rekey import rotation_codec
 
     codec = (rotation_codec(key, old_keys, mark) if mark is not None else None) or \
-        AeadCodec(key, older=list(old_keys))  # a rekey running: the new key, either opens
+        AeadCodec(key, older=list(old_keys), aead=algorithm_of(mark))  # a rekey running:
+    # the new key, and either opens
     if mark is None:
         if store.list_conversations(limit=1):
             raise ConfigurationError(
@@ -577,6 +655,8 @@ def seal_opened(store: Store, *, keyless: bool = False,
             mark_encrypted(store, codec.fingerprint)
         except ConflictError:  # another process marked it first
             mark = marker(store)
+            if algorithm_of(mark) != codec.aead:
+                codec = AeadCodec(key, older=list(old_keys), aead=algorithm_of(mark))
     if mark is not None and not codec.knows(str(mark.get("key"))):
         raise ConfigurationError(
             f"{store.url}: wrong encryption key: the store was encrypted by key "

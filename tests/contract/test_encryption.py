@@ -5,7 +5,9 @@ test_store_encrypted.py; these cases use the local stores (their bytes are files
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import sqlite3
 import stat
 import sys
@@ -411,3 +413,93 @@ def test_cryptography_is_imported_only_when_a_key_is_set(tmp_path: Path) -> None
                            text=True, timeout=60)
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_a_store_sealed_with_gcm_siv_still_opens_and_keeps_its_algorithm(
+        tmp_path: Path, key: str, kind: str) -> None:
+    """Stores written before the switch to AES-256-GCM (tests/fixtures/sealed_gcm_siv,
+    by commit 95377b8) open, verify and take appends sealed as before; a new store is
+    sealed with AES-256-GCM, and each says so in its mark."""
+    from support import TESTS
+
+    from chatstate.stores.sealed import encryption_note, marker
+
+    fixtures = TESTS / "fixtures" / "sealed_gcm_siv"
+    shutil.copytree(fixtures / kind, tmp_path / kind)
+    old = json.loads((fixtures / "hashes.json").read_text())[kind]
+    url = f"json://{tmp_path}/json/store" if kind == "json" else \
+        f"sqlite://{tmp_path}/sqlite/s.db"
+    store = open_store(url)
+    conv = store.load("old")
+    assert [m.hash for m in conv.messages] == old
+    assert conv.title == "old title é" and conv.metadata == {"summary": "old summary"}
+    assert conv.messages[0].content == "old question é"
+    assert conv.partial is not None and conv.partial.content == "half an old reply"
+    assert "AES-256-GCM-SIV" in str(encryption_note(store))
+    more = Message.seal(conv.messages[-1], role="assistant", content="a new answer",
+                        turn_id="t-1")
+    store.append("old", [more])
+    store.close()
+    again = open_store(url)
+    assert [m.hash for m in again.load("old").messages] == [*old, more.hash]
+    again.close()
+    with keyless():
+        raw = open_store(url, keyless=True)
+        assert (marker(raw) or {}).get("aead") == "AES-256-GCM-SIV"
+        raw.close()
+    fresh_url = url_of_new(tmp_path, kind)
+    fresh = open_store(fresh_url)
+    fresh.create(Conversation(id="new"))
+    fresh.append("new", seal_chain(2))
+    assert len(fresh.load("new").messages) == 2
+    assert "AES-256-GCM," in str(encryption_note(fresh))
+    fresh.close()
+    with keyless():
+        raw = open_store(fresh_url, keyless=True)
+        assert (marker(raw) or {}).get("aead") == "AES-256-GCM"
+        raw.close()
+
+
+def url_of_new(root: Path, kind: str) -> str:
+    return f"json://{root}/new-store" if kind == "json" else f"sqlite://{root}/new.db"
+
+
+def test_records_of_both_algorithms_open_in_one_store(tmp_path: Path, key: str) -> None:
+    """A store whose mark names AES-256-GCM but whose records were sealed with GCM-SIV
+    (the fixture, its mark edited) opens them all and appends with GCM after them."""
+    from support import TESTS
+
+    shutil.copytree(TESTS / "fixtures" / "sealed_gcm_siv" / "json", tmp_path / "json")
+    mark = tmp_path / "json" / "store" / "chatstate.encryption.json"
+    mark.write_text(mark.read_text().replace('"AES-256-GCM-SIV"', '"AES-256-GCM"'))
+    url = f"json://{tmp_path}/json/store"
+    store = open_store(url)
+    conv = store.load("old")
+    more = Message.seal(conv.messages[-1], role="assistant", content="sealed with GCM",
+                        turn_id="t-1")
+    store.append("old", [more])
+    store.close()
+    again = open_store(url).load("old")
+    assert [m.content for m in again.messages][::3] == ["old question é", "sealed with GCM"]
+
+
+def test_a_json_line_edited_in_the_clear_is_named_by_its_seq(tmp_path: Path, key: str) -> None:
+    """The encrypted json load cuts document lines rather than parsing them: a line whose
+    clear fields were edited (its time) no longer hashes as stored, and the load names
+    its seq; nothing is changed."""
+    url = f"json://{tmp_path}/store"
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", seal_chain(3))
+    store.close()  # compaction: one document line per sealed record
+    path = tmp_path / "store" / "c.json"
+    lines = path.read_bytes().split(b"\n")
+    assert lines[2].startswith(b'{"content":[{"data":"')  # the canonical layout, cut on load
+    lines[2] = lines[2].replace(b'"created_at":"2', b'"created_at":"1', 1)
+    path.write_bytes(b"\n".join(lines))
+    before = path.read_bytes()
+    with pytest.raises(CorruptTranscriptError) as caught:
+        open_store(url).load("c")
+    assert caught.value.position == 1 and "seq 1" in str(caught.value)
+    assert path.read_bytes() == before

@@ -11,6 +11,7 @@ is valid JSON, greppable, and listable by reading one line::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from itertools import chain
@@ -79,7 +80,89 @@ def _bodies(items: list[Any]) -> Iterator[bytes | None]:
     return (canonical(item) if isinstance(item, dict) else None for item in items)
 
 
-def _decode_doc(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], list[Any]]:
+Row = tuple[int, bytes, str]
+"""(seq, canonical body, hash) of a stored message."""
+
+
+def stored_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[Row]] | None:
+    """The header and every stored message of a conversation file (document and log
+    records) as (seq, canonical body, hash), neither validated nor chain-checked, for a
+    caller that checks the chain itself (the encrypted store's load); None when the file
+    is not laid out as ``encode`` writes it (``decode_file`` then names what is wrong).
+
+    A document line that is its canonical body with ``"hash"`` last (how the encrypted
+    store's records are written) is cut, not parsed, when its bytes hash to its stored
+    hash after the line before: its seq is then its position (the body is the hashed
+    one, seq and all). Any other line is parsed and made canonical (``canonical``).
+    """
+    parts = None if raw.endswith(DOC_END) else split(raw)
+    if parts is not None and not parts[1].startswith(b'{"schema":'):
+        return None
+    lines = (raw if parts is None else parts[0]).split(b"\n")
+    mark = b',"messages":['
+    if len(lines) < 3 or not lines[0].endswith(mark) or lines[-2:] != [b"]}", b""]:
+        return None
+    try:
+        head = orjson.loads(lines[0][:-len(mark)] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(head, dict):
+        return None
+    check_schema(head.get("schema"), where)
+    header = {k: head.get(k) for k in HEADER_KEYS}
+    types = {"id": str, "title": str, "created_at": str, "updated_at": str, "metadata": dict}
+    body = lines[1:-2]
+    if any(not isinstance(header[k], t) for k, t in types.items()) or \
+            head.get("message_count") != len(body):
+        return None
+    rows: list[Row] = []
+    prev = b""
+    for position, line in enumerate(body):
+        if position < len(body) - 1:
+            if not line.endswith(b","):
+                return None
+            line = line[:-1]
+        row = _cut_row(line, prev, position)
+        if row is None:
+            return None
+        rows.append(row)
+        prev = row[2].encode()
+    if parts is not None:
+        records = decode_records(parts[1], where, len(rows), validate=False)
+        for item in records.items:
+            row = _parsed_row(item)
+            if row is None:
+                return None
+            rows.append(row)
+        if records.updated_at is not None:
+            header["updated_at"] = records.updated_at
+    return header, rows
+
+
+def _cut_row(line: bytes, prev: bytes, position: int) -> Row | None:
+    cut = line.rfind(b',"hash":"')
+    if cut > 0 and len(line) == cut + 75 and line.endswith(b'"}'):
+        candidate, digest = line[:cut] + b"}", line[cut + 9:cut + 73]
+        h = hashlib.sha256(prev)
+        h.update(candidate)
+        if h.hexdigest().encode() == digest:
+            return position, candidate, digest.decode()
+    try:
+        item = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return _parsed_row(item)
+
+
+def _parsed_row(item: Any) -> Row | None:
+    body = canonical(item) if isinstance(item, dict) else None
+    if body is None or type(item.get("seq")) is not int or not isinstance(item.get("hash"), str):
+        return None
+    return item["seq"], body, item["hash"]
+
+
+def _parse_doc(raw: bytes, where: str) -> dict[str, Any]:
+    """The document parsed, its schema and header checked."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -95,6 +178,12 @@ def _decode_doc(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], 
         raise CorruptTranscriptError(
             f"{where}: header field(s) {', '.join(wrong) or 'messages'} missing or of the "
             "wrong type; the file was left as it is.", where=where)
+    return doc
+
+
+def _decode_doc(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], list[Any]]:
+    doc = _parse_doc(raw, where)
+    header = {k: doc.get(k) for k in HEADER_KEYS}
     items = doc["messages"]
     try:
         messages = validate_items(items)

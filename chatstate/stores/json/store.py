@@ -27,6 +27,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from chatstate.core.transcript import (
     Conversation,
     ConversationSummary,
@@ -212,6 +214,35 @@ class JsonStore(JsonLease, JsonBlobs):
                            [*messages, *([partial] if partial else [])],
                            self._blob_size, self._blob_where)
         return doc.to_conversation(header, list(messages), partial)
+
+    def stored_rows(self, conversation_id: str) -> tuple[
+            tuple[Any, ...], list[tuple[int, bytes, str]], tuple[int, bytes] | None] | None:
+        """The head, every (seq, canonical body, hash) and the partial reply, as stored and
+        neither validated nor chain-checked: the encrypted store's fast load
+        (``chatstate.stores.sealed``) verifies and opens them itself, as it does the
+        relational stores' rows. None when the file is not laid out as written (``load``
+        then names what is wrong)."""
+        path = self._file(conversation_id)
+        raw = read_bytes(path)
+        if raw is None:
+            raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
+        got = doc.stored_rows(raw, str(path))
+        if got is None:
+            return None
+        header, rows = got
+        partial = None
+        sidecar = read_bytes(self._partial(conversation_id))
+        if sidecar is not None:
+            held = doc.decode_partial(sidecar, str(self._partial(conversation_id)))
+            if held.seq == len(rows):
+                partial = (held.seq, held.body().encode("utf-8", "surrogatepass"))
+        head = (header["id"], header["title"], header["created_at"], header["updated_at"],
+                orjson.dumps(header["metadata"]), len(rows), rows[-1][2] if rows else None)
+        return head, rows, partial
+
+    def blob_sizes(self, digests: list[str]) -> dict[str, int]:
+        """Stored sizes of these blobs (absent ones left out)."""
+        return {d: size for d in digests if (size := self._blob_size(d)) is not None}
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
         out = []
