@@ -263,10 +263,10 @@ class RelationalStore(ABC):
         with self._write("create a conversation in") as db:
             self._insert_head(db, conversation)
 
+    @abstractmethod
     def _lease_in(self, db: Any, lease: Lease) -> Holder | None:
         """Take or extend ``lease`` inside the write transaction ``db`` (the store's lease
         hook, see ``_create_leased_once``)."""
-        raise NotImplementedError
 
     def _create_leased_once(self, lease: Lease, conversation: Conversation,
                             messages: list[Message]) -> Holder | None:
