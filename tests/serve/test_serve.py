@@ -21,8 +21,8 @@ import httpx2
 import openai
 import pytest
 from support.serve_helpers import ServeProcess, local_url, serve_env
+from support.stores import load_once as load
 
-from chatstate.core.transcript import Conversation
 from chatstate.ops.transfer import render
 from chatstate.stores import open_store
 from chatstate.testing import FakeModel
@@ -30,15 +30,6 @@ from conftest import LOCAL_KINDS
 
 CANARY = "sk-canary-serve-0123456789abcdef"
 USER = [{"role": "user", "content": "hello proxy"}]
-
-
-def load(url: str, cid: str) -> Conversation:
-    store = open_store(url)
-    try:
-        conv: Conversation = store.load(cid)
-        return conv
-    finally:
-        store.close()
 
 
 def tag(value: str) -> str:

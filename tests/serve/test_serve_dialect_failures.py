@@ -22,12 +22,12 @@ import openai
 import pytest
 from support.cli_helpers import cli_env, run_cli
 from support.serve_helpers import ServeProcess, serve_env
+from support.stores import load_once
 from support.venvs import cached_venv
 from test_serve_dialects import ANTHROPIC
 
 from chatstate.core.transcript import Conversation
 from chatstate.serve._stream_events import ResponsesEvents
-from chatstate.stores import open_store
 from chatstate.testing import FakeModel
 
 TOKEN = "tok-dialect-failures-0123456789abcdef012"
@@ -46,12 +46,7 @@ def stored(url: str, cid: str, tmp_path: Path) -> Conversation:
     """The conversation, after ``replay --verify`` of it passed in a fresh process."""
     replay = run_cli(["replay", cid, "--verify"], cli_env(tmp_path), store=url, timeout=120)
     assert replay.code == 0, replay.err
-    store = open_store(url)
-    try:
-        conv: Conversation = store.load(cid)
-        return conv
-    finally:
-        store.close()
+    return load_once(url, cid)
 
 
 def kept_partial(conv: Conversation, received: str) -> dict[str, Any]:

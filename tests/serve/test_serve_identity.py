@@ -23,21 +23,12 @@ import openai
 import pytest
 from support.cli_helpers import run_cli
 from support.serve_helpers import ServeProcess, local_url, serve_env
+from support.stores import load_once as load
 
-from chatstate.core.transcript import Conversation
 from chatstate.stores import open_store
 from chatstate.testing import FakeModel
 
 ALICE, BOB = "tok-alice-7f3a9c", "tok-bob-2d8e41"
-
-
-def load(url: str, cid: str) -> Conversation:
-    store = open_store(url)
-    try:
-        conv: Conversation = store.load(cid)
-        return conv
-    finally:
-        store.close()
 
 
 def ids(url: str) -> set[str]:

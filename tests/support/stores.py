@@ -40,6 +40,18 @@ def pg_connect(url: str) -> Any:
     return psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}")
 
 
+def load_once(url: str, cid: str) -> Conversation:
+    """``cid`` as a fresh open of ``url`` loads it (ConversationNotFound if absent)."""
+    from chatstate.stores import open_store
+
+    store = open_store(url)
+    try:
+        conv: Conversation = store.load(cid)
+        return conv
+    finally:
+        store.close()
+
+
 def fresh_load(url: str, cid: str) -> Conversation:
     """``cid`` as a fresh open of ``url`` sees it; empty if no writer got to create it."""
     from chatstate.errors import ConversationNotFound
