@@ -62,6 +62,17 @@ def parse_canonical(raw: bytes) -> dict[str, Any]:
     return item
 
 
+def stored_messages(rows: Iterable[tuple[bytes, str]]) -> list[Message]:
+    """Messages from their stored canonical bodies and hashes: ``parse_canonical`` then
+    ``validate_items`` (ValueError or TypeError for a body the exact path must decide)."""
+    items = []
+    for raw, hash_ in rows:
+        item = parse_canonical(raw)
+        item["hash"] = hash_
+        items.append(item)
+    return validate_items(items)
+
+
 def validate_items(items: list[Any]) -> list[Message]:
     """Messages from freshly parsed dicts, which they keep (not copied): the fast check
     for each, pydantic for any it does not pass (ValidationError if that one is bad)."""

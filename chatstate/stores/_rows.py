@@ -13,7 +13,7 @@ from typing import Any
 
 from chatstate.core.transcript import Message, brief, chain_hash, parse_message
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import first_break, parse_canonical, validate_items
+from chatstate.stores._fastload import first_break, stored_messages
 
 
 def row_text(raw: bytes, where: str, seq: int) -> str:
@@ -52,12 +52,7 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 4096) -> list[Message]
     try:
         for start in range(0, len(rows), chunk):
             part = rows[start:start + chunk]
-            items = []
-            for _, raw, hash_ in part:
-                item = parse_canonical(raw)
-                item["hash"] = hash_
-                items.append(item)
-            decoded = validate_items(items)
+            decoded = stored_messages((raw, hash_) for _, raw, hash_ in part)
             if any(seq != start + i for i, (seq, _, _) in enumerate(part)):
                 raise ValueError("a gap in the seqs")  # the slow path names it
             bad = first_break(decoded, [raw for _, raw, _ in part], prev, start, exact=True)

@@ -51,7 +51,7 @@ from chatstate.errors import (
     CorruptTranscriptError,
     Unsupported,
 )
-from chatstate.stores._fastload import parse_canonical, validate_items, validate_json_array
+from chatstate.stores._fastload import stored_messages, validate_json_array
 from chatstate.stores.base import (
     LEASE_TERM,
     CollectsBlobs,
@@ -136,12 +136,8 @@ def _plain_records(items: list[bytes]) -> list[Message]:
     the closing brace, as ``_open_rows`` makes them) through the plain stores' fast path:
     orjson and the records' structural check, pydantic only for what that check does not
     pass. ValueError or TypeError for anything the exact path must decide."""
-    parsed = []
-    for item in items:
-        record = parse_canonical(item[:-_HASH_TAIL] + b"}")
-        record["hash"] = item[-66:-2].decode()
-        parsed.append(record)
-    return validate_items(parsed)
+    return stored_messages((item[:-_HASH_TAIL] + b"}", item[-66:-2].decode())
+                           for item in items)
 
 
 class _Record(Message):
