@@ -5,7 +5,8 @@
 
 The last row of issue 26: N header-less streams at once (each a first turn, so a
 new conversation), the first-chunk p50 that ``serve`` adds over the upstream alone,
-as a ratio to what the bare relay (``relay_floor.py``) adds in the same repetition.
+as a ratio to what the bare relay (``relay_floor.py``) adds in the same repetition
+(and the same at p90).
 Each repetition measures the upstream alone, the relay, then ``serve`` on each
 store, with ``--before`` (a checkout whose code the proxy imports instead, by
 ``PYTHONPATH``) right before this build's, so a before/after pair shares the
@@ -52,15 +53,16 @@ def main() -> None:
     builds = ([("before", args.before)] if args.before else []) + [("this", None)]
     fake, base = sl.start([sl.CHATSTATE, "fake-server", "--reply-words", "40",
                            "--chunk-delay", "0.02"], r"(http://\S+/v1)", env)
-    print("| rep | run | first chunk p50 ms | added ms | ÷ relay's | proxy CPU s | lost | dup |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|")
+    print("| rep | run | first chunk p50 ms | added ms | ÷ relay's | p90 ms | added ms | "
+          "÷ relay's | proxy CPU s | lost | dup |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     try:
         for rep in range(args.reps):
             runs: list[tuple[str, str | None, str | None]] = [("upstream alone", None, None),
                                                               ("bare relay", "floor", None)]
             runs += [(f"{store} ({name})", store, path) for store in args.stores
                      for name, path in builds]
-            direct = floor = 0.0
+            direct = floor = direct90 = floor90 = 0.0
             for label, kind, path in runs:
                 proxy, url, store_url = None, base, ""
                 if kind == "floor":
@@ -85,20 +87,24 @@ def main() -> None:
                         os.killpg(proxy.pid, signal.SIGTERM)
                         proxy.wait(60)
                 p50 = sl.pct([r[0] for r in results], .5)
-                added = ratio = lost = dup = "-"
+                p90 = sl.pct([r[0] for r in results], .9)
+                added = ratio = added90 = ratio90 = lost = dup = "-"
                 if kind is None:
-                    direct = p50
+                    direct, direct90 = p50, p90
                 else:
                     added = f"{(p50 - direct) * 1000:+.0f}"
+                    added90 = f"{(p90 - direct90) * 1000:+.0f}"
                     if kind == "floor":
-                        floor = p50 - direct
+                        floor, floor90 = p50 - direct, p90 - direct90
                     else:
                         ratio = f"{(p50 - direct) / floor:.2f}" if floor > 0 else "-"
+                        ratio90 = f"{(p90 - direct90) / floor90:.2f}" if floor90 > 0 else "-"
                         lost_n, dup_n = sl.check(store_url, results)
                         lost, dup = str(lost_n), str(dup_n)
                 cpu = f"{spent:.2f}" if proxy is not None else "-"
-                print(f"| {rep} | {label} | {p50 * 1000:.0f} | {added} | {ratio} | {cpu} | "
-                      f"{lost} | {dup} |", flush=True)
+                print(f"| {rep} | {label} | {p50 * 1000:.0f} | {added} | {ratio} | "
+                      f"{p90 * 1000:.0f} | {added90} | {ratio90} | {cpu} | {lost} | {dup} |",
+                      flush=True)
     finally:
         fake.send_signal(signal.SIGINT)
         fake.wait(30)
