@@ -17,10 +17,28 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.stdout.write(TEXT)
         sys.exit(0)
+    _skip_final_collection()
     from chatstate.cli.app import cli
     from chatstate.cli.common import run
 
     sys.exit(run(cli, argv))
+
+
+def _skip_final_collection() -> None:
+    """Freeze the garbage collector at exit, as the last exit handler to run.
+
+    Everything a command imported lives until the process ends, and CPython's shutdown
+    walks all of it for garbage cycles: about 30 ms of CPU after a cold ``chatstate ask``
+    (a sixth of the whole process), which frees nothing the OS would not. ``gc.freeze``
+    moves those objects out of the collector's sight. It runs after every exit handler
+    registered later (atexit calls them last-in, first-out): the writer leases'
+    finalizers, the MCP servers' stop, logging's flush; and what is not in a cycle is
+    still freed by reference counting as the modules are torn down."""
+    import atexit
+    import gc
+
+    atexit.unregister(gc.freeze)  # once, however often main() runs in one process
+    atexit.register(gc.freeze)
 
 
 def __getattr__(name: str) -> object:

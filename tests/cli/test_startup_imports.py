@@ -62,6 +62,38 @@ def test_ask_against_a_local_endpoint_imports_nothing_heavy(tmp_path: Path,
     assert report["loaded"] == [], f"`chatstate ask` imported {report['loaded']}"
 
 
+EXIT_PROBE = """
+import atexit, gc, json, sys
+# registered before main's own exit handler, so it runs after it (last in, first out)
+atexit.register(lambda: print(json.dumps({"frozen": gc.get_freeze_count()}), file=sys.stderr))
+from chatstate.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_the_cli_skips_the_collection_at_exit_after_its_exit_handlers(tmp_path: Path,
+                                                                     fake: FakeModel) -> None:
+    """At exit the CLI freezes the collector (CPython's shutdown would walk every object
+    start-up made) as its last exit handler: the turn is stored, its lease released (the
+    next turn on the conversation goes straight through), and the handler that ran after
+    it saw the objects frozen."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHATSTATE_", "OPENAI_"))}
+    env["CHATSTATE_STORE"] = f"sqlite://{tmp_path / 'ask.db'}"
+    outs = [subprocess.run([sys.executable, "-c", EXIT_PROBE, "ask", "--base-url",
+                            fake.base_url, "--id", "exit-probe", word],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                           env=env, check=False)
+            for word in ("hello", "again")]
+    for out, word in zip(outs, ("hello", "again"), strict=True):
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"Echo: {word}")
+        frozen = json.loads(out.stderr.strip().splitlines()[-1])["frozen"]
+        assert frozen > 1000, out.stderr
+    report, stdout = run_cli(tmp_path, "replay", "exit-probe")
+    assert report["code"] in (0, None), report
+    assert "hello" in stdout and "again" in stdout
+
+
 def test_the_probe_sees_a_heavy_import_when_there_is_one(tmp_path: Path) -> None:
     """--model fake does import chatstate.testing: the check above can fail."""
     report, stdout = run_cli(tmp_path, "ask", "--model", "fake", "hello")
