@@ -5,7 +5,9 @@ endpoint, not ``--model fake``), with a real sqlite store; at exit it lists
 the heavy modules it loaded. openai is only for an SDK client, pydantic-settings
 is not used at all, rich only renders in a terminal, prompt_toolkit only for the
 REPL, pydantic only for a stored value the fast check does not pass (or a setting
-that needs validating), and chatstate.testing is only for ``--model fake``.
+that needs validating), chatstate.testing only for ``--model fake``, and the
+encryption code (and the subprocess a key command runs in) only with a key
+configured or an encrypted store.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from chatstate.testing import FakeModel
 FORBIDDEN = ("openai", "pydantic_settings", "rich", "chatstate.testing",
              "chatstate.adapter.settings",  # the settings model: only when a value needs it
              # the transcript's records and the API key need no pydantic on the way to a turn
-             "pydantic", "pydantic_core", "prompt_toolkit")
+             "pydantic", "pydantic_core", "prompt_toolkit",
+             # a plain store without a key configured: no sealing code, no key command
+             "chatstate.stores.sealed", "chatstate.stores.codec", "subprocess")
 PROBE = f"""
 import json, sys
 FORBIDDEN = {FORBIDDEN!r}
