@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from chatstate import open_store
 from chatstate.testing import FakeModel
 
 FORBIDDEN = ("openai", "pydantic_settings", "rich", "chatstate.testing",
@@ -96,6 +97,34 @@ def test_the_cli_skips_the_collection_at_exit_after_its_exit_handlers(tmp_path: 
     report, stdout = run_cli(tmp_path, "replay", "exit-probe")
     assert report["code"] in (0, None), report
     assert "hello" in stdout and "again" in stdout
+
+
+COLLECTOR_TOOL = """
+import gc
+
+AT_IMPORT = gc.isenabled()  # --functions files are imported before the chat opens
+
+
+def collector() -> str:
+    \"\"\"Whether the cyclic garbage collector was on at start-up and is on now.\"\"\"
+    return f"start-up {AT_IMPORT}, turn {gc.isenabled()}"
+"""
+
+
+def test_start_up_runs_without_the_collector_and_the_turn_with_it(tmp_path: Path) -> None:
+    """The collector is off while ask starts (imports make objects that live to exit) and
+    on again once the conversation is open, for the turn and its tools."""
+    (tmp_path / "fns.py").write_text(COLLECTOR_TOOL)
+    report, _ = run_cli(tmp_path, "ask", "--model", "fake", "--functions",
+                        str(tmp_path / "fns.py"), "collector({})")
+    assert report["code"] in (0, None), report
+    store = open_store(f"sqlite://{tmp_path / 'ask.db'}")
+    try:
+        (summary,) = store.list_conversations()
+        results = [m.text for m in store.load(summary.id).messages if m.role == "tool"]
+    finally:
+        store.close()
+    assert results == ["start-up False, turn True"]
 
 
 def test_the_probe_sees_a_heavy_import_when_there_is_one(tmp_path: Path) -> None:
