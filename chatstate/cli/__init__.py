@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> None:
 def started() -> None:
     """The command's start-up is over: the cyclic garbage collector runs again.
 
-    ``main`` starts each command with the collector off: start-up is imports, some 60,000
-    objects that live until the process ends, and the collector's passes over them while
-    they are made find nothing (about 10 ms of CPU in a cold ``chatstate ask``). The
+    ``main`` starts each command with the collector off: start-up is imports, tens of
+    thousands of objects that live until the process ends, and the collector's passes
+    over them while they are made find nothing (about 10 ms of CPU in a cold ``chatstate ask``). The
     group's callback calls this once the command's module is imported; the commands that
     open a conversation (``app.OPENS_CHAT``) later, in ``turns.open_chat``, once the
     store, the session and the model adapter are imported and the chat is open. Only
