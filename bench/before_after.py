@@ -5,7 +5,8 @@
 Each checkout runs with the project interpreter and ``PYTHONPATH`` set to it. Start-up:
 per round, ``chatstate ask --base-url LOCAL hi`` from each checkout, ``llm --version``
 (bench/.venv) and ``python -c "import openai"``, against the fake model in its own process
-and a sqlite store under bench/work; medians and the ratios of the medians. Load: the
+and a sqlite store under bench/work; medians and the ratios of the medians, of wall time
+and of CPU time (user + system, which a loaded machine inflates less). Load: the
 100,000-message chain of ``drv_load.py prepare`` loaded in a fresh process per run,
 checkouts alternating, CPU seconds (``time.process_time``), which a loaded machine
 inflates less than wall seconds. Prints a JSON object.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,11 +38,13 @@ print(json.dumps({"cpu": time.process_time() - c0, "wall": time.perf_counter() -
 """
 
 
-def _wall(cmd: list[str], env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
+def _wall(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one run of ``cmd``."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    check=True, cwd=WORK)
-    return time.perf_counter() - t0
+    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
 
 
 def startup(checkouts: dict[str, str], rounds: int) -> dict[str, object]:
@@ -56,21 +60,34 @@ def startup(checkouts: dict[str, str], rounds: int) -> dict[str, object]:
     commands["llm --version"] = ([str(BENCH / ".venv" / "bin" / "llm"), "--version"],
                                  dict(os.environ))
     commands["import openai"] = ([PY, "-c", "import openai"], dict(os.environ))
+    for path in checkouts.values():  # .pyc files as pip writes them (PYTHONDONTWRITEBYTECODE
+        # may be set): no checkout pays for compiling its sources on every run
+        subprocess.run([PY, "-m", "compileall", "-q", "-j", "0", str(Path(path) / "chatstate")],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     times: dict[str, list[float]] = {n: [] for n in commands}
+    cpu: dict[str, list[float]] = {n: [] for n in commands}
     try:
         for cmd, env in commands.values():  # warm-up: caches, .pyc
             _wall(cmd, env)
         for _ in range(rounds):
             for name, (cmd, env) in commands.items():
-                times[name].append(_wall(cmd, env))
+                wall, used = _wall(cmd, env)
+                times[name].append(wall)
+                cpu[name].append(used)
     finally:
         fake.terminate()
         fake.wait(10)
     med = {n: statistics.median(t) for n, t in times.items()}
+    med_cpu = {n: statistics.median(t) for n, t in cpu.items()}
     return {"median_ms": {n: round(v * 1000) for n, v in med.items()},
             "ratios": {n: {"llm --version": round(med[n] / med["llm --version"], 2),
                            "import openai": round(med[n] / med["import openai"], 2)}
-                       for n in checkouts}}
+                       for n in checkouts},
+            # CPU (user + system) of each process: what a loaded machine inflates least
+            "cpu_median_ms": {n: round(v * 1000) for n, v in med_cpu.items()},
+            "cpu_ratios": {n: {"llm --version": round(med_cpu[n] / med_cpu["llm --version"], 2),
+                               "import openai": round(med_cpu[n] / med_cpu["import openai"], 2)}
+                           for n in checkouts}}
 
 
 def load(checkouts: dict[str, str], reps: int) -> dict[str, object]:

@@ -62,6 +62,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# The commands whose start-up (see chatstate.cli.started) ends when their conversation is
+# open, in turns.open_chat, not when their module is imported.
+OPENS_CHAT = frozenset({"ask", "chat"})
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -99,7 +104,11 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, store_url: str | None, allow_ephemeral: bool, debug: bool,
         verbose: bool, quiet: bool, log_format: str) -> None:
     """chatstate: an LLM chat client whose history survives kill -9, restarts and redeploys."""
+    from chatstate.cli import started
     from chatstate.cli.common import Env
+
+    if ctx.invoked_subcommand not in OPENS_CHAT:
+        started()
 
     ctx.obj = Env(store_url=store_url, allow_ephemeral=allow_ephemeral, debug=debug,
                   log_format=log_format, verbose=verbose, quiet=quiet)

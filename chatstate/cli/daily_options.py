@@ -94,14 +94,14 @@ def use_markdown(raw: bool) -> bool:
 def model_options(temperature: float | None, max_tokens: int | None,
                   pairs: Any) -> dict[str, Any]:
     """The request parameters the command line sets; -o KEY VALUE for any other one."""
-    from chatstate.ops.templates import parse_value
-
     out: dict[str, Any] = {}
     for key, value in pairs:
         if not key or key in {"model", "messages", "stream"}:
             shown = key or "''"
             raise click.UsageError(f"-o {shown} is not a model parameter: use "
                                    "--model for the model, and a KEY such as top_p or seed")
+        from chatstate.ops.templates import parse_value  # only with an -o
+
         out[key] = parse_value(value)
     if temperature is not None:
         out["temperature"] = temperature

@@ -143,6 +143,9 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
 
             chat = unlogged(chat)
             click.echo(NOTICE, err=True)  # said even under -q: nothing of it will be kept
+        from chatstate.cli import started
+
+        started()  # the start-up of ask and chat ends here (app.OPENS_CHAT)
         yield chat
 
 

@@ -197,6 +197,28 @@ def refuse_ephemeral(url: str, report: Report) -> NoReturn:
             "CHATSTATE_ALLOW_EPHEMERAL=1.")
 
 
+def _sealed(store: OpenedStore, *, keyless: bool, key: bytes | Literal["env"] | None,
+            old_keys: Sequence[bytes]) -> OpenedStore:
+    """``store`` sealed by its key (``chatstate.stores.sealed.seal_opened``), or as it is.
+
+    Without a key (none given, none configured) a store that carries no encryption mark is
+    returned as it is, and none of the sealing code is imported: a plain store's cold start
+    pays for one look at the mark. Every other case, a marked store refused or opened
+    keyless included, is ``seal_opened``'s to decide."""
+    from chatstate.stores import keys
+
+    if key is None or (key == "env" and not keys.configured()):
+        from chatstate.stores._mark import marker
+
+        if marker(store) is None:
+            return store
+    from chatstate.stores.sealed import seal_opened
+
+    sealed: OpenedStore = seal_opened(store, keyless=keyless, key=key,  # type: ignore[assignment]
+                                      old_keys=old_keys)
+    return sealed
+
+
 def open_store(url: str | None = None, *, allow_ephemeral: bool = False,
                keyless: bool = False, key: bytes | Literal["env"] | None = "env",
                old_keys: Sequence[bytes] = ()) -> OpenedStore:
@@ -225,11 +247,8 @@ def open_store(url: str | None = None, *, allow_ephemeral: bool = False,
         _raise_missing_extra(scheme, exc)
         raise
     store.guard_report = report
-    from chatstate.stores.sealed import seal_opened
-
     try:
-        store = seal_opened(store, keyless=keyless, key=key,  # type: ignore[assignment]
-                            old_keys=old_keys)
+        store = _sealed(store, keyless=keyless, key=key, old_keys=old_keys)
     except BaseException:
         store.close()
         raise

@@ -14,14 +14,11 @@ Errors name the variable and the file, never the key. Nothing here imports
 from __future__ import annotations
 
 import os
-import shlex
 import stat
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
 from chatstate.errors import ConfigurationError
-from chatstate.stores.codec import parse_key
 
 VARIABLES = ("CHATSTATE_ENCRYPTION_KEY", "CHATSTATE_KEY_FILE", "CHATSTATE_KEY_COMMAND")
 
@@ -34,6 +31,8 @@ def configured(env: Mapping[str, str] | None = None) -> bool:
 
 def load_key(env: Mapping[str, str] | None = None, *, old: bool = False) -> bytes | None:
     """The configured key's 32 bytes, or None when no key is configured."""
+    from chatstate.stores.codec import parse_key  # here: configured() needs no codec
+
     env = os.environ if env is None else env
     prefix = "CHATSTATE_OLD_" if old else "CHATSTATE_"
     direct = prefix + ("ENCRYPTION_KEY")
@@ -64,6 +63,9 @@ def _read_key_file(path: Path, var: str) -> str:
 
 
 def _run_key_command(command: str, var: str) -> str:
+    import shlex
+    import subprocess
+
     try:
         argv = shlex.split(command)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
@@ -84,6 +86,8 @@ def load_new_key(*, file: str | None = None, env_var: str | None = None,
     """The key ``chatstate rekey`` rotates to, from the source its options name (a file,
     refused unless 0600 like ``CHATSTATE_KEY_FILE``; the name of an environment variable
     holding it; a command that prints it), or None when none is named."""
+    from chatstate.stores.codec import parse_key
+
     env = os.environ if env is None else env
     if file:
         return parse_key(_read_key_file(Path(file), "--new-key-file"),

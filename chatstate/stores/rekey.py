@@ -41,10 +41,9 @@ from chatstate.errors import (
     ConversationNotFound,
     Unsupported,
 )
+from chatstate.stores._mark import MARKER_ID, marker
 from chatstate.stores.base import CollectsBlobs, Leases, Rewrites, Store
 from chatstate.stores.codec import AEAD_NAME, FP_BYTES, SEALED_META, AeadCodec, fingerprint_of
-
-MARKER_ID = "chatstate.encryption"  # as chatstate.stores.sealed names it (imported late there)
 
 
 @dataclass
@@ -133,7 +132,7 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
                    max_passes: int = 5, lease_wait: float = LEASE_WAIT) -> RekeyReport:
     """Re-encrypt ``inner`` (an opened store, as stored: not sealed) from ``old`` to
     ``new`` (see the module docstring). Resumes a run that was killed."""
-    from chatstate.stores.sealed import HIDDEN, SealedStore, marker
+    from chatstate.stores.sealed import HIDDEN, SealedStore
 
     old_fp, new_fp = fingerprint_of(old), fingerprint_of(new)
     report = RekeyReport(old=old_fp, new=new_fp)

@@ -52,6 +52,7 @@ from chatstate.errors import (
     Unsupported,
 )
 from chatstate.stores._fastload import stored_messages, validate_json_array
+from chatstate.stores._mark import MARKER_ID, marker
 from chatstate.stores.base import (
     LEASE_TERM,
     CollectsBlobs,
@@ -73,7 +74,6 @@ from chatstate.stores.codec import (
 )
 from chatstate.stores.forwarding import ForwardingStore
 
-MARKER_ID = "chatstate.encryption"
 HIDDEN = frozenset({MARKER_ID, "chatstate.search-index"})
 """The store's own conversations, hidden from callers: the mark, the keyed search index
 (``chatstate.stores._keyed_index``)."""
@@ -105,16 +105,6 @@ def chain_of(prev: str | None, body: bytes) -> str:
     h = hashlib.sha256((prev or "").encode())
     h.update(body)
     return h.hexdigest()
-
-
-def marker(store: Store) -> dict[str, Any] | None:
-    """The store's encryption mark (``{"aead", "key", "format"}``), None for a plain store."""
-    try:
-        found = store.load(MARKER_ID)
-    except ConversationNotFound:
-        return None
-    mark = found.metadata.get("encryption")
-    return mark if isinstance(mark, dict) else {"key": "?"}
 
 
 def mark_encrypted(store: Store, fingerprint: str, aead: str = AEAD_NAME) -> None:
