@@ -9,11 +9,12 @@ the bad seq.
 from __future__ import annotations
 
 import json
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from chatstate.core.transcript import Message, brief, chain_hash, parse_message
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import first_break, stored_messages
+from chatstate.stores._fastload import chain_intact, first_break, no_gc, stored_messages
 
 
 def row_text(raw: bytes, where: str, seq: int) -> str:
@@ -47,6 +48,9 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 4096) -> list[Message]
     a chunk of rows at a time; anything odd falls back to the row-by-row path, which
     names the first bad row.
     """
+    whole = _whole_chain(rows)
+    if whole is not None:
+        return whole
     messages: list[Message] = []
     prev: str | None = None
     try:
@@ -63,6 +67,22 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 4096) -> list[Message]
     except (ValueError, TypeError, AttributeError):  # invalid, not UTF-8, a gap: find the row
         return _decode_rows_one_by_one(rows, where)
     return messages
+
+
+def _whole_chain(rows: list[Any]) -> list[Message] | None:
+    """Every row as a Message when nothing is wrong anywhere, each test one pass over all
+    the rows (the chain hashed first: no record is made for a chain that does not hold);
+    None otherwise, and the chunked path decides and names the damage."""
+    n = len(rows)
+    bodies, hashes = list(map(itemgetter(1), rows)), list(map(itemgetter(2), rows))
+    if list(map(itemgetter(0), rows)) != list(range(n)) or not chain_intact(bodies, hashes):
+        return None
+    with no_gc():
+        try:
+            messages = stored_messages(zip(bodies, hashes, strict=True))
+        except (ValueError, TypeError, AttributeError):
+            return None
+    return messages if list(map(attrgetter("seq"), messages)) == list(range(n)) else None
 
 
 def _decode_rows_one_by_one(rows: list[Any], where: str) -> list[Message]:
