@@ -253,6 +253,18 @@ _TYPES_OF = {"hash": frozenset((str, _Absent)), **{
 """The types an optional string field may hold (hash has no None)."""
 
 
+def message_keys(items: list[dict[str, Any]]) -> set[str] | None:
+    """Every field some of these stored messages hold, when each holds the required ones
+    and no others (None otherwise): one pass over the list."""
+    present: set[str] = set()
+    for shape in set(map(tuple, items)):
+        keys = frozenset(shape)
+        if not (_MESSAGE_REQUIRED <= keys <= _MESSAGE_KEYS):
+            return None
+        present |= keys
+    return present
+
+
 def _plain_messages(items: list[Any]) -> bool:
     """``_plain_message`` for every one of ``items`` (dicts freshly parsed), a field at a
     time over the whole list: each test a C loop (``map``, ``set``) rather than a Python
@@ -264,12 +276,9 @@ def _plain_messages(items: list[Any]) -> bool:
     try:
         if set(map(type, items)) != {dict}:
             return False
-        present: set[str] = set()
-        for shape in set(map(tuple, items)):
-            keys = frozenset(shape)
-            if not (_MESSAGE_REQUIRED <= keys <= _MESSAGE_KEYS):
-                return False
-            present |= keys
+        present = message_keys(items)
+        if present is None:
+            return False
         seqs = list(map(itemgetter("seq"), items))
         if set(map(type, seqs)) != {int} or min(seqs) < 0 or \
                 not set(map(itemgetter("role"), items)) <= _ROLES or \

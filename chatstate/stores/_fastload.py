@@ -22,14 +22,14 @@ import hashlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import cache
+from functools import cache, partial
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import orjson
 
-from chatstate.core.transcript import OPTIONAL_FIELDS, Message
+from chatstate.core.transcript import OPTIONAL_FIELDS, Message, message_keys
 
 
 @cache
@@ -109,12 +109,11 @@ def validate_items(items: list[Any]) -> list[Message]:
     return out
 
 
-def chain_intact(bodies: Sequence[bytes], hashes: Sequence[str], prev: str | None = None
+def chain_intact(bodies: Iterable[bytes], hashes: Sequence[str], prev: str | None = None
                  ) -> bool:
     """Is ``hashes[i]`` the sha256 over ``hashes[i - 1]`` (``prev`` before the first)
-    and ``bodies[i]``, for every i? One loop, no record made."""
-    if len(bodies) != len(hashes):
-        return False
+    and ``bodies[i]``, for every i? One loop, no record made; ``bodies`` may be made as
+    they are hashed (each body then hashed while it is fresh in the cache, and freed)."""
     sha = hashlib.sha256
     last = (prev or "").encode()
     try:
@@ -124,9 +123,59 @@ def chain_intact(bodies: Sequence[bytes], hashes: Sequence[str], prev: str | Non
             if h.hexdigest() != hash_:
                 return False
             last = hash_.encode()
-    except (TypeError, AttributeError):  # a body or hash of another type: not intact here
+    except (TypeError, AttributeError, ValueError):  # another type, or another count
         return False
     return True
+
+
+_NO_HASH: Any = object()
+_sorted_json = partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
+
+
+def document_chain(items: list[Any], chunk: int = 4096) -> list[Message] | None:
+    """The messages of a whole json document's list, chain verified from its start, when
+    the fast path can say so for every one: each written as chatstate writes it (every
+    required field, no optional one set to None, ``hash`` a string), its canonical body
+    (orjson, sorted keys) hashing to the stored hash after the one before it, plainly
+    valid, seq its position. None otherwise (nothing changed: the caller's exact path
+    then decides, and names what is wrong). A chunk of messages at a time, each test one
+    pass over the chunk while it is in the cache.
+
+    A body orjson spells otherwise than ``Message.body()`` (a float, a lone surrogate)
+    fails its hash here, and the exact path decides it."""
+    if not items:
+        return None
+    messages: list[Message] = []
+    prev = None
+    for start in range(0, len(items), chunk):
+        part = items[start:start + chunk]
+        made = _document_part(part, prev)
+        if made is None or list(map(attrgetter("seq"), made)) != \
+                list(range(start, start + len(part))):
+            return None
+        messages.extend(made)
+        prev = made[-1].hash
+    return messages
+
+
+def _document_part(items: list[Any], prev: str | None) -> list[Message] | None:
+    if set(map(type, items)) != {dict}:
+        return None
+    hashes = list(map(dict.pop, items, repeat("hash"), repeat(_NO_HASH)))
+    intact = False
+    try:
+        present = message_keys(items)
+        intact = present is not None and set(map(type, hashes)) == {str} and not any(
+            None in map(dict.get, items, repeat(k), repeat(0)) for k in OPTIONAL_FIELDS
+            if k in present) and chain_intact(map(_sorted_json, items), hashes, prev)
+    finally:  # each hash put back (last, where chatstate writes it)
+        if intact:
+            deque(map(dict.__setitem__, items, repeat("hash"), hashes), maxlen=0)
+        else:
+            for item, hash_ in zip(items, hashes, strict=True):
+                if hash_ is not _NO_HASH:
+                    item["hash"] = hash_
+    return Message.from_stored_list(items) if intact else None
 
 
 @contextmanager

@@ -48,41 +48,27 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 4096) -> list[Message]
     a chunk of rows at a time; anything odd falls back to the row-by-row path, which
     names the first bad row.
     """
-    whole = _whole_chain(rows)
-    if whole is not None:
-        return whole
     messages: list[Message] = []
     prev: str | None = None
     try:
-        for start in range(0, len(rows), chunk):
-            part = rows[start:start + chunk]
-            decoded = stored_messages((raw, hash_) for _, raw, hash_ in part)
-            if any(seq != start + i for i, (seq, _, _) in enumerate(part)):
-                raise ValueError("a gap in the seqs")  # the slow path names it
-            bad = first_break(decoded, [raw for _, raw, _ in part], prev, start, exact=True)
-            if bad is not None:
-                _broken(where, bad)
-            prev = decoded[-1].hash if decoded else prev
-            messages.extend(decoded)
+        with no_gc():  # the rows and records made are many, and none in a cycle
+            for start in range(0, len(rows), chunk):
+                part = rows[start:start + chunk]
+                seqs = list(map(itemgetter(0), part))
+                if seqs != list(range(start, start + len(part))):
+                    raise ValueError("a gap in the seqs")  # the slow path names it
+                raws, hashes = list(map(itemgetter(1), part)), list(map(itemgetter(2), part))
+                intact = chain_intact(raws, hashes, prev)  # while the chunk is in the cache
+                decoded = stored_messages(zip(raws, hashes, strict=True))
+                if not intact or list(map(attrgetter("seq"), decoded)) != seqs:
+                    bad = first_break(decoded, raws, prev, start, exact=True)
+                    if bad is not None:
+                        _broken(where, bad)
+                prev = hashes[-1] if hashes else prev
+                messages.extend(decoded)
     except (ValueError, TypeError, AttributeError):  # invalid, not UTF-8, a gap: find the row
         return _decode_rows_one_by_one(rows, where)
     return messages
-
-
-def _whole_chain(rows: list[Any]) -> list[Message] | None:
-    """Every row as a Message when nothing is wrong anywhere, each test one pass over all
-    the rows (the chain hashed first: no record is made for a chain that does not hold);
-    None otherwise, and the chunked path decides and names the damage."""
-    n = len(rows)
-    bodies, hashes = list(map(itemgetter(1), rows)), list(map(itemgetter(2), rows))
-    if list(map(itemgetter(0), rows)) != list(range(n)) or not chain_intact(bodies, hashes):
-        return None
-    with no_gc():
-        try:
-            messages = stored_messages(zip(bodies, hashes, strict=True))
-        except (ValueError, TypeError, AttributeError):
-            return None
-    return messages if list(map(attrgetter("seq"), messages)) == list(range(n)) else None
 
 
 def _decode_rows_one_by_one(rows: list[Any], where: str) -> list[Message]:

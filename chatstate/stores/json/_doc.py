@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
@@ -27,7 +27,13 @@ from chatstate.core.transcript import (
     schema_for,
 )
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import canonical, first_break, validate_items
+from chatstate.stores._fastload import (
+    canonical,
+    document_chain,
+    first_break,
+    no_gc,
+    validate_items,
+)
 from chatstate.stores.json._log import DOC_END, Records, decode_records, split
 
 HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
@@ -56,17 +62,24 @@ def decode_file(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], 
     """``decode`` for a document followed by log records (``_log``): the records too."""
     parts = None if raw.endswith(DOC_END) else split(raw)  # a document alone: no search
     records = None
-    if parts is None or not parts[1].startswith(b'{"schema":'):
-        header, messages, items = _decode_doc(raw, where)
-        bodies: Iterable[bytes | None] = _bodies(items)
+    with no_gc():  # a long document makes many dicts and records, none in a cycle
+        if parts is None or not parts[1].startswith(b'{"schema":'):
+            header, messages, items = _decode_doc(raw, where)
+        else:
+            header, messages, items = _decode_doc(parts[0], where)
+            records = decode_records(parts[1], where, len(messages))
+    logged = records.messages if records is not None else []
+    if items is None:  # the document's chain is verified: the records continue it
+        start = len(messages)
+        bad = first_break(logged, records.bodies if records is not None else [],
+                          messages[-1].hash if messages else None, start)
     else:
-        header, messages, items = _decode_doc(parts[0], where)
-        records = decode_records(parts[1], where, len(messages))
-        messages = messages + records.messages
-        bodies = chain(_bodies(items), records.bodies)
+        bad = first_break(messages + logged, chain(
+            _bodies(items), records.bodies if records is not None else []))
+    if records is not None:
+        messages = messages + logged
         if records.updated_at is not None:
             header["updated_at"] = records.updated_at
-    bad = first_break(messages, bodies)
     if bad is not None:
         raise CorruptTranscriptError(
             f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
@@ -181,10 +194,17 @@ def _parse_doc(raw: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
-def _decode_doc(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], list[Any]]:
+def _decode_doc(raw: bytes, where: str
+                ) -> tuple[dict[str, Any], list[Message], list[Any] | None]:
+    """The header, the messages and their items as parsed; no items (None) when the
+    messages came by ``document_chain``, their chain already verified."""
     doc = _parse_doc(raw, where)
     header = {k: doc.get(k) for k in HEADER_KEYS}
     items = doc["messages"]
+    if doc.get("message_count") == len(items):
+        fast = document_chain(items)
+        if fast is not None:
+            return header, fast, None
     try:
         messages = validate_items(items)
     except ValueError:  # pydantic's ValidationError: name the first bad message
@@ -232,6 +252,30 @@ def stored_lines(raw: bytes, count: int) -> list[str] | None:
     if not all(line.endswith(",") for line in body[:-1]) or body[-1].endswith(","):
         return None
     return [line[:-1] for line in body[:-1]] + [body[-1]]
+
+
+class Lines:
+    """A snapshot's message lines (``message_line`` of each), cut from the file as read
+    only when a write first needs them: a load alone never splits the file into lines."""
+
+    __slots__ = ("_in_doc", "_lines", "_messages", "_raw")
+
+    def __init__(self, lines: list[str] | None = None, *, raw: bytes = b"", in_doc: int = 0,
+                 messages: Sequence[Message] = ()) -> None:
+        self._lines = lines
+        self._raw, self._in_doc = raw, in_doc  # the document part of the file, its count
+        self._messages = list(messages)  # document and records, as verified
+
+    def get(self) -> list[str]:
+        """The lines (a list the caller may extend: the snapshot grows with it)."""
+        if self._lines is None:
+            in_doc, messages = self._in_doc, self._messages
+            # the verified lines as read, when laid out as written: no re-serialising
+            lines = (stored_lines(self._raw, in_doc)
+                     or [message_line(m) for m in messages[:in_doc]])
+            lines += [message_line(m) for m in messages[in_doc:]]
+            self._lines, self._raw, self._messages = lines, b"", []
+        return self._lines
 
 
 def decode_partial(raw: bytes, where: str) -> Message:
