@@ -121,6 +121,10 @@ class RelationalStore(ABC):
         """Insert the message rows (``bodies``: each one's ``body()``); ConflictError when
         another writer took a seq."""
 
+    def _load_snapshot(self) -> AbstractContextManager[Any]:
+        """The snapshot a load reads its rows in (the store may read it otherwise)."""
+        return self._snapshot("read")
+
     def _version(self, db: Any) -> int:
         """A number that changes when another connection commits (0: not known)."""
         return 0
@@ -190,7 +194,7 @@ class RelationalStore(ABC):
     def load(self, conversation_id: str) -> Conversation:
         cid = conversation_id
         with no_gc():  # the rows and records made are many, and none in a cycle
-            with self._snapshot("read") as db:  # one snapshot: header, messages, partial
+            with self._load_snapshot() as db:  # one snapshot: header, messages, partial
                 head = self._header(db, cid)
                 rows, version = self._rows(db, cid), self._version(db)
                 row = self._partial_row(db, cid)
