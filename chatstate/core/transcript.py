@@ -265,7 +265,7 @@ def message_keys(items: list[dict[str, Any]]) -> set[str] | None:
     return present
 
 
-def _plain_messages(items: list[Any]) -> bool:
+def _plain_messages(items: list[Any], present: set[str] | None = None) -> bool:
     """``_plain_message`` for every one of ``items`` (dicts freshly parsed), a field at a
     time over the whole list: each test a C loop (``map``, ``set``) rather than a Python
     call per message, so a long transcript costs a few passes over its fields. The same
@@ -276,7 +276,7 @@ def _plain_messages(items: list[Any]) -> bool:
     try:
         if set(map(type, items)) != {dict}:
             return False
-        present = message_keys(items)
+        present = present or message_keys(items)  # (the caller's, when it has them)
         if present is None:
             return False
         seqs = list(map(itemgetter("seq"), items))
@@ -484,11 +484,12 @@ class Message(_Record):
         return msg
 
     @classmethod
-    def from_stored_list(cls, items: list[Any]) -> list[Message] | None:
+    def from_stored_list(cls, items: list[Any], keys: set[str] | None = None
+                         ) -> list[Message] | None:
         """``from_stored`` for each of ``items`` at once (each kept, not copied): None
-        unless every one is plainly valid. The records are made by C loops, not a
-        Python call per message."""
-        if not _plain_messages(items):
+        unless every one is plainly valid (``keys``: their ``message_keys``, if known).
+        The records are made by C loops, not a Python call per message."""
+        if not _plain_messages(items, keys):
             return None
         out: list[Message] = list(map(object.__new__, repeat(cls, len(items))))
         deque(map(object.__setattr__, out, repeat("__dict__"), items), maxlen=0)

@@ -71,28 +71,40 @@ def parse_canonicals(raws: list[bytes]) -> list[dict[str, Any]]:
     """``parse_canonical`` of each stored body (ValueError if any would raise), the
     common case in C loops: every body parsed by one ``map``, the types checked a field
     at a time, and only the bodies that may hold a number beyond 64 bits encoded again."""
+    return _parsed(raws)[0]
+
+
+def _parsed(raws: list[bytes]) -> tuple[list[dict[str, Any]], set[str] | None]:
+    """``parse_canonicals``, and the fields the bodies hold (``message_keys``)."""
     items: list[Any] = list(map(orjson.loads, raws))
-    if items and (set(map(type, items)) != {dict} or
-                  set(map(type, map(dict.get, items, repeat("seq")))) != {int}):
+    if not items:
+        return items, None
+    if set(map(type, items)) != {dict} or \
+            set(map(type, map(dict.get, items, repeat("seq")))) != {int}:
         raise ValueError("not a stored message body")
-    odd = {i for i, item in enumerate(items) if type(item.get("content")) is not str}
-    for k in _NUMBERED:
-        values = list(map(dict.get, items, repeat(k)))
-        if set(map(type, values)) != {type(None)}:
-            odd.update(i for i, v in enumerate(values) if v is not None)
+    keys = message_keys(items)
+    odd: set[int] = set()
+    for k in ("content", *_NUMBERED):
+        if keys is not None and k not in keys:
+            continue  # none of them holds it
+        usual = str if k == "content" else type(None)
+        if set(map(type, map(dict.get, items, repeat(k)))) != {usual}:
+            odd.update(i for i, v in enumerate(map(dict.get, items, repeat(k)))
+                       if type(v) is not usual)
     for i in odd:
         if orjson.dumps(items[i], option=orjson.OPT_SORT_KEYS) != raws[i]:
             raise ValueError("not a canonical body orjson reads back exactly")
-    return items
+    return items, keys
 
 
 def stored_messages(rows: Iterable[tuple[bytes, str]]) -> list[Message]:
     """Messages from their stored canonical bodies and hashes: ``parse_canonical`` then
     ``validate_items`` (ValueError or TypeError for a body the exact path must decide)."""
     pairs = list(rows)
-    items = parse_canonicals(list(map(itemgetter(0), pairs)))
+    items, keys = _parsed(list(map(itemgetter(0), pairs)))
     deque(map(dict.__setitem__, items, repeat("hash"), map(itemgetter(1), pairs)), maxlen=0)
-    return validate_items(items)
+    every = Message.from_stored_list(items, keys | {"hash"}) if keys else None
+    return every if every is not None else validate_items(items)
 
 
 def validate_items(items: list[Any]) -> list[Message]:
@@ -175,7 +187,8 @@ def _document_part(items: list[Any], prev: str | None) -> list[Message] | None:
             for item, hash_ in zip(items, hashes, strict=True):
                 if hash_ is not _NO_HASH:
                     item["hash"] = hash_
-    return Message.from_stored_list(items) if intact else None
+    return Message.from_stored_list(items, present | {"hash"}) if intact and present \
+        else None
 
 
 @contextmanager
