@@ -175,3 +175,26 @@ def test_stored_bodies_parse_as_each_one_would() -> None:
         stored_messages([*rows, (big.body().encode(), big.hash)])
     assert chain_intact([r for r, _ in rows], [m.hash for m in msgs])
     assert not chain_intact([r for r, _ in rows][::-1], [m.hash for m in msgs])
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+@pytest.mark.parametrize("logged", [False, True], ids=["document", "log-record"])
+def test_an_integer_past_64_bits_loads_exactly(tmp_path: Path, kind: str,
+                                              logged: bool) -> None:
+    """orjson reads an integer past 64 bits as a float, whose body hashes otherwise: the
+    load must read it exactly (in the document and in a log record), not call the chain
+    broken."""
+    url = f"json://{tmp_path}/j" if kind == "json" else f"sqlite://{tmp_path}/s.db"
+    msgs = chain([RICH[0], {"role": "user", "content": "n", "params": {"n": 2**70}},
+                  {"role": "assistant", "content": "r", "extra": {"m": -(2**65), "f": 1e16}}])
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", msgs[:1] if logged else msgs)
+    if logged:
+        store.append("c", msgs[1:])  # a log record after the document (json)
+        again = open_store(url)  # before the first store compacts it at close
+        assert again.load("c").messages == msgs
+    store.close()
+    loaded = open_store(url).load("c").messages
+    assert loaded == msgs
+    assert loaded[1].params == {"n": 2**70} and type(loaded[1].params["n"]) is int

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import Any
 
@@ -58,16 +59,34 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
     return header, messages
 
 
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+"""Where an integer orjson reads as a float (past 64 bits) may stand."""
+
+
 def decode_file(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], Records | None]:
-    """``decode`` for a document followed by log records (``_log``): the records too."""
+    """``decode`` for a document followed by log records (``_log``): the records too.
+
+    orjson reads an integer past 64 bits as a float, whose body then hashes otherwise:
+    a file that fails so and may hold one is read again by the exact parser (the
+    standard library's), which decides."""
+    try:
+        return _decode_file(raw, where, orjson.loads)
+    except CorruptTranscriptError:
+        if not _LONG_NUMBER.search(raw):
+            raise
+    return _decode_file(raw, where, json.loads)
+
+
+def _decode_file(raw: bytes, where: str, loads: Callable[[bytes], Any]
+                 ) -> tuple[dict[str, Any], list[Message], Records | None]:
     parts = None if raw.endswith(DOC_END) else split(raw)  # a document alone: no search
     records = None
     with no_gc():  # a long document makes many dicts and records, none in a cycle
         if parts is None or not parts[1].startswith(b'{"schema":'):
-            header, messages, items = _decode_doc(raw, where)
+            header, messages, items = _decode_doc(raw, where, loads)
         else:
-            header, messages, items = _decode_doc(parts[0], where)
-            records = decode_records(parts[1], where, len(messages))
+            header, messages, items = _decode_doc(parts[0], where, loads)
+            records = decode_records(parts[1], where, len(messages), loads=loads)
     logged = records.messages if records is not None else []
     if items is None:  # the document's chain is verified: the records continue it
         start = len(messages)
@@ -174,11 +193,12 @@ def _parsed_row(item: Any) -> Row | None:
     return item["seq"], body, item["hash"]
 
 
-def _parse_doc(raw: bytes, where: str) -> dict[str, Any]:
+def _parse_doc(raw: bytes, where: str, loads: Callable[[bytes], Any] = orjson.loads
+               ) -> dict[str, Any]:
     """The document parsed, its schema and header checked."""
     try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        doc = loads(raw)
+    except ValueError:  # orjson's JSONDecodeError, json's, or bad UTF-8
         doc = _strict_parse(raw, where)  # names the byte or line that is wrong
     if not isinstance(doc, dict):
         raise CorruptTranscriptError(f"{where}: expected a JSON object, found "
@@ -194,11 +214,11 @@ def _parse_doc(raw: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
-def _decode_doc(raw: bytes, where: str
+def _decode_doc(raw: bytes, where: str, loads: Callable[[bytes], Any] = orjson.loads
                 ) -> tuple[dict[str, Any], list[Message], list[Any] | None]:
     """The header, the messages and their items as parsed; no items (None) when the
     messages came by ``document_chain``, their chain already verified."""
-    doc = _parse_doc(raw, where)
+    doc = _parse_doc(raw, where, loads)
     header = {k: doc.get(k) for k in HEADER_KEYS}
     items = doc["messages"]
     if doc.get("message_count") == len(items):
