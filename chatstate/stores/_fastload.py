@@ -144,7 +144,7 @@ _NO_HASH: Any = object()
 _sorted_json = partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
 
 
-def document_chain(items: list[Any], chunk: int = 4096) -> list[Message] | None:
+def document_chain(items: list[Any], chunk: int = 1024) -> list[Message] | None:
     """The messages of a whole json document's list, chain verified from its start, when
     the fast path can say so for every one: each written as chatstate writes it (every
     required field, no optional one set to None, ``hash`` a string), its canonical body

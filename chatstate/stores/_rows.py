@@ -39,7 +39,7 @@ def row_message(body: str, hash_: str, where: str, seq: int) -> Message:
     return parse_message({**item, "hash": hash_}, where, seq)
 
 
-def decode_rows(rows: list[Any], where: str, chunk: int = 4096) -> list[Message]:
+def decode_rows(rows: list[Any], where: str, chunk: int = 1024) -> list[Message]:
     """Every row as a Message, the chain verified; damage is named by its seq.
 
     The fast path parses each body with orjson (kept only if it encodes back to the
