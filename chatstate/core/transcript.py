@@ -28,8 +28,11 @@ import json
 import re
 import secrets
 import sys
+from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Literal, TypeVar
 
 from chatstate.core.provider_fields import PROVIDER_FIELDS
@@ -218,17 +221,91 @@ def _plain_message(d: dict[str, Any]) -> bool:
             type(d["created_at"]) is not str or type(d["turn_id"]) is not str:
         return False
     content = d["content"]
-    if type(content) is not str:
-        if type(content) is not list:
-            return False
-        for part in content:
-            if type(part) is not dict or type(part.get("type")) is not str or \
-                    not _str_keys(part):
-                return False
+    if type(content) is not str and not _plain_parts(content):
+        return False
     for k in keys - _MESSAGE_REQUIRED:
         v = d[k]
         if (v is not None or k in _NOT_NONE) and not _CHECKS[k](v):
             return False
+    return True
+
+
+def _plain_parts(content: Any) -> bool:
+    """Is ``content`` (not a string) a list of parts each with a string ``type``?"""
+    if type(content) is not list:
+        return False
+    for part in content:
+        if type(part) is not dict or type(part.get("type")) is not str or \
+                not _str_keys(part):
+            return False
+    return True
+
+
+class _Absent:
+    """A field a stored message leaves out (``_plain_messages``)."""
+
+
+_ABSENT = _Absent()
+_NONE_OR_ABSENT = frozenset((type(None), _Absent))
+_TYPES_OF = {"hash": frozenset((str, _Absent)), **{
+    k: frozenset((str, type(None), _Absent)) for k, check in _CHECKS.items()
+    if check is _opt_str and k != "hash"}}
+"""The types an optional string field may hold (hash has no None)."""
+
+
+def message_keys(items: list[dict[str, Any]]) -> set[str] | None:
+    """Every field some of these stored messages hold, when each holds the required ones
+    and no others (None otherwise): one pass over the list."""
+    present: set[str] = set()
+    for shape in set(map(tuple, items)):
+        keys = frozenset(shape)
+        if not (_MESSAGE_REQUIRED <= keys <= _MESSAGE_KEYS):
+            return None
+        present |= keys
+    return present
+
+
+def _plain_messages(items: list[Any], present: set[str] | None = None) -> bool:
+    """``_plain_message`` for every one of ``items`` (dicts freshly parsed), a field at a
+    time over the whole list: each test a C loop (``map``, ``set``) rather than a Python
+    call per message, so a long transcript costs a few passes over its fields. The same
+    verdicts: True only if ``_plain_message`` is True for each; False is no verdict (the
+    caller then asks item by item)."""
+    if not items:
+        return True
+    try:
+        if set(map(type, items)) != {dict}:
+            return False
+        present = present or message_keys(items)  # (the caller's, when it has them)
+        if present is None:
+            return False
+        seqs = list(map(itemgetter("seq"), items))
+        if set(map(type, seqs)) != {int} or min(seqs) < 0 or \
+                not set(map(itemgetter("role"), items)) <= _ROLES or \
+                set(map(type, map(itemgetter("created_at"), items))) != {str} or \
+                set(map(type, map(itemgetter("turn_id"), items))) != {str}:
+            return False
+        contents = list(map(itemgetter("content"), items))
+        if set(map(type, contents)) != {str} and \
+                not all(_plain_parts(c) for c in contents if type(c) is not str):
+            return False
+        n = len(items)
+        for k in present - _MESSAGE_REQUIRED:
+            values = list(map(dict.get, items, repeat(k, n), repeat(_ABSENT, n)))
+            if k == "status":
+                if not set(values) - {_ABSENT} <= _STATUSES:  # None is no status
+                    return False
+                continue
+            types = set(map(type, values))
+            if k in _TYPES_OF:
+                if not types <= _TYPES_OF[k]:
+                    return False
+            elif not types <= _NONE_OR_ABSENT:  # a dict or list field: each value checked
+                check = _CHECKS[k]
+                if not all(check(v) for v in values if v is not None and v is not _ABSENT):
+                    return False
+    except TypeError:  # an unhashable role or status: item by item decides (and raises)
+        return False
     return True
 
 
@@ -405,6 +482,18 @@ class Message(_Record):
             return None
         msg: Message = cls._from_values(item)  # a field left out reads its class default
         return msg
+
+    @classmethod
+    def from_stored_list(cls, items: list[Any], keys: set[str] | None = None
+                         ) -> list[Message] | None:
+        """``from_stored`` for each of ``items`` at once (each kept, not copied): None
+        unless every one is plainly valid (``keys``: their ``message_keys``, if known).
+        The records are made by C loops, not a Python call per message."""
+        if not _plain_messages(items, keys):
+            return None
+        out: list[Message] = list(map(object.__new__, repeat(cls, len(items))))
+        deque(map(object.__setattr__, out, repeat("__dict__"), items), maxlen=0)
+        return out
 
     @classmethod
     def _default(cls, name: str) -> Any:

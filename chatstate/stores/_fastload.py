@@ -17,14 +17,19 @@ anything the exact path would refuse, and never refuse what it accepts.
 
 from __future__ import annotations
 
+import gc
 import hashlib
-from collections.abc import Iterable, Sequence
-from functools import cache
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache, partial
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import orjson
 
-from chatstate.core.transcript import OPTIONAL_FIELDS, Message
+from chatstate.core.transcript import OPTIONAL_FIELDS, Message, message_keys
 
 
 @cache
@@ -62,26 +67,143 @@ def parse_canonical(raw: bytes) -> dict[str, Any]:
     return item
 
 
+def parse_canonicals(raws: list[bytes]) -> list[dict[str, Any]]:
+    """``parse_canonical`` of each stored body (ValueError if any would raise), the
+    common case in C loops: every body parsed by one ``map``, the types checked a field
+    at a time, and only the bodies that may hold a number beyond 64 bits encoded again."""
+    return _parsed(raws)[0]
+
+
+def _parsed(raws: list[bytes]) -> tuple[list[dict[str, Any]], set[str] | None]:
+    """``parse_canonicals``, and the fields the bodies hold (``message_keys``)."""
+    items: list[Any] = list(map(orjson.loads, raws))
+    if not items:
+        return items, None
+    if set(map(type, items)) != {dict} or \
+            set(map(type, map(dict.get, items, repeat("seq")))) != {int}:
+        raise ValueError("not a stored message body")
+    keys = message_keys(items)
+    odd: set[int] = set()
+    for k in ("content", *_NUMBERED):
+        if keys is not None and k not in keys:
+            continue  # none of them holds it
+        usual = str if k == "content" else type(None)
+        if set(map(type, map(dict.get, items, repeat(k)))) != {usual}:
+            odd.update(i for i, v in enumerate(map(dict.get, items, repeat(k)))
+                       if type(v) is not usual)
+    for i in odd:
+        if orjson.dumps(items[i], option=orjson.OPT_SORT_KEYS) != raws[i]:
+            raise ValueError("not a canonical body orjson reads back exactly")
+    return items, keys
+
+
 def stored_messages(rows: Iterable[tuple[bytes, str]]) -> list[Message]:
     """Messages from their stored canonical bodies and hashes: ``parse_canonical`` then
     ``validate_items`` (ValueError or TypeError for a body the exact path must decide)."""
-    items = []
-    for raw, hash_ in rows:
-        item = parse_canonical(raw)
-        item["hash"] = hash_
-        items.append(item)
-    return validate_items(items)
+    pairs = list(rows)
+    items, keys = _parsed(list(map(itemgetter(0), pairs)))
+    deque(map(dict.__setitem__, items, repeat("hash"), map(itemgetter(1), pairs)), maxlen=0)
+    every = Message.from_stored_list(items, keys | {"hash"}) if keys else None
+    return every if every is not None else validate_items(items)
 
 
 def validate_items(items: list[Any]) -> list[Message]:
     """Messages from freshly parsed dicts, which they keep (not copied): the fast check
     for each, pydantic for any it does not pass (ValidationError if that one is bad)."""
+    every = Message.from_stored_list(items)  # all at once, the common case
+    if every is not None:
+        return every
     fast = Message.from_stored
     out = []
     for item in items:
         msg = fast(item)
         out.append(msg if msg is not None else Message.model_validate(item))
     return out
+
+
+def chain_intact(bodies: Iterable[bytes], hashes: Sequence[str], prev: str | None = None
+                 ) -> bool:
+    """Is ``hashes[i]`` the sha256 over ``hashes[i - 1]`` (``prev`` before the first)
+    and ``bodies[i]``, for every i? One loop, no record made; ``bodies`` may be made as
+    they are hashed (each body then hashed while it is fresh in the cache, and freed)."""
+    sha = hashlib.sha256
+    last = (prev or "").encode()
+    try:
+        for body, hash_ in zip(bodies, hashes, strict=True):
+            h = sha(last)
+            h.update(body)
+            if h.hexdigest() != hash_:
+                return False
+            last = hash_.encode()
+    except (TypeError, AttributeError, ValueError):  # another type, or another count
+        return False
+    return True
+
+
+_NO_HASH: Any = object()
+_sorted_json = partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
+
+
+def document_chain(items: list[Any], chunk: int = 1024) -> list[Message] | None:
+    """The messages of a whole json document's list, chain verified from its start, when
+    the fast path can say so for every one: each written as chatstate writes it (every
+    required field, no optional one set to None, ``hash`` a string), its canonical body
+    (orjson, sorted keys) hashing to the stored hash after the one before it, plainly
+    valid, seq its position. None otherwise (nothing changed: the caller's exact path
+    then decides, and names what is wrong). A chunk of messages at a time, each test one
+    pass over the chunk while it is in the cache.
+
+    A body orjson spells otherwise than ``Message.body()`` (a float, a lone surrogate)
+    fails its hash here, and the exact path decides it."""
+    if not items:
+        return None
+    messages: list[Message] = []
+    prev = None
+    for start in range(0, len(items), chunk):
+        part = items[start:start + chunk]
+        made = _document_part(part, prev)
+        if made is None or list(map(attrgetter("seq"), made)) != \
+                list(range(start, start + len(part))):
+            return None
+        messages.extend(made)
+        prev = made[-1].hash
+    return messages
+
+
+def _document_part(items: list[Any], prev: str | None) -> list[Message] | None:
+    if set(map(type, items)) != {dict}:
+        return None
+    hashes = list(map(dict.pop, items, repeat("hash"), repeat(_NO_HASH)))
+    intact = False
+    try:
+        present = message_keys(items)
+        intact = present is not None and set(map(type, hashes)) == {str} and not any(
+            None in map(dict.get, items, repeat(k), repeat(0)) for k in OPTIONAL_FIELDS
+            if k in present) and chain_intact(map(_sorted_json, items), hashes, prev)
+    finally:  # each hash put back (last, where chatstate writes it)
+        if intact:
+            deque(map(dict.__setitem__, items, repeat("hash"), hashes), maxlen=0)
+        else:
+            for item, hash_ in zip(items, hashes, strict=True):
+                if hash_ is not _NO_HASH:
+                    item["hash"] = hash_
+    return Message.from_stored_list(items, present | {"hash"}) if intact and present \
+        else None
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector held off while a load builds its records: the
+    hundreds of thousands of dicts and records a long transcript makes, none of them
+    in a cycle, would otherwise set off full collections that walk everything made so
+    far (a quarter of a 100,000-message load)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def canonical(item: dict[str, Any]) -> bytes | None:

@@ -42,6 +42,7 @@ from chatstate.errors import (
     CorruptTranscriptError,
     StoreUnavailable,
 )
+from chatstate.stores._fastload import no_gc
 from chatstate.stores._rows import decode_rows, row_message, row_text
 from chatstate.stores.base import (
     CheckReport,
@@ -120,6 +121,10 @@ class RelationalStore(ABC):
         """Insert the message rows (``bodies``: each one's ``body()``); ConflictError when
         another writer took a seq."""
 
+    def _load_snapshot(self) -> AbstractContextManager[Any]:
+        """The snapshot a load reads its rows in (the store may read it otherwise)."""
+        return self._snapshot("read")
+
     def _version(self, db: Any) -> int:
         """A number that changes when another connection commits (0: not known)."""
         return 0
@@ -188,22 +193,23 @@ class RelationalStore(ABC):
 
     def load(self, conversation_id: str) -> Conversation:
         cid = conversation_id
-        with self._snapshot("read") as db:  # one snapshot: header, messages and partial
-            head = self._header(db, cid)
-            rows, version = self._rows(db, cid), self._version(db)
-            row = self._partial_row(db, cid)
-        # decoded after the snapshot: CPU in proportion to the conversation, lock-free
-        messages = self._decoded(cid, head, rows, version)
+        with no_gc():  # the rows and records made are many, and none in a cycle
+            with self._load_snapshot() as db:  # one snapshot: header, messages, partial
+                head = self._header(db, cid)
+                rows, version = self._rows(db, cid), self._version(db)
+                row = self._partial_row(db, cid)
+            # decoded after the snapshot: CPU in proportion to the conversation, lock-free
+            messages = self._decoded(cid, head, rows, version)
+            del rows
         partial = None
         if row is not None and row[0] == len(messages):  # not a stale row of an older seq
             partial = self._partial_message(cid, row, messages[-1].hash if messages else None)
         named = [*messages, *([partial] if partial else [])]
         digests = list(named_blobs(named))
-        sizes: dict[str, int] = {}
         if digests:  # blobs are written before the messages naming them, and kept while named
             with self._snapshot("read") as db:
                 sizes = self._held_blob_sizes(db, digests)
-        check_stored_blobs(self._where(cid), named, sizes.get, self._blob_where)
+            check_stored_blobs(self._where(cid), named, sizes.get, self._blob_where)
         return Conversation.model_construct(
             id=head[0], title=head[1], created_at=head[2], updated_at=head[3],
             metadata=json.loads(head[4]), messages=messages, partial=partial)

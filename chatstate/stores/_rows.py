@@ -9,11 +9,12 @@ the bad seq.
 from __future__ import annotations
 
 import json
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from chatstate.core.transcript import Message, brief, chain_hash, parse_message
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import first_break, stored_messages
+from chatstate.stores._fastload import chain_intact, first_break, no_gc, stored_messages
 
 
 def row_text(raw: bytes, where: str, seq: int) -> str:
@@ -38,7 +39,7 @@ def row_message(body: str, hash_: str, where: str, seq: int) -> Message:
     return parse_message({**item, "hash": hash_}, where, seq)
 
 
-def decode_rows(rows: list[Any], where: str, chunk: int = 4096) -> list[Message]:
+def decode_rows(rows: list[Any], where: str, chunk: int = 1024) -> list[Message]:
     """Every row as a Message, the chain verified; damage is named by its seq.
 
     The fast path parses each body with orjson (kept only if it encodes back to the
@@ -50,16 +51,21 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 4096) -> list[Message]
     messages: list[Message] = []
     prev: str | None = None
     try:
-        for start in range(0, len(rows), chunk):
-            part = rows[start:start + chunk]
-            decoded = stored_messages((raw, hash_) for _, raw, hash_ in part)
-            if any(seq != start + i for i, (seq, _, _) in enumerate(part)):
-                raise ValueError("a gap in the seqs")  # the slow path names it
-            bad = first_break(decoded, [raw for _, raw, _ in part], prev, start, exact=True)
-            if bad is not None:
-                _broken(where, bad)
-            prev = decoded[-1].hash if decoded else prev
-            messages.extend(decoded)
+        with no_gc():  # the rows and records made are many, and none in a cycle
+            for start in range(0, len(rows), chunk):
+                part = rows[start:start + chunk]
+                seqs = list(map(itemgetter(0), part))
+                if seqs != list(range(start, start + len(part))):
+                    raise ValueError("a gap in the seqs")  # the slow path names it
+                raws, hashes = list(map(itemgetter(1), part)), list(map(itemgetter(2), part))
+                intact = chain_intact(raws, hashes, prev)  # while the chunk is in the cache
+                decoded = stored_messages(zip(raws, hashes, strict=True))
+                if not intact or list(map(attrgetter("seq"), decoded)) != seqs:
+                    bad = first_break(decoded, raws, prev, start, exact=True)
+                    if bad is not None:
+                        _broken(where, bad)
+                prev = hashes[-1] if hashes else prev
+                messages.extend(decoded)
     except (ValueError, TypeError, AttributeError):  # invalid, not UTF-8, a gap: find the row
         return _decode_rows_one_by_one(rows, where)
     return messages

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from chatstate.core.content import BlobStore
@@ -68,8 +69,10 @@ def refuse_damaged_blob(where: str, sha256: str, held: int | None, size: int) ->
 def named_blobs(messages: Sequence[Message]) -> dict[str, tuple[int, int]]:
     """digest -> (size, seq of the first message naming it), for blob checks."""
     out: dict[str, tuple[int, int]] = {}
+    if set(map(type, map(attrgetter("content"), messages))) <= {str}:
+        return out  # the common case, in one C loop: no parts, no blobs
     for msg in messages:
-        if isinstance(msg.content, str):  # the common case: no parts, no blobs
+        if isinstance(msg.content, str):
             continue
         for ref in msg.blob_refs():
             sha = ref.get("sha256")

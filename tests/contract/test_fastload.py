@@ -13,11 +13,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from chatstate.core.transcript import Conversation, Message
+from chatstate.core.transcript import (
+    MESSAGE_FIELDS,
+    Conversation,
+    Message,
+    _plain_message,
+    _plain_messages,
+)
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores import open_store
-from chatstate.stores._fastload import canonical, first_break
+from chatstate.stores._fastload import (
+    canonical,
+    chain_intact,
+    first_break,
+    parse_canonical,
+    parse_canonicals,
+    stored_messages,
+)
 from chatstate.stores.json._doc import message_line
 
 RICH: list[dict[str, Any]] = [
@@ -92,3 +107,94 @@ def test_stores_load_rich_chains_and_refuse_a_tampered_one(tmp_path: Path, kind:
         path.write_bytes(path.read_bytes().replace(b"plain 0.1 text", b"plain 0.1 TEXT", 1))
         with pytest.raises(CorruptTranscriptError, match=r"broken at seq 0"):
             open_store(url).load("c")
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(
+        ["user", "assistant", "tool", "complete", "partial", "error", "nope", ""]),
+    st.lists(st.dictionaries(st.sampled_from(["type", "text", "blob"]),
+                             st.one_of(st.text(max_size=3), st.integers(0, 2)), max_size=3),
+             max_size=2),
+    st.dictionaries(st.sampled_from(["a", "prompt_tokens", "function", "id"]),
+                    st.one_of(st.integers(0, 9), st.text(max_size=3),
+                              st.dictionaries(st.sampled_from(["name", "arguments", "n"]),
+                                              st.one_of(st.text(max_size=2),
+                                                        st.integers(0, 3)), max_size=2)),
+                    max_size=3),
+    st.lists(st.dictionaries(st.sampled_from(["id", "function", "type"]),
+                             st.one_of(st.text(max_size=2), st.fixed_dictionaries(
+                                 {"name": st.text(max_size=2),
+                                  "arguments": st.text(max_size=2)})), max_size=3),
+             max_size=2))
+
+
+@st.composite
+def _stored_dicts(draw: st.DrawFn) -> dict[str, Any]:
+    """A message as a store keeps it, some fields perhaps left out, changed or added."""
+    base = next(iter(chain([draw(st.sampled_from(RICH))]))).stored()
+    for key in draw(st.lists(st.sampled_from([*MESSAGE_FIELDS, "stray"]), max_size=3)):
+        if draw(st.booleans()):
+            base.pop(key, None)
+        else:
+            base[key] = draw(_FIELD_VALUES)
+    return base
+
+
+def _each_plain(items: list[Any]) -> bool | None:
+    try:
+        return all(_plain_message(item) for item in items)
+    except TypeError:  # an unhashable role or status: no verdict either way
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_stored_dicts(), max_size=6))
+def test_the_whole_list_check_gives_each_message_check_verdict(items: list[Any]) -> None:
+    """``_plain_messages`` (a field at a time over the whole list) says True exactly when
+    ``_plain_message`` says True for every one, and the records it makes are the ones
+    ``Message.from_stored`` makes."""
+    each = _each_plain(items)
+    assert _plain_messages(items) is bool(each)
+    made = Message.from_stored_list(items)
+    if each:
+        assert made is not None
+        assert made == [Message.from_stored(item) for item in items]
+    else:
+        assert made is None
+
+
+def test_stored_bodies_parse_as_each_one_would() -> None:
+    """``stored_messages`` over canonical bodies: the same records as ``parse_canonical``
+    and ``from_stored`` one by one, and the same refusals (a number past 64 bits)."""
+    msgs = chain(RICH * 2)
+    rows = [(m.body().encode(), m.hash) for m in msgs]
+    assert stored_messages(rows) == msgs
+    assert [parse_canonical(raw) for raw, _ in rows] == parse_canonicals([r for r, _ in rows])
+    big = chain([{"role": "user", "content": "x", "params": {"n": 2**70}}])[0]
+    with pytest.raises(ValueError, match="reads back"):
+        stored_messages([*rows, (big.body().encode(), big.hash)])
+    assert chain_intact([r for r, _ in rows], [m.hash for m in msgs])
+    assert not chain_intact([r for r, _ in rows][::-1], [m.hash for m in msgs])
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+@pytest.mark.parametrize("logged", [False, True], ids=["document", "log-record"])
+def test_an_integer_past_64_bits_loads_exactly(tmp_path: Path, kind: str,
+                                              logged: bool) -> None:
+    """orjson reads an integer past 64 bits as a float, whose body hashes otherwise: the
+    load must read it exactly (in the document and in a log record), not call the chain
+    broken."""
+    url = f"json://{tmp_path}/j" if kind == "json" else f"sqlite://{tmp_path}/s.db"
+    msgs = chain([RICH[0], {"role": "user", "content": "n", "params": {"n": 2**70}},
+                  {"role": "assistant", "content": "r", "extra": {"m": -(2**65), "f": 1e16}}])
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", msgs[:1] if logged else msgs)
+    if logged:
+        store.append("c", msgs[1:])  # a log record after the document (json)
+        again = open_store(url)  # before the first store compacts it at close
+        assert again.load("c").messages == msgs
+    store.close()
+    loaded = open_store(url).load("c").messages
+    assert loaded == msgs
+    assert loaded[1].params == {"n": 2**70} and type(loaded[1].params["n"]) is int

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import Any
 
@@ -27,7 +28,13 @@ from chatstate.core.transcript import (
     schema_for,
 )
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import canonical, first_break, validate_items
+from chatstate.stores._fastload import (
+    canonical,
+    document_chain,
+    first_break,
+    no_gc,
+    validate_items,
+)
 from chatstate.stores.json._log import DOC_END, Records, decode_records, split
 
 HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
@@ -52,21 +59,46 @@ def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
     return header, messages
 
 
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+"""Where an integer orjson reads as a float (past 64 bits) may stand."""
+
+
 def decode_file(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], Records | None]:
-    """``decode`` for a document followed by log records (``_log``): the records too."""
+    """``decode`` for a document followed by log records (``_log``): the records too.
+
+    orjson reads an integer past 64 bits as a float, whose body then hashes otherwise:
+    a file that fails so and may hold one is read again by the exact parser (the
+    standard library's), which decides."""
+    try:
+        return _decode_file(raw, where, orjson.loads)
+    except CorruptTranscriptError:
+        if not _LONG_NUMBER.search(raw):
+            raise
+    return _decode_file(raw, where, json.loads)
+
+
+def _decode_file(raw: bytes, where: str, loads: Callable[[bytes], Any]
+                 ) -> tuple[dict[str, Any], list[Message], Records | None]:
     parts = None if raw.endswith(DOC_END) else split(raw)  # a document alone: no search
     records = None
-    if parts is None or not parts[1].startswith(b'{"schema":'):
-        header, messages, items = _decode_doc(raw, where)
-        bodies: Iterable[bytes | None] = _bodies(items)
+    with no_gc():  # a long document makes many dicts and records, none in a cycle
+        if parts is None or not parts[1].startswith(b'{"schema":'):
+            header, messages, items = _decode_doc(raw, where, loads)
+        else:
+            header, messages, items = _decode_doc(parts[0], where, loads)
+            records = decode_records(parts[1], where, len(messages), loads=loads)
+    logged = records.messages if records is not None else []
+    if items is None:  # the document's chain is verified: the records continue it
+        start = len(messages)
+        bad = first_break(logged, records.bodies if records is not None else [],
+                          messages[-1].hash if messages else None, start)
     else:
-        header, messages, items = _decode_doc(parts[0], where)
-        records = decode_records(parts[1], where, len(messages))
-        messages = messages + records.messages
-        bodies = chain(_bodies(items), records.bodies)
+        bad = first_break(messages + logged, chain(
+            _bodies(items), records.bodies if records is not None else []))
+    if records is not None:
+        messages = messages + logged
         if records.updated_at is not None:
             header["updated_at"] = records.updated_at
-    bad = first_break(messages, bodies)
     if bad is not None:
         raise CorruptTranscriptError(
             f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
@@ -161,11 +193,12 @@ def _parsed_row(item: Any) -> Row | None:
     return item["seq"], body, item["hash"]
 
 
-def _parse_doc(raw: bytes, where: str) -> dict[str, Any]:
+def _parse_doc(raw: bytes, where: str, loads: Callable[[bytes], Any] = orjson.loads
+               ) -> dict[str, Any]:
     """The document parsed, its schema and header checked."""
     try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        doc = loads(raw)
+    except ValueError:  # orjson's JSONDecodeError, json's, or bad UTF-8
         doc = _strict_parse(raw, where)  # names the byte or line that is wrong
     if not isinstance(doc, dict):
         raise CorruptTranscriptError(f"{where}: expected a JSON object, found "
@@ -181,10 +214,17 @@ def _parse_doc(raw: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
-def _decode_doc(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message], list[Any]]:
-    doc = _parse_doc(raw, where)
+def _decode_doc(raw: bytes, where: str, loads: Callable[[bytes], Any] = orjson.loads
+                ) -> tuple[dict[str, Any], list[Message], list[Any] | None]:
+    """The header, the messages and their items as parsed; no items (None) when the
+    messages came by ``document_chain``, their chain already verified."""
+    doc = _parse_doc(raw, where, loads)
     header = {k: doc.get(k) for k in HEADER_KEYS}
     items = doc["messages"]
+    if doc.get("message_count") == len(items):
+        fast = document_chain(items)
+        if fast is not None:
+            return header, fast, None
     try:
         messages = validate_items(items)
     except ValueError:  # pydantic's ValidationError: name the first bad message
@@ -232,6 +272,30 @@ def stored_lines(raw: bytes, count: int) -> list[str] | None:
     if not all(line.endswith(",") for line in body[:-1]) or body[-1].endswith(","):
         return None
     return [line[:-1] for line in body[:-1]] + [body[-1]]
+
+
+class Lines:
+    """A snapshot's message lines (``message_line`` of each), cut from the file as read
+    only when a write first needs them: a load alone never splits the file into lines."""
+
+    __slots__ = ("_in_doc", "_lines", "_messages", "_raw")
+
+    def __init__(self, lines: list[str] | None = None, *, raw: bytes = b"", in_doc: int = 0,
+                 messages: Sequence[Message] = ()) -> None:
+        self._lines = lines
+        self._raw, self._in_doc = raw, in_doc  # the document part of the file, its count
+        self._messages = list(messages)  # document and records, as verified
+
+    def get(self) -> list[str]:
+        """The lines (a list the caller may extend: the snapshot grows with it)."""
+        if self._lines is None:
+            in_doc, messages = self._in_doc, self._messages
+            # the verified lines as read, when laid out as written: no re-serialising
+            lines = (stored_lines(self._raw, in_doc)
+                     or [message_line(m) for m in messages[:in_doc]])
+            lines += [message_line(m) for m in messages[in_doc:]]
+            self._lines, self._raw, self._messages = lines, b"", []
+        return self._lines
 
 
 def decode_partial(raw: bytes, where: str) -> Message:

@@ -32,6 +32,7 @@ conversation that is not being written to is readable by older versions too.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,8 @@ class Records:
     torn: bytes = b""         # the bytes of a torn last record (an unacknowledged append)
 
 
-def _record(line: bytes) -> dict[str, Any] | bool | None:
+def _record(line: bytes, loads: Callable[[bytes], Any] = orjson.loads
+            ) -> dict[str, Any] | bool | None:
     """The record on ``line``; None if it is not one whole record (what a crash mid-write
     leaves: cut, zeros, garbled JSON); False if it is whole, valid JSON, and fails its
     checksum: edited after it was written, which no crash produces."""
@@ -86,7 +88,7 @@ def _record(line: bytes) -> dict[str, Any] | bool | None:
     if not tab or len(crc) != 8:
         return None
     try:
-        doc = orjson.loads(body)
+        doc = loads(body)
         sum_ok = int(crc, 16) == zlib.crc32(body)
     except ValueError:
         return None
@@ -96,18 +98,20 @@ def _record(line: bytes) -> dict[str, Any] | bool | None:
     return doc if sum_ok else False
 
 
-def decode_records(log: bytes, where: str, start: int, *, validate: bool = True) -> Records:
+def decode_records(log: bytes, where: str, start: int, *, validate: bool = True,
+                   loads: Callable[[bytes], Any] = orjson.loads) -> Records:
     """The records of ``log``; ``start`` is the seq the first one continues from.
 
     The chain itself is checked by the caller over document and records together.
-    ``validate=False``: the messages are left as parsed (``items``).
+    ``validate=False``: the messages are left as parsed (``items``). ``loads``: the
+    parser (``json.loads`` to read integers past 64 bits exactly).
     """
     out = Records()
     lines = log.split(b"\n")
     tail = lines.pop()  # b"" when the log ends with a whole record's newline
     seq = start
     for index, line in enumerate(lines):
-        doc = _record(line)
+        doc = _record(line, loads)
         if doc is None and index == len(lines) - 1 and not tail:
             out.torn = line + b"\n"
             return out

@@ -74,7 +74,7 @@ from chatstate.stores.json._sidecar import SidecarLog
 from chatstate.stores.leases import Holder, Lease, holder_of, lease_record
 
 # header, message lines, messages, the log part (None: a document alone)
-Snapshot = tuple[dict[str, Any], list[str], list[Message], Records | None]
+Snapshot = tuple[dict[str, Any], doc.Lines, list[Message], Records | None]
 
 
 class JsonStore(JsonLease, JsonBlobs):
@@ -192,13 +192,9 @@ class JsonStore(JsonLease, JsonBlobs):
             raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
         header, messages, records = doc.decode_file(raw, str(path))
         logged = len(records.messages) if records is not None else 0
-        in_doc = len(messages) - logged
-        # the verified lines as read, when laid out as written: no re-serialising
         docraw = raw[:len(raw) - len(records.torn) - records.clean] if records else raw
-        lines = (doc.stored_lines(docraw, in_doc)
-                 or [doc.message_line(m) for m in messages[:in_doc]])
-        lines += [doc.message_line(m) for m in messages[in_doc:]]
-        snap = (header, lines, messages, records)
+        snap = (header, doc.Lines(raw=docraw, in_doc=len(messages) - logged,
+                                  messages=messages), messages, records)
         self._cache[cid] = (key, snap)
         return snap
 
@@ -277,7 +273,7 @@ class JsonStore(JsonLease, JsonBlobs):
         atomic_write(path, doc.encode(header, lines, schema_for(messages)))
         st = os.stat(path)
         self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size),
-                            (header, lines, messages, None))
+                            (header, doc.Lines(lines), messages, None))
 
     def _compact(self, cid: str, snap: Snapshot) -> None:
         """Fold the log into the document, atomically; a torn last record is kept aside."""
@@ -290,7 +286,7 @@ class JsonStore(JsonLease, JsonBlobs):
             self.recovery.append(
                 f"{cid}: a torn last record ({len(records.torn)} bytes, an append a crash cut "
                 f"off before it was acknowledged) was moved to {aside}")
-        self._write(cid, header, lines, messages)
+        self._write(cid, header, lines.get(), messages)
         self._logged.discard(cid)
 
     def create(self, conversation: Conversation) -> None:
@@ -358,7 +354,7 @@ class JsonStore(JsonLease, JsonBlobs):
             if covered:
                 remove_durably(partial_path)
 
-    def _append_log(self, cid: str, header: dict[str, Any], lines: list[str],
+    def _append_log(self, cid: str, header: dict[str, Any], lines: doc.Lines,
                     stored: list[Message], records: Records | None,
                     fresh: list[Message]) -> None:
         path = self._file(cid)
@@ -377,7 +373,7 @@ class JsonStore(JsonLease, JsonBlobs):
         grown.messages.extend(fresh)
         grown.updated_at = at
         grown.clean += len(record)
-        lines.extend(new_lines)
+        lines.get().extend(new_lines)
         stored.extend(fresh)
         snap = (dict(header, updated_at=at), lines, stored, grown)
         self._cache[cid] = ((st.st_ino, st.st_mtime_ns, st.st_size), snap)
@@ -431,7 +427,7 @@ class JsonStore(JsonLease, JsonBlobs):
                 changes["title"] = title
             if metadata is not None:
                 changes["metadata"] = metadata
-            self._write(conversation_id, dict(header, **changes), lines, stored)
+            self._write(conversation_id, dict(header, **changes), lines.get(), stored)
 
     def delete(self, conversation_id: str) -> None:
         with locked(self._lock(conversation_id)):
