@@ -140,6 +140,23 @@ class _Key:
     openers: list[Any] = field(default_factory=list)
     """The ciphers a record is opened with, the sealing one first: a store sealed by the
     other algorithm (one written before the switch) still opens (``other``)."""
+    pads: tuple[Any, Any] | None = field(default=None, repr=False)
+    """HMAC-SHA256 under ``nonce_key`` with its two padded-key blocks hashed once
+    (``nonce``)."""
+
+    def nonce(self, data: bytes) -> bytes:
+        """The synthetic nonce of ``data``: HMAC-SHA256 under the nonce key, cut to 96
+        bits. The same value as ``hmac.digest``, from sha256 states made once: the
+        one-shot HMAC looks its digest up, and lets the GIL go, on every call (~20 µs
+        of an append on a busy machine, against ~1 µs)."""
+        if self.pads is None:
+            key = self.nonce_key.ljust(64, b"\0")  # 32 bytes: shorter than a block
+            self.pads = (hashlib.sha256(bytes(b ^ 0x36 for b in key)),
+                         hashlib.sha256(bytes(b ^ 0x5C for b in key)))
+        inner, outer = self.pads[0].copy(), self.pads[1].copy()
+        inner.update(data)
+        outer.update(inner.digest())
+        return outer.digest()[:NONCE_BYTES]
 
     def other(self) -> Any:
         """The cipher of the other algorithm, made on first use (only a record sealed by it
@@ -229,7 +246,7 @@ class AeadCodec:
         """fingerprint (8) | nonce (12) | ciphertext and tag. ``prev``: the plaintext chain
         hash before a message, bound too, so the tags alone also fix the order."""
         key, ad = self._primary, _ad(kind, cid, seq, prev)
-        nonce = hmac.digest(key.nonce_key, ad + b"\0" + plaintext, "sha256")[:NONCE_BYTES]
+        nonce = key.nonce(ad + b"\0" + plaintext)
         sealed: bytes = key.aead.encrypt(nonce, plaintext, ad)
         return key.fp + nonce + sealed
 
@@ -243,7 +260,7 @@ class AeadCodec:
         associated data and ``digest``, which stands for the body (SHA-256), so two
         distinct records at one place still never share one."""
         key, ad, mark = self._primary, _ad(kind, cid, seq, prev, CHAINED), digest.encode()
-        nonce = hmac.digest(key.nonce_key, ad + b"\0" + mark, "sha256")[:NONCE_BYTES]
+        nonce = key.nonce(ad + b"\0" + mark)
         sealed: bytes = key.aead.encrypt(nonce, mark + body, ad)
         return key.fp + nonce + sealed
 
