@@ -23,6 +23,11 @@ one weakness, a nonce repeated for different plaintexts, does not arise). What t
 reveals: that two sealed records at the same place are equal, which the hash chain
 shows anyway.
 
+Messages and partial replies are sealed in format 2 (``CHAINED``, ``seal_chained``): the
+plaintext is the record's plaintext chain hash followed by its body, the associated data
+says ``v2``, and the nonce is the HMAC of (associated data, that hash), which stands for
+the body. Format 1 records (the body alone, ``v1`` associated data) still open.
+
 Subkeys (encryption, one per algorithm; nonce; fingerprint) are derived from the 32-byte master
 key with HMAC-SHA256 under distinct labels; the master key never leaves this module.
 """

@@ -7,13 +7,17 @@ layout, compare-and-append, leases and crash recovery unchanged.
 
 What the store holds for a message is itself a valid message: the seq, status
 and time in the clear, role ``event``, and as content one ``chatstate.sealed``
-part (the sealed canonical JSON of the real message, associated data: kind,
-conversation id, seq) plus one ``chatstate.blob`` part per blob it names (the
+part (``"v":2``: the real message's plaintext chain hash and canonical JSON, sealed;
+associated data: kind, conversation id, seq, the chain hash before it; a part without
+``v`` is format 1, the canonical JSON alone, still read) plus one ``chatstate.blob``
+part per blob it names (the
 sealed blob's keyed address and size, so the store's blob checks and ``gc`` see
 them). The store chains its hashes over those stored bodies, so its chain, and
 ``replay --verify`` and ``doctor`` without the key, check the ciphertext; the
 caller sees the real messages, whose hashes are today's chain over their
-plaintext bodies, recomputed (and so checked) after every tag is.
+plaintext bodies: carried in each record's authenticated plaintext (format 2; the
+sealer checked each against its body before sealing it), or recomputed from the bodies
+(format 1). ``replay --verify`` with the key recomputes them all.
 
 A title and the metadata are sealed too (kinds ``title`` and ``metadata``). A
 blob is sealed with a nonce derived from its bytes, so its address (the sha256
