@@ -503,3 +503,80 @@ def test_a_json_line_edited_in_the_clear_is_named_by_its_seq(tmp_path: Path, key
         open_store(url).load("c")
     assert caught.value.position == 1 and "seq 1" in str(caught.value)
     assert path.read_bytes() == before
+
+
+def _format_1(codec: AeadCodec, cid: str, messages: list[Message]) -> list[Message]:
+    """``messages`` sealed as builds before format 2 sealed them: the part without ``v``,
+    the plaintext the body alone (its chain hash made again on every load)."""
+    from chatstate.stores.codec import SEALED_PART
+
+    out: list[Message] = []
+    prev_stored: str | None = None
+    prev: str | None = None
+    for msg in messages:
+        record = Message(seq=msg.seq, role="event", created_at=msg.created_at,
+                         turn_id="sealed", status=msg.status, content=[{
+                             "type": SEALED_PART,
+                             "data": codec.seal_text("message", cid, msg.seq, msg.body(),
+                                                     prev)}])
+        out.append(record.model_copy(update={"hash": chain_hash(prev_stored, record.body())}))
+        prev_stored, prev = out[-1].hash, msg.hash
+    return out
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_format_1_records_still_open_and_new_ones_are_sealed_in_format_2(
+        tmp_path: Path, key: str, kind: str) -> None:
+    """A conversation of format 1 records (no ``v`` in the sealed part: what stores held
+    before format 2) opens with the same hashes, takes appends, which are stored in
+    format 2 after them, and verifies without the key as one chain."""
+    url = f"json://{tmp_path}/store" if kind == "json" else f"sqlite://{tmp_path}/s.db"
+    store = open_store(url)
+    store.create(Conversation(id="c", title="t"))
+    old = seal_chain(3)
+    assert isinstance(store, SealedStore)
+    store.inner.append("c", _format_1(store.codec, "c", old))  # behind the sealing layer
+    store.close()
+    store = open_store(url)
+    assert [m.hash for m in store.load("c").messages] == [m.hash for m in old]
+    new = seal_chain(2, old[-1])
+    store.append("c", new)
+    store.close()
+    again = open_store(url).load("c")
+    assert [m.hash for m in again.messages] == [m.hash for m in old + new]
+    assert [m.content for m in again.messages] == [m.content for m in old + new]
+    with keyless():
+        raw = open_raw(url)
+        stored = raw.load("c")
+        assert stored.verify() is None
+        assert [m.content[0].get("v") for m in stored.messages] == [None] * 3 + [2, 2]
+        raw.close()
+
+
+def test_a_format_2_record_relabelled_format_1_fails_its_tag(tmp_path: Path, key: str) -> None:
+    """The format is bound in the associated data: a record whose ``v`` was removed (and
+    the stored chain rebuilt over it, as someone without the key can) does not open."""
+    url = f"sqlite://{tmp_path}/s.db"
+    _fill(url)
+    body = _body(url, "c1", 0)
+    assert ',"v":2}' in body
+    _rechain(url, "c1", {0: body.replace(',"v":2}', "}", 1)})
+    with pytest.raises(CorruptTranscriptError) as info:
+        open_store(url).load("c1")
+    assert "conversation 'c1' seq 0" in str(info.value) and "authentication tag" in \
+        str(info.value)
+
+
+def test_the_synthetic_nonce_is_the_hmac_it_always_was(key: str) -> None:
+    """The nonce key's HMAC, made from sha256 states kept per key, is HMAC-SHA256 as
+    ``hmac`` makes it (so a blob seals to the bytes, and the address, it always had)."""
+    import hmac
+
+    codec = AeadCodec(parse_key(KEY, "test"))
+    primary = codec._primary
+    for size in (0, 1, 55, 64, 65, 700, 5000):
+        data = os.urandom(size)
+        assert primary.nonce(data) == hmac.digest(primary.nonce_key, data, "sha256")[:12]
+    blob = codec.seal_blob(PNG)
+    assert blob[12:24] == hmac.digest(primary.nonce_key,
+                                      b"chatstate/v1\0blob\0\0\0\0" + PNG, "sha256")[:12]

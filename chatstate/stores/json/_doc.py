@@ -117,6 +117,12 @@ Row = tuple[int, bytes, str]
 
 
 def stored_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[Row]] | None:
+    """``checked_rows`` without the count."""
+    got = checked_rows(raw, where)
+    return None if got is None else (got[0], got[1])
+
+
+def checked_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[Row], int] | None:
     """The header and every stored message of a conversation file (document and log
     records) as (seq, canonical body, hash), neither validated nor chain-checked, for a
     caller that checks the chain itself (the encrypted store's load); None when the file
@@ -126,6 +132,8 @@ def stored_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[Row]] | No
     store's records are written) is cut, not parsed, when its bytes hash to its stored
     hash after the line before: its seq is then its position (the body is the hashed
     one, seq and all). Any other line is parsed and made canonical (``canonical``).
+    The count returned: how many rows from the first were cut so, their stored chain
+    verified (a caller checking the chain need not hash them again).
     """
     parts = None if raw.endswith(DOC_END) else split(raw)
     if parts is not None and not parts[1].startswith(b'{"schema":'):
@@ -149,16 +157,23 @@ def stored_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[Row]] | No
         return None
     rows: list[Row] = []
     prev = b""
+    checked = -1
     for position, line in enumerate(body):
         if position < len(body) - 1:
             if not line.endswith(b","):
                 return None
             line = line[:-1]
-        row = _cut_row(line, prev, position)
+        row = _cut(line, prev, position)
         if row is None:
-            return None
+            if checked < 0:
+                checked = position
+            row = _parsed_line(line)
+            if row is None:
+                return None
         rows.append(row)
         prev = row[2].encode()
+    if checked < 0:
+        checked = len(rows)
     if parts is not None:
         records = decode_records(parts[1], where, len(rows), validate=False)
         for item in records.items:
@@ -168,10 +183,12 @@ def stored_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[Row]] | No
             rows.append(row)
         if records.updated_at is not None:
             header["updated_at"] = records.updated_at
-    return header, rows
+    return header, rows, checked
 
 
-def _cut_row(line: bytes, prev: bytes, position: int) -> Row | None:
+def _cut(line: bytes, prev: bytes, position: int) -> Row | None:
+    """The row of a line that is its canonical body and ``"hash"`` last, when the body
+    hashes to that hash after ``prev``; else None."""
     cut = line.rfind(b',"hash":"')
     if cut > 0 and len(line) == cut + 75 and line.endswith(b'"}'):
         candidate, digest = line[:cut] + b"}", line[cut + 9:cut + 73]
@@ -179,6 +196,10 @@ def _cut_row(line: bytes, prev: bytes, position: int) -> Row | None:
         h.update(candidate)
         if h.hexdigest().encode() == digest:
             return position, candidate, digest.decode()
+    return None
+
+
+def _parsed_line(line: bytes) -> Row | None:
     try:
         item = orjson.loads(line)
     except orjson.JSONDecodeError:
