@@ -108,8 +108,8 @@ class Checker:
             counts = {cid: len(c.messages) for cid, c in convs.items() if c is not None}
             for text in leftovers(store, self.ids, counts):
                 self._flag(tally, "", text)
-            for text in self._unsealed(store):
-                self._flag(tally, "corrupt", text)
+            for cid, text in self._unsealed(store, [c for c, v in convs.items() if v]):
+                self._flag(tally, "corrupt", text, cid, "unsealed")
             for conv in convs.values():
                 if conv is not None:
                     self._conversation(store, conv, log, tally)
@@ -117,8 +117,9 @@ class Checker:
             store.close()
         return tally
 
-    def _unsealed(self, store: Store) -> list[str]:
-        """On an encrypted store: the records not sealed by a key its mark names."""
+    def _unsealed(self, store: Store, ids: list[str]) -> list[tuple[str, str]]:
+        """On an encrypted store: (cid, what) for each record of the conversations ``ids``
+        not sealed by a key its mark names."""
         from chatstate.stores.sealed import SealedStore, marker
 
         if not isinstance(store, SealedStore):
@@ -126,15 +127,16 @@ class Checker:
         mark = marker(store.inner) or {}
         rot = mark.get("rekey")
         keys = {str(mark.get("key")), *([str(rot.get("from"))] if isinstance(rot, dict) else [])}
-        return self.sealed_by(store.inner, keys)
+        return self.sealed_by(store.inner, keys, ids)
 
-    def sealed_by(self, raw: Store, keys: set[str]) -> list[str]:
-        """Each record of the drill's conversations in ``raw`` (an encrypted store as stored)
-        that is not sealed by one of ``keys`` (fingerprints)."""
+    def sealed_by(self, raw: Store, keys: set[str], ids: list[str] | None = None
+                  ) -> list[tuple[str, str]]:
+        """(cid, what) for each record of the drill's conversations (or ``ids``) in ``raw``
+        (an encrypted store as stored) that is not sealed by one of ``keys``."""
         from chatstate.stores.rekey import record_keys
 
         found = []
-        for cid in self.ids:
+        for cid in self.ids if ids is None else ids:
             try:
                 stored = raw.load(cid)
             except ChatstateError:  # gone, or damage a sealed load names already
@@ -142,8 +144,8 @@ class Checker:
             for what, fp in record_keys(stored).items():
                 if fp not in keys:
                     by = "not sealed" if fp is None else f"sealed by key {fp}"
-                    found.append(f"{cid}: its {what} is {by}, not by key "
-                                 f"{' or '.join(sorted(keys))}")
+                    found.append((cid, f"{cid}: its {what} is {by}, not by key "
+                                       f"{' or '.join(sorted(keys))}"))
         return found
 
     def _flag(self, tally: Tally, counter: str, text: str, *key: Any) -> None:

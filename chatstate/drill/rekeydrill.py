@@ -257,7 +257,7 @@ class Phase:
             if mark.get("key") != new_fp or "rekey" in mark:
                 self._problem(f"after rekey finished, the encryption mark is {mark!r}, not "
                               f"key {new_fp} alone")
-            for text in self.checker.sealed_by(raw, {new_fp}):
+            for _cid, text in self.checker.sealed_by(raw, {new_fp}):
                 self._problem(f"after rekey finished: {text}")
             try:
                 seal_opened(raw, key=old)

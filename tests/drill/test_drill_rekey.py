@@ -68,3 +68,34 @@ def test_drill_rekey_refuses_a_store_with_other_conversations(tmp_path: Path) ->
 def test_drill_rekey_needs_encrypted(tmp_path: Path) -> None:
     done = invoke(["drill", "--store", f"sqlite://{tmp_path}/d.db", "--rekey", "--trials", "1"])
     assert done.code == 2 and "--rekey goes with --encrypted" in done.err, done
+
+
+def test_the_drill_checker_opens_an_encrypted_store_with_its_key(tmp_path: Path) -> None:
+    """drill --encrypted's checker (and writers) open the store sealed: a plain record put
+    in an encrypted store is corruption to it, and a sealed one is fine (they used to open
+    it as stored, so the writers wrote plain records into an encrypted store unseen)."""
+    from chatstate.drill.check import Checker, TrialLog
+    from chatstate.drill.writer import make_adapter
+    from chatstate.testing import FakeModel
+
+    url = f"sqlite://{tmp_path}/enc.db"
+    with keyless():
+        sealed = open_store(url, key=parse_key(KEY, "t"))
+        new_conversation(sealed, "drill-t-0", 2)
+        sealed.close()
+    raw = open_raw(url)
+    try:
+        new_conversation(raw, "drill-t-1", 2)  # plain records, behind the key's back
+    finally:
+        raw.close()
+    with FakeModel() as fake:
+        adapter = make_adapter(fake.base_url)
+        try:
+            checker = Checker(url, ["drill-t-0", "drill-t-1"], adapter)
+            checker.key = parse_key(KEY, "t")
+            tally = checker.check(TrialLog())
+        finally:
+            adapter.close()
+    assert tally.corrupt == 1 and tally.lost == 0, tally
+    assert any("drill-t-1" in p and "is not sealed" in p for p in tally.problems), tally.problems
+    assert not any("drill-t-0" in p for p in tally.problems), tally.problems
