@@ -61,6 +61,9 @@ class RekeyPhase:
     rotations: int = 0
     kills: int = 0
     """rekey processes SIGKILLed while they ran"""
+    killed_when: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("not started", "rotating", "finished"), 0))
+    """the kills by where the store's mark said the rotation stood right after them"""
     finished_first: int = 0
     """rounds whose rekey finished before its kill came"""
     completions: int = 0
@@ -86,6 +89,7 @@ class RekeyPhase:
 
     def to_dict(self) -> dict[str, Any]:
         return {"requested": self.requested, "rotations": self.rotations, "kills": self.kills,
+                "killed_when": dict(self.killed_when),
                 "finished_before_kill": self.finished_first, "completions": self.completions,
                 "writer_trials": self.writer_trials, "acked": self.acked, "lost": self.lost,
                 "corrupt": self.corrupt, "duplicated": self.duplicated,
@@ -194,15 +198,17 @@ class Phase:
         self.phase.writer_trials += 1
         run.wait(self.timeout)
         finished = run.code == 0
+        state = self._state(new)
         if run.killed and not finished:
             self.phase.kills += 1
+            self.phase.killed_when[state] += 1
         elif finished:
             self.phase.finished_first += 1
         if not run.killed or finished:
             self._judge(run, completing=False)
         # the writers' key (the old one) opens the store while the rotation runs; a kill
         # after the run's last write leaves it finished, and the old key refused
-        done = finished or self._finished(new)
+        done = finished or state == "finished"
         self.checker.key = new if done else old
         self._check(log)
         return done
@@ -211,12 +217,14 @@ class Phase:
         """A writer holding the old key, refused at open because the rekey had finished
         first: what the store must do (counted, not a problem)."""
         if error.startswith("ConfigurationError") and "wrong encryption key" in error and \
-                self._finished(new):
+                self._state(new) == "finished":
             self.phase.refused_writers += 1
             return True
         return False
 
-    def _finished(self, new: bytes) -> bool:
+    def _state(self, new: bytes) -> str:
+        """Where the rotation to ``new`` stands, by the store's mark: "not started" (the
+        old key alone), "rotating" (both keys read) or "finished"."""
         from chatstate.stores.codec import fingerprint_of
         from chatstate.stores.sealed import marker
 
@@ -225,7 +233,9 @@ class Phase:
             mark = marker(raw) or {}
         finally:
             raw.close()
-        return mark.get("key") == fingerprint_of(new) and "rekey" not in mark
+        if mark.get("key") != fingerprint_of(new):
+            return "not started"
+        return "rotating" if "rekey" in mark else "finished"
 
     def _judge(self, run: RekeyRun, *, completing: bool) -> bool:
         """A run that was not killed: it must have finished (0), printing no key."""

@@ -100,9 +100,11 @@ def render(results: list[DrillResult], console: Any) -> None:
             console.print(f"  stopped early: {r.stopped_early}", markup=False)
         if r.rekey is not None:
             k = r.rekey
+            when = ", ".join(f"{n} {w}" for w, n in k.killed_when.items())
             console.print(f"  rekey: {k.rotations} rotation(s) completed, {k.kills} rekey "
-                          f"process(es) SIGKILLed mid-run ({k.finished_first} finished before "
-                          f"their kill), {k.writer_trials} writers killed meanwhile, "
+                          f"process(es) SIGKILLed mid-run (after which: {when}; "
+                          f"{k.finished_first} finished before their kill), "
+                          f"{k.writer_trials} writers killed meanwhile, "
                           f"{k.acked} acknowledged; {k.lost} lost, {k.duplicated} duplicated, "
                           f"{k.corrupt} corrupt; the old key refused after "
                           f"{k.old_key_refused}", markup=False, highlight=False)

@@ -31,6 +31,7 @@ def test_drill_rekey_kills_rekey_again_and_again_and_loses_nothing(
     rekey = doc["rekey"]
     assert rekey["complete"] is True, rekey
     assert rekey["kills"] >= 4, rekey  # real SIGKILLs of a running rekey, reached
+    assert sum(rekey["killed_when"].values()) == rekey["kills"], rekey
     assert rekey["rotations"] >= 2 and rekey["old_key_refused"] == rekey["rotations"], rekey
     assert rekey["writer_trials"] > 0 and rekey["acked"] > 0, rekey
     assert (rekey["lost"], rekey["corrupt"], rekey["duplicated"]) == (0, 0, 0), rekey
