@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from support.cli_helpers import invoke
 from support.drill_runs import drill
+from support.s3server import moto_endpoint, new_bucket_url
 from support.sealed import KEY, keyless, open_raw
 from support.stores import new_conversation
 
@@ -18,6 +19,7 @@ from chatstate.stores.codec import fingerprint_of, parse_key
 from chatstate.stores.sealed import marker
 
 pytestmark = pytest.mark.slow
+__all__ = ["moto_endpoint"]  # the fixture, re-exported so pytest finds it here
 
 
 @pytest.mark.invariant(4, 5)
@@ -100,3 +102,17 @@ def test_the_drill_checker_opens_an_encrypted_store_with_its_key(tmp_path: Path)
     assert tally.corrupt == 1 and tally.lost == 0, tally
     assert any("drill-t-1" in p and "is not sealed" in p for p in tally.problems), tally.problems
     assert not any("drill-t-0" in p for p in tally.problems), tally.problems
+
+
+def test_drill_rekey_refuses_s3_before_writing(moto_endpoint: str) -> None:
+    """rekey in place refuses s3 (no atomic rewrite there yet): so does drill --rekey,
+    before its first writer, rather than failing round after round."""
+    url = new_bucket_url(moto_endpoint)
+    done = invoke(["drill", "--store", url, "--encrypted", "--rekey", "--trials", "2"],
+                  env={"CHATSTATE_ENCRYPTION_KEY": KEY})
+    assert done.code == 2 and "cannot be re-keyed in place" in done.err, done
+    raw = open_raw(url)
+    try:
+        assert [s.id for s in raw.list_conversations()] == ["chatstate.encryption"]
+    finally:
+        raw.close()

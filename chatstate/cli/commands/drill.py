@@ -129,7 +129,15 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     previous = _term_interrupts()
     try:
         for url in urls:
-            _guard(env, url)
+            rewrites = _guard(env, url)
+            if rekey and not rewrites:
+                if not all_stores:
+                    fail(f"drill --rekey: {url.split('?', 1)[0]} cannot be re-keyed in place "
+                         "(`chatstate rekey` refuses it; its copy form, --from/--to, "
+                         "re-encrypts it): nothing was changed", code=2)
+                click.echo(f"drill --rekey: no rekey phase on {url.split('?', 1)[0]}: it "
+                           "cannot be re-keyed in place (rekey --from/--to re-encrypts it)",
+                           err=True)
             if serve_mode:
                 results.append(_serve_drill(url, trials, clients, seed, identity, api))
                 continue
@@ -139,7 +147,8 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
                                            mcp))
                 continue
             opts = DrillOptions(trials=trials, seed=seed, trial_timeout=trial_timeout,
-                                max_seconds=max(left, 1.0), rekey=rekey_kills if rekey else 0,
+                                max_seconds=max(left, 1.0),
+                                rekey=rekey_kills if rekey and rewrites else 0,
                                 allow_ephemeral=env.allow_ephemeral)
             results.append(run_drill(url, opts, progress=_progress(trials)))
     finally:
@@ -198,13 +207,18 @@ def _scratch_dir(directory: str | None, configured: str) -> Path:
     return scratch
 
 
-def _guard(env: Env, url: str) -> None:
-    """The durability guard and the store's own recovery, once, before the first writer."""
+def _guard(env: Env, url: str) -> bool:
+    """The durability guard and the store's own recovery, once, before the first writer.
+    Whether the store can be re-keyed in place (``Rewrites``), for ``--rekey``."""
     from chatstate.stores import open_store
+    from chatstate.stores.base import Rewrites
+    from chatstate.stores.forwarding import ForwardingStore
 
     store = open_store(url, allow_ephemeral=env.allow_ephemeral)
     try:
         describe_store(store)
+        inner = store.inner if isinstance(store, ForwardingStore) else store
+        return isinstance(inner, Rewrites)
     finally:
         store.close()
 
