@@ -39,7 +39,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +154,7 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
                    max_passes: int = 5, lease_wait: float = LEASE_WAIT) -> RekeyReport:
     """Re-encrypt ``inner`` (an opened store, as stored: not sealed) from ``old`` to
     ``new`` (see the module docstring). Resumes a run that was killed."""
-    from chatstate.stores.sealed import HIDDEN, SealedStore, marker
+    from chatstate.stores.sealed import SealedStore, marker
 
     old_fp, new_fp = fingerprint_of(old), fingerprint_of(new)
     report = RekeyReport(old=old_fp, new=new_fp)
@@ -168,32 +168,58 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
                                  "`chatstate migrate --encrypt`; nothing was changed")
     rot = mark.get("rekey")
     running = isinstance(rot, dict) and rot.get("from") == old_fp and mark.get("key") == new_fp
-    if mark.get("key") == new_fp and not isinstance(rot, dict):
-        report.already_done = True  # a rerun after it finished
-        return report
-    if not running and mark.get("key") != old_fp:
+    finished = mark.get("key") == new_fp and not isinstance(rot, dict)
+    if not running and not finished and mark.get("key") != old_fp:
         raise ConfigurationError(
             f"{inner.url} is encrypted by key {mark.get('key')}"
             + (f" (being rotated from {rot.get('from')})" if isinstance(rot, dict) else "")
             + f", not by the configured key {old_fp}; nothing was changed")
+    sealed = SealedStore(inner, AeadCodec(new, older=[old]))
+    run = _Run(sealed, inner, new_fp, lease_wait)
+    if finished and not run.stragglers((), old_fp):
+        report.already_done = True  # a rerun after it finished, with nothing left to do
+        return report
     if not isinstance(inner, Rewrites):
         raise Unsupported(f"{inner.url}: this store cannot rewrite a conversation in place; "
                           "re-encrypt it into a new store with `chatstate rekey --from URL "
                           "--to NEW_URL`")
-    if not running:
-        inner.set_header(MARKER_ID, metadata={"encryption": rotation_mark(old, new)})
-        if progress:
-            progress(f"rotation started: appends now go under key {new_fp}; key {old_fp} "
-                     "still reads")
-    sealed = SealedStore(inner, AeadCodec(new, older=[old]))
-    run = _Run(sealed, inner, new_fp, lease_wait)
+    for _ in range(3):
+        if not running:  # (again, when a writer holding only the old key wrote after it)
+            inner.set_header(MARKER_ID, metadata={"encryption": rotation_mark(old, new)})
+            if progress:
+                progress(f"rotation started: appends now go under key {new_fp}; key "
+                         f"{old_fp} still reads")
+        seen = _passes(run, report, progress, max_passes)
+        from chatstate.stores._keyed_index import INDEX_ID
+
+        with contextlib.suppress(ConversationNotFound):  # keyed by the old key: made again
+            inner.delete(INDEX_ID)                       # by the next search, under the new
+        inner.set_header(MARKER_ID, metadata={"encryption": {
+            "aead": AEAD_NAME, "format": 1, "key": new_fp}})
+        # a conversation created after the last pass listed the store, by a writer that
+        # holds only the old key: the rotation goes on for it
+        if not run.stragglers(seen, old_fp):
+            return report
+        running = False
+    raise ConflictError(f"{inner.url}: conversations under key {old_fp} kept appearing after "
+                        "the rotation (a writer opened before it is still writing under the "
+                        "old key): restart it and run rekey again")
+
+
+def _passes(run: _Run, report: RekeyReport, progress: Callable[[str], None] | None,
+            max_passes: int) -> set[str]:
+    """Passes over every conversation until one re-encrypts nothing; the ids it saw."""
+    from chatstate.stores.sealed import HIDDEN
+
     for _ in range(max_passes):
         report.passes += 1
         changed = 0
+        seen: set[str] = set()
         run.waiting.clear()
-        for summary in inner.list_conversations():
+        for summary in run.inner.list_conversations():
             if summary.id in HIDDEN:  # the mark; the keyed index is rebuilt by a search
                 continue
+            seen.add(summary.id)
             n = run.conversation(summary.id)
             if n:
                 changed += n
@@ -205,23 +231,17 @@ def rekey_in_place(inner: Store, old: bytes, new: bytes, *,
         if not changed:
             break
     else:
-        raise ConflictError(f"{inner.url}: records under key {old_fp} kept appearing for "
-                            f"{max_passes} passes (a writer opened before the rotation is "
+        raise ConflictError(f"{run.inner.url}: records under key {report.old} kept appearing "
+                            f"for {max_passes} passes (a writer opened before the rotation is "
                             "still writing under the old key): restart it and run rekey again")
     report.blobs = run.blobs
     if run.waiting:
         raise ConversationInUse(
-            f"{inner.url}: {', '.join(repr(c) for c in run.waiting)} hold(s) an interrupted "
-            "reply and images or files sealed by the old key, which are re-keyed with a "
-            "rewrite its partial reply cannot share: finish or retry that turn, then run "
-            "rekey again (everything else is re-encrypted; both keys still read)")
-    from chatstate.stores._keyed_index import INDEX_ID
-
-    with contextlib.suppress(ConversationNotFound):  # keyed by the old key: made again
-        inner.delete(INDEX_ID)                       # by the next search, under the new
-    inner.set_header(MARKER_ID, metadata={"encryption": {
-        "aead": AEAD_NAME, "format": 1, "key": new_fp}})
-    return report
+            f"{run.inner.url}: {', '.join(repr(c) for c in run.waiting)} hold(s) an "
+            "interrupted reply and images or files sealed by the old key, which are re-keyed "
+            "with a rewrite its partial reply cannot share: finish or retry that turn, then "
+            "run rekey again (everything else is re-encrypted; both keys still read)")
+    return seen
 
 
 class _Run:
@@ -263,6 +283,23 @@ class _Run:
             self.blob_fps[sha] = head.hex() if raw.startswith(BLOB_MAGIC) and \
                 len(head) == FP_BYTES else None
         return self.blob_fps[sha]
+
+    def stragglers(self, seen: Collection[str], old_fp: str) -> bool:
+        """Does a conversation not in ``seen`` hold a record, or name a blob, sealed by the
+        old key?"""
+        from chatstate.stores.sealed import HIDDEN
+
+        for summary in self.inner.list_conversations():
+            if summary.id in HIDDEN or summary.id in seen:
+                continue
+            try:
+                stored = self.inner.load(summary.id)
+            except ConversationNotFound:
+                continue
+            if old_fp in record_keys(stored).values() or \
+                    any(self.blob_key(sha) == old_fp for sha in stored_blobs(stored)):
+                return True
+        return False
 
     def stale(self, stored: Conversation) -> tuple[list[str], list[str]]:
         """The records, and the blob addresses named, not under the new key."""

@@ -493,3 +493,34 @@ def test_rekey_in_place_refuses_a_plain_store(tmp_path: Path) -> None:
         assert [s.id for s in raw.list_conversations()] == ["plain"]  # not marked either
     finally:
         raw.close()
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_a_conversation_an_old_writer_creates_after_the_rotation_is_re_keyed_by_a_rerun(
+        tmp_path: Path, kind: str) -> None:
+    """A writer that opened the store with only the old key before the rotation, and
+    creates a conversation after rekey's last pass, leaves it sealed by the old key: the
+    same rekey command run again finds it and re-keys it (it used to say "nothing to do"
+    and leave it unreadable with the new key)."""
+    url = _url(tmp_path, kind)
+    _fill(url, conversations=2, messages=3)
+    with keyless():
+        old_writer = open_store(url, key=OLD)  # opened before the rotation, kept open
+    try:
+        first = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True,
+                               text=True, timeout=120)
+        assert first.returncode == 0, first.stderr
+        old_writer.create(Conversation(id="late", title=f"late {SECRET}"))
+        old_writer.append("late", seal_chain(3, prefix=f"late {SECRET}"))
+    finally:
+        old_writer.close()
+    assert set(_fingerprints(url)["late"].values()) == {fingerprint_of(OLD)}
+    expected = _content(url, NEW, (OLD,))
+    again = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and "nothing to do" not in again.stdout, again.stdout
+    assert "re-encrypted" in again.stdout, again.stdout
+    _assert_finished(tmp_path, url, expected)
+    once_more = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True,
+                               text=True, timeout=120)
+    assert once_more.returncode == 0 and "nothing to do" in once_more.stdout, once_more.stdout
