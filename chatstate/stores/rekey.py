@@ -16,7 +16,10 @@ The run, resumable at every step (each is one atomic write of the store):
    new key seals to the same bytes again (the nonce is synthetic), so a rerun after
    a kill rewrites only what is left.
 3. Passes repeat until one finds nothing under the old key; then the mark names
-   only the new key, the wrapped keys are gone, and the old key is refused.
+   only the new key, the wrapped keys are gone, and the old key is refused. A
+   conversation that appeared after the last pass and holds records of the old key (a
+   writer that opened with only the old key before the rotation) starts the rotation
+   again; a rerun of a finished rekey looks for such records before it does nothing.
 
 The plaintext, and so the hashes a caller sees, never change, except for blobs:
 a sealed blob's address is a keyed digest (the sha256 of its sealed bytes), named
