@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from chatstate.stores.base import Store
@@ -43,18 +43,31 @@ def scheme_of(url: str) -> str:
     return url.split("://", 1)[0] if "://" in url else ""
 
 
-def reopen(url: str) -> Store:
+def reopen(url: str, key: bytes | Literal["env"] | None = "env") -> Store:
     """A fresh store object, opened (which is recovery), without the guard or an open record.
 
     The drill opens the store hundreds of times; recording each open would bury
     the store's real history (``doctor``) under drill noise. The runner runs the
     durability guard once, through ``open_store``.
+
+    ``key``: sealed by the configured key when one is (``"env"``, as ``open_store``
+    does: the writers and the checker of ``drill --encrypted`` read and write sealed
+    records), by these key bytes, or None: as stored (no key, nothing opened).
     """
     from chatstate.stores import store_class
+    from chatstate.stores.keys import configured as key_configured
 
     store: Store = store_class(scheme_of(url)).from_url(url)
     store.open()
-    return store
+    if key is None or (key == "env" and not key_configured()):
+        return store
+    from chatstate.stores.sealed import seal_opened
+
+    try:
+        return seal_opened(store, key=key)
+    except BaseException:
+        store.close()
+        raise
 
 
 def encode(event: list[Any]) -> bytes:

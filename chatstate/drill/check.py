@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from chatstate.core.transcript import Conversation
 from chatstate.drill._common import reopen
@@ -93,24 +93,60 @@ class Checker:
         self.seen: dict[str, list[str]] = {cid: [] for cid in ids}
         self.exists: set[str] = set()
         self._flagged: set[tuple[Any, ...]] = set()
+        self.key: bytes | Literal["env"] = "env"
+        """What a fresh open is sealed by: the configured key, or these bytes (the rekey
+        phase: the key of the rotation's side the check stands on)."""
 
     def check(self, log: TrialLog) -> Tally:
         tally = Tally(acked=len(log.acks))
         for cid, seq, hash_ in log.acks:
             self.acked[cid].add((seq, hash_))
         self.exists |= log.created
-        store = reopen(self.url)
+        store = reopen(self.url, self.key)
         try:
             convs = {cid: self._load(store, cid, tally) for cid in self.ids}
             counts = {cid: len(c.messages) for cid, c in convs.items() if c is not None}
             for text in leftovers(store, self.ids, counts):
                 self._flag(tally, "", text)
+            for cid, text in self._unsealed(store, [c for c, v in convs.items() if v]):
+                self._flag(tally, "corrupt", text, cid, "unsealed")
             for conv in convs.values():
                 if conv is not None:
                     self._conversation(store, conv, log, tally)
         finally:
             store.close()
         return tally
+
+    def _unsealed(self, store: Store, ids: list[str]) -> list[tuple[str, str]]:
+        """On an encrypted store: (cid, what) for each record of the conversations ``ids``
+        not sealed by a key its mark names."""
+        from chatstate.stores.sealed import SealedStore, marker
+
+        if not isinstance(store, SealedStore):
+            return []
+        mark = marker(store.inner) or {}
+        rot = mark.get("rekey")
+        keys = {str(mark.get("key")), *([str(rot.get("from"))] if isinstance(rot, dict) else [])}
+        return self.sealed_by(store.inner, keys, ids)
+
+    def sealed_by(self, raw: Store, keys: set[str], ids: list[str] | None = None
+                  ) -> list[tuple[str, str]]:
+        """(cid, what) for each record of the drill's conversations (or ``ids``) in ``raw``
+        (an encrypted store as stored) that is not sealed by one of ``keys``."""
+        from chatstate.stores.rekey import record_keys
+
+        found = []
+        for cid in self.ids if ids is None else ids:
+            try:
+                stored = raw.load(cid)
+            except ChatstateError:  # gone, or damage a sealed load names already
+                continue
+            for what, fp in record_keys(stored).items():
+                if fp not in keys:
+                    by = "not sealed" if fp is None else f"sealed by key {fp}"
+                    found.append((cid, f"{cid}: its {what} is {by}, not by key "
+                                       f"{' or '.join(sorted(keys))}"))
+        return found
 
     def _flag(self, tally: Tally, counter: str, text: str, *key: Any) -> None:
         """Count ``counter`` (lost, corrupt, duplicated or "") and note ``text``, once per key."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatstate.drill._common import PHASE_LABELS, PHASES
 from chatstate.drill.check import Tally
+
+if TYPE_CHECKING:
+    from chatstate.drill.rekeydrill import RekeyPhase
 
 MAX_PROBLEMS = 50
 
@@ -32,11 +35,14 @@ class DrillResult:
     problem_count: int = 0
     seconds: float = 0.0
     stopped_early: str | None = None
+    rekey: RekeyPhase | None = None
+    """``drill --rekey``: the rekey phase (its losses are counted above too)."""
 
     @property
     def ok(self) -> bool:
         return self.trials > 0 and not (self.lost or self.corrupt or self.duplicated
-                                         or self.problem_count)
+                                         or self.problem_count) and \
+            (self.rekey is None or self.rekey.complete)
 
     def add(self, tally: Tally) -> None:
         self.acked += tally.acked
@@ -61,6 +67,7 @@ class DrillResult:
             "recovered": self.recovered, "problem_count": self.problem_count,
             "problems": self.problems, "seconds": round(self.seconds, 2),
             "stopped_early": self.stopped_early,
+            **({} if self.rekey is None else {"rekey": self.rekey.to_dict()}),
         }
 
 
@@ -91,6 +98,16 @@ def render(results: list[DrillResult], console: Any) -> None:
                       f"{ops or 'none'}", markup=False, highlight=False)
         if r.stopped_early:
             console.print(f"  stopped early: {r.stopped_early}", markup=False)
+        if r.rekey is not None:
+            k = r.rekey
+            when = ", ".join(f"{n} {w}" for w, n in k.killed_when.items())
+            console.print(f"  rekey: {k.rotations} rotation(s) completed, {k.kills} rekey "
+                          f"process(es) SIGKILLed mid-run (after which: {when}; "
+                          f"{k.finished_first} finished before their kill), "
+                          f"{k.writer_trials} writers killed meanwhile, "
+                          f"{k.acked} acknowledged; {k.lost} lost, {k.duplicated} duplicated, "
+                          f"{k.corrupt} corrupt; the old key refused after "
+                          f"{k.old_key_refused}", markup=False, highlight=False)
         for text in r.problems:
             console.print(f"  PROBLEM {text}", markup=False, highlight=False)
         if r.problem_count > len(r.problems):

@@ -21,7 +21,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from chatstate.core.redact import redact_url
 from chatstate.drill._common import ID_PREFIX, conversation_ids, reopen, scheme_of
@@ -46,6 +46,11 @@ class DrillOptions:
     """Seconds between the fake's stream chunks; default 1 ms, 10 ms for a remote store
     (so that waiting for a chunk outlasts a PUT). The first byte comes after max(4 ms, 2 chunks)."""
     reply_words: int = 10
+    rekey: int = 0
+    """After the trials, SIGKILL ``chatstate rekey`` this many times, rotating to fresh
+    keys and back (``rekeydrill``; an encrypted store of the drill's own). 0: none."""
+    allow_ephemeral: bool = False
+    """Passed on to the processes the drill starts that open the store themselves (rekey)."""
 
 
 def run_drill(url: str, options: DrillOptions | None = None, *,
@@ -56,6 +61,7 @@ def run_drill(url: str, options: DrillOptions | None = None, *,
     opts = options or DrillOptions()
     seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
     run_id, ids = _fresh_ids(url, opts.conversations)
+    original = _rekey_key(url, ids) if opts.rekey else None
     result = DrillResult(store=redact_url(url), seed=seed, requested=opts.trials, run_id=run_id)
     started = time.monotonic()
     chunk_delay = opts.chunk_delay if opts.chunk_delay is not None else _chunk_delay(url)
@@ -63,19 +69,65 @@ def run_drill(url: str, options: DrillOptions | None = None, *,
     with FakeModel(latency=latency, chunk_delay=chunk_delay,
                    reply_words=opts.reply_words) as fake:
         adapter = make_adapter(fake.base_url)
-        server: WriterServer | None = None
+        servers: list[WriterServer] = []
+
+        def start_server(key: bytes | None = None) -> WriterServer:
+            """The writers' fork server (again, with ``key`` configured: the rekey phase)."""
+            from chatstate.drill.rekeydrill import key_env
+
+            for old in servers:
+                old.close()
+            servers[:] = []
+            servers.append(WriterServer(url, fake.base_url, f"{ID_PREFIX}{run_id}-",
+                                        len(ids), opts.trial_timeout + 30,
+                                        env=None if key is None else key_env(key)))
+            return servers[0]
+
+        checker = Checker(url, ids, adapter)
         try:
-            server = WriterServer(url, fake.base_url, f"{ID_PREFIX}{run_id}-", len(ids),
-                                  opts.trial_timeout + 30)
-            _loop(server, Checker(url, ids, adapter), random.Random(seed), latency, opts,
-                  result, progress)
+            rng = random.Random(seed)
+            server = start_server()
+            _loop(server, checker, rng, latency, opts, result, progress)
+            if original is not None and result.ok and not result.stopped_early:
+                _rekey_phase(url, checker, start_server, server, rng, latency, opts, result,
+                             original)
         finally:
-            if server is not None:
+            for server in servers:
                 server.close()
             adapter.close()
-            _cleanup(url, ids, result)
+            _cleanup(url, ids, result, checker.key)
             result.seconds = time.monotonic() - started
     return result
+
+
+def _rekey_key(url: str, ids: list[str]) -> bytes:
+    """The key a rekey phase starts from (and ends under): the configured one; refused
+    before anything is written for a plain drill or a store shared with other chats."""
+    from chatstate.drill.rekeydrill import refuse_shared_store
+    from chatstate.errors import ConfigurationError
+    from chatstate.stores.keys import load_key
+
+    key = load_key()
+    if key is None:
+        raise ConfigurationError("drill --rekey needs an encrypted drill (--encrypted, or a "
+                                 "key configured); nothing was changed")
+    refuse_shared_store(url, ids)
+    return key
+
+
+def _rekey_phase(url: str, checker: Checker, start_server: Callable[..., WriterServer],
+                 server: WriterServer, rng: random.Random, latency: float,
+                 opts: DrillOptions, result: DrillResult, original: bytes) -> None:
+    from chatstate.drill.rekeydrill import Phase
+
+    def trial(server: WriterServer, n: int, seed: int, plan: KillPlan,
+              excused: Callable[[str], bool]) -> TrialLog:
+        return _trial(server, n, seed, plan, opts, result, excused)
+
+    phase = Phase(url, checker, start_server, server, rng, trial,
+                  plans(rng, latency, THINK_SECONDS), result, opts.rekey,
+                  allow_ephemeral=opts.allow_ephemeral, timeout=opts.trial_timeout + 60)
+    phase.run(original)
 
 
 def _loop(server: WriterServer, checker: Checker, rng: random.Random, latency: float,
@@ -96,8 +148,9 @@ def _loop(server: WriterServer, checker: Checker, rng: random.Random, latency: f
 
 
 def _trial(server: WriterServer, trial: int, seed: int, plan: KillPlan, opts: DrillOptions,
-           result: DrillResult) -> TrialLog:
-    """Fork a writer, kill it as planned, let it be reaped; count the phase it died in."""
+           result: DrillResult, excused: Callable[[str], bool] | None = None) -> TrialLog:
+    """Fork a writer, kill it as planned, let it be reaped; count the phase it died in.
+    ``excused``: an error of the writer's that is what the store should say (no problem)."""
     deadline = time.monotonic() + opts.trial_timeout
     pid = server.go(trial, seed, deadline)
     tracker = PhaseTracker()
@@ -111,7 +164,9 @@ def _trial(server: WriterServer, trial: int, seed: int, plan: KillPlan, opts: Dr
     for event in rest:
         tracker.apply(event)
     log = TrialLog.parse(events + rest)
-    if log.error is not None:
+    if log.error is not None and excused is not None and excused(log.error):
+        pass
+    elif log.error is not None:
         result.problem(f"trial {trial}: the writer failed on its own: {log.error}")
     elif not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
         result.problem(f"trial {trial}: the writer ended with wait status {status}, not SIGKILL")
@@ -174,9 +229,10 @@ def _chunk_delay(url: str) -> float:
     return 0.01 if remote else 0.001
 
 
-def _cleanup(url: str, ids: list[str], result: DrillResult) -> None:
+def _cleanup(url: str, ids: list[str], result: DrillResult,
+             key: bytes | Literal["env"] = "env") -> None:
     try:
-        store = reopen(url)
+        store = reopen(url, key)
     except Exception as exc:  # report it; the drill's result is still worth printing
         result.problem(f"could not reopen the store to delete the drill's conversations: {exc}")
         return

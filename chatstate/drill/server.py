@@ -27,8 +27,11 @@ class WriterServer:
     """One fork server; ``go`` starts a writer, ``events`` yields what it reports."""
 
     def __init__(self, url: str, base_url: str, prefix: str, conversations: int,
-                 writer_timeout: float, start_timeout: float = 60.0) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+                 writer_timeout: float, start_timeout: float = 60.0,
+                 env: dict[str, str] | None = None) -> None:
+        """``env``: the writers' environment (default: this process's, without OPENAI_*)."""
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "chatstate.drill.writer", url, base_url, prefix,
              str(conversations), str(max(1, int(writer_timeout + 1)))],

@@ -42,6 +42,11 @@ THINK_SECONDS = 0.004
 """A writer pauses 4-8 ms before each turn, like a client between two messages: a window
 in which nothing of the turn is written yet, to kill in."""
 
+LEASE_WAIT = 10.0
+"""Seconds a turn waits for its conversation's writer lease: the drill's own rekey holds
+it while it re-encrypts the conversation (a killed writer's lease is taken over at once)."""
+
+
 def make_adapter(base_url: str) -> RetryingAdapter:
     """An adapter for the fake model: the wire backend, a short retry budget, no user config."""
     from chatstate.adapter.backends.wire import WireBackend
@@ -120,7 +125,8 @@ def hold(url: str, adapter: RetryingAdapter, prefix: str, count: int, trial: int
     reporting = ReportingStore(store)
     ids = conversation_ids(prefix, count)
     chats = [Chat(reporting, conversation_id=cid, adapter=ReportingAdapter(adapter, cid),
-                  title=f"chatstate drill {cid}", flush_interval=0.0) for cid in ids]
+                  title=f"chatstate drill {cid}", flush_interval=0.0, lease_wait=LEASE_WAIT)
+             for cid in ids]
     start = rng.randrange(count)
     for n in range(1_000_000):
         index = (start + n) % count
@@ -148,6 +154,13 @@ def serve(url: str, base_url: str, prefix: str, count: int, timeout: int) -> Non
     from chatstate.stores import store_class
 
     store_class(scheme_of(url))  # import the store's module here, not in every writer
+    from chatstate.stores.keys import configured
+
+    if configured():  # drill --encrypted: the sealing layer and its cipher, here too
+        from chatstate.stores.codec import AeadCodec, new_key, parse_key
+        from chatstate.stores.sealed import seal_opened  # noqa: F401
+
+        AeadCodec(parse_key(new_key(), "warm-up")).seal_text("message", "warm", 0, "{}", None)
     warm = make_adapter(base_url)
     warm.complete([{"role": "user", "content": "warm up"}])  # load every lazy import
     for _ in warm.stream([{"role": "user", "content": "warm up"}]):

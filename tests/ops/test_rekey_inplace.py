@@ -288,19 +288,164 @@ def _refused_untouched(url: str, root: Path, needle: str) -> None:
     assert _content(url, OLD) == before
 
 
-def test_rekey_in_place_refuses_a_store_with_blobs_before_writing(tmp_path: Path) -> None:
-    from chatstate.core.content import image, store_parts, text
+PNG = b"\x89PNG\r\n\x1a\n" + b"pixels " * 30_000
+PDF = b"%PDF-1.4 " + b"page " * 40_000
 
-    url = _url(tmp_path, "sqlite")
-    _fill(url, conversations=1, messages=2)
+
+def _add_blobs(url: str) -> None:
+    """Images and a file in three conversations (one image shared by two), with text
+    after them, so the re-addressed messages are not the last ones."""
+    from chatstate.core.content import file, image, store_parts, text
+
     with keyless():
         store = open_store(url, key=OLD)
-        last = store.load("c00").messages[-1]
-        parts = store_parts(store, [text("see"), image(b"\x89PNG\r\n\x1a\n" + b"x" * 200_000,
-                                                       name="a.png")])
-        store.append("c00", [Message.seal(last, role="user", content=parts, turn_id="t-i")])
+        try:
+            for cid, parts in (("c00", [text(f"see {SECRET}"), image(PNG, name="a.png")]),
+                               ("c01", [image(PNG, name="same.png"), file(PDF, name="d.pdf")]),
+                               ("c02", [text("a file"), file(PDF + b"2", name="e.pdf")])):
+                last = store.load(cid).messages[-1]
+                msg = Message.seal(last, role="user", content=store_parts(store, parts),
+                                   turn_id=f"t-img-{cid}")
+                after = Message.seal(msg, role="assistant", content=f"nice {SECRET}",
+                                     turn_id=f"t-img-{cid}")
+                store.append(cid, [msg, after])
+        finally:
+            store.close()
+
+
+def _with_bytes(url: str, key: bytes, old_keys: tuple[bytes, ...] = ()) -> dict[str, Any]:
+    """Every conversation as the caller sees it, each blob reference replaced by the bytes
+    it names (its address is a keyed digest: it changes with the key); chains verified."""
+    with keyless():
+        store = open_store(url, key=key, old_keys=old_keys)
+        try:
+            out: dict[str, Any] = {}
+            for s in store.list_conversations():
+                conv = store.load(s.id)
+                assert conv.verify() is None, s.id
+                msgs = []
+                for m in conv.messages:
+                    content = m.content if isinstance(m.content, str) else [
+                        {**p, "blob": {**{k: v for k, v in p["blob"].items() if k != "sha256"},
+                                       "bytes": store.get_blob(p["blob"]["sha256"])}}
+                        if isinstance(p.get("blob"), dict) else p for p in m.content]
+                    msgs.append((m.seq, m.role, m.turn_id, content))
+                out[s.id] = (conv.title, conv.metadata, msgs,
+                             None if conv.partial is None else conv.partial.content)
+            return out
+        finally:
+            store.close()
+
+
+def _blob_keys(url: str) -> dict[str, str | None]:
+    """The key (fingerprint) of every blob the stored records name."""
+    from chatstate.stores.codec import BLOB_MAGIC
+    from chatstate.stores.rekey import stored_blobs
+
+    raw = open_raw(url)
+    try:
+        named = {sha for s in raw.list_conversations() if s.id != "chatstate.encryption"
+                 for sha in stored_blobs(raw.load(s.id))}
+        return {sha: raw.get_blob(sha)[len(BLOB_MAGIC):len(BLOB_MAGIC) + 8].hex()
+                for sha in named}
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rekey_in_place_with_blobs_killed_at_random_points_loses_nothing(
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    seed = int.from_bytes(os.urandom(4), "big")  # named in every failure, to replay it
+    rng = random.Random(seed)
+    killed = 0
+    for trial in range(3):
+        root = tmp_path / f"trial{trial}"
+        root.mkdir()
+        url = _url(root, kind, request)
+        _fill(url, conversations=6, messages=40)
+        _add_blobs(url)
+        before = set(_blob_keys(url))
+        assert set(_blob_keys(url).values()) == {fingerprint_of(OLD)}
+        expected = _with_bytes(url, OLD)
+        for kill in range(3):
+            if not _kill_at_random(_rekey(root, url), rng, lines=8):
+                break
+            killed += 1
+            assert _with_bytes(url, OLD) == expected, (seed, trial, kill)
+            assert _with_bytes(url, NEW, (OLD,)) == expected, (seed, trial, kill)
+        done = subprocess.run([*REKEY, "--json"], env=_env(root, url), capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, (seed, done.stderr)
+        assert KEY not in done.stdout + done.stderr and OTHER_KEY not in done.stdout + done.stderr
+        keys = _blob_keys(url)
+        assert set(keys.values()) == {fingerprint_of(NEW)}, (seed, keys)
+        assert not set(keys) & before  # every blob named by its new address
+        assert _with_bytes(url, NEW) == expected, seed
+        for cid, fps in _fingerprints(url).items():
+            assert set(fps.values()) == {fingerprint_of(NEW)}, (cid, fps)
+        with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
+            open_store(url, key=OLD)
+        verify = subprocess.run([CHATSTATE, "replay", "c01", "--verify"], env=cli_env(
+            root, CHATSTATE_STORE=url, CHATSTATE_ENCRYPTION_KEY=OTHER_KEY),
+            capture_output=True, text=True, timeout=120)
+        assert verify.returncode == 0, verify.stderr
+    assert killed >= 3, f"only {killed} of 9 kills struck a running rekey"
+
+
+def test_rekey_leaves_the_old_blobs_to_gc(tmp_path: Path) -> None:
+    url = _url(tmp_path, "sqlite")
+    _fill(url, conversations=3, messages=3)
+    _add_blobs(url)
+    old_blobs = set(_blob_keys(url))
+    done = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "3 blob(s)" in done.stdout and "chatstate gc" in \
+        done.stdout, done.stdout
+    raw = open_raw(url)
+    try:
+        held = {sha for sha, _size, _age in raw.list_blobs()}
+    finally:
+        raw.close()
+    assert old_blobs <= held and len(held) == 6  # the old copies stay until gc
+    gc = subprocess.run([CHATSTATE, "gc", "--grace", "0s", "--force", "--yes"], env=cli_env(
+        tmp_path, CHATSTATE_STORE=url, CHATSTATE_ENCRYPTION_KEY=OTHER_KEY),
+        capture_output=True, text=True, timeout=120)
+    assert gc.returncode == 0, gc.stderr
+    raw = open_raw(url)
+    try:
+        assert {sha for sha, _s, _a in raw.list_blobs()} == set(_blob_keys(url))
+    finally:
+        raw.close()
+
+
+def test_rekey_waits_for_an_interrupted_turn_in_a_conversation_with_blobs(
+        tmp_path: Path) -> None:
+    url = _url(tmp_path, "sqlite")
+    _fill(url, conversations=3, messages=3)
+    _add_blobs(url)
+    with keyless():  # an interrupted reply after c01's image and file
+        store = open_store(url, key=OLD)
+        last = store.load("c01").messages[-1]
+        store.save_partial("c01", Message.seal(last, role="assistant", status="partial",
+                                               turn_id="t-cut", content=f"half {SECRET}"))
         store.close()
-    _refused_untouched(url, tmp_path, "images or files")
+    expected = _with_bytes(url, OLD)
+    done = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and "'c01'" in done.stderr and "interrupted" in done.stderr, \
+        done.stderr
+    assert _with_bytes(url, OLD) == expected == _with_bytes(url, NEW)  # both keys read
+    assert set(_fingerprints(url)["c02"].values()) == {fingerprint_of(NEW)}  # the rest done
+    with keyless():
+        store = open_store(url, key=NEW)
+        store.clear_partial("c01")  # the turn is over (retried, or given up)
+        store.close()
+    again = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert set(_blob_keys(url).values()) == {fingerprint_of(NEW)}
+    with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
+        open_store(url, key=OLD)
 
 
 def test_rekey_in_place_refuses_s3_which_cannot_rewrite_in_place(
@@ -348,3 +493,34 @@ def test_rekey_in_place_refuses_a_plain_store(tmp_path: Path) -> None:
         assert [s.id for s in raw.list_conversations()] == ["plain"]  # not marked either
     finally:
         raw.close()
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_a_conversation_an_old_writer_creates_after_the_rotation_is_re_keyed_by_a_rerun(
+        tmp_path: Path, kind: str) -> None:
+    """A writer that opened the store with only the old key before the rotation, and
+    creates a conversation after rekey's last pass, leaves it sealed by the old key: the
+    same rekey command run again finds it and re-keys it (it used to say "nothing to do"
+    and leave it unreadable with the new key)."""
+    url = _url(tmp_path, kind)
+    _fill(url, conversations=2, messages=3)
+    with keyless():
+        old_writer = open_store(url, key=OLD)  # opened before the rotation, kept open
+    try:
+        first = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True,
+                               text=True, timeout=120)
+        assert first.returncode == 0, first.stderr
+        old_writer.create(Conversation(id="late", title=f"late {SECRET}"))
+        old_writer.append("late", seal_chain(3, prefix=f"late {SECRET}"))
+    finally:
+        old_writer.close()
+    assert set(_fingerprints(url)["late"].values()) == {fingerprint_of(OLD)}
+    expected = _content(url, NEW, (OLD,))
+    again = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and "nothing to do" not in again.stdout, again.stdout
+    assert "re-encrypted" in again.stdout, again.stdout
+    _assert_finished(tmp_path, url, expected)
+    once_more = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True,
+                               text=True, timeout=120)
+    assert once_more.returncode == 0 and "nothing to do" in once_more.stdout, once_more.stdout

@@ -58,11 +58,21 @@ from chatstate.cli.common import Env, describe_store, fail
 @click.option("--encrypted", is_flag=True,
               help="Drill encrypted stores: the configured key, else a fresh one for this "
                    "drill (its stores must be new then, as with --all).")
+@click.option("--rekey", is_flag=True,
+              help="With --encrypted: after the trials, SIGKILL `chatstate rekey` in place "
+                   "at random points while writers append, run it to completion, and prove "
+                   "every acknowledged message is there once, every record is under the new "
+                   "key and the old key is refused; rotations to fresh keys until "
+                   "--rekey-kills, then back to the drill's key. It re-encrypts the whole "
+                   "store: the store must be the drill's own (--all, or an empty --store).")
+@click.option("--rekey-kills", type=click.IntRange(1), default=10, show_default=True,
+              help="With --rekey: rekey processes to SIGKILL, per store.")
 @click.pass_obj
 def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | None,
           s3_url: str | None, trials: int, seed: int | None, trial_timeout: float,
           max_seconds: float, as_json: bool, serve_mode: bool, clients: int,
-          identity: str, api: str, tools: bool, mcp: bool, encrypted: bool) -> None:
+          identity: str, api: str, tools: bool, mcp: bool, encrypted: bool, rekey: bool,
+          rekey_kills: int) -> None:
     """SIGKILL a writer again and again; prove nothing acknowledged was lost.
 
     Starts the built-in fake model, then TRIALS times forks a writer that holds
@@ -81,6 +91,12 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     every acknowledged message is still there. With --mcp that tool is an MCP
     server's, and duplicates count calls the server received twice.
 
+    With --encrypted --rekey, a rekey phase follows the trials: `chatstate rekey` in
+    place is SIGKILLed at random moments of its run while writers are killed
+    meanwhile, then run to completion; from a fresh open with the new key alone every
+    acknowledged message is there once and verifies, every record is sealed by the
+    new key, the encryption mark names only it and the old key is refused.
+
     Exit status 0 when nothing was lost, corrupt or duplicated and no other
     problem was found; 1 otherwise. --json prints the result of one store as
     one object, or {"ok": ..., "stores": [...]} with --all.
@@ -90,6 +106,9 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
 
     if mcp and not tools:
         raise click.UsageError("--mcp goes with --tools: drill --tools --mcp")
+    if rekey and (not encrypted or serve_mode or tools):
+        raise click.UsageError("--rekey goes with --encrypted, and not with --serve or "
+                               "--tools: drill --encrypted --rekey")
 
     configured = store_url or env.store_url or default_store_url()
     if encrypted:
@@ -110,7 +129,15 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
     previous = _term_interrupts()
     try:
         for url in urls:
-            _guard(env, url)
+            rewrites = _guard(env, url)
+            if rekey and not rewrites:
+                if not all_stores:
+                    fail(f"drill --rekey: {url.split('?', 1)[0]} cannot be re-keyed in place "
+                         "(`chatstate rekey` refuses it; its copy form, --from/--to, "
+                         "re-encrypts it): nothing was changed", code=2)
+                click.echo(f"drill --rekey: no rekey phase on {url.split('?', 1)[0]}: it "
+                           "cannot be re-keyed in place (rekey --from/--to re-encrypts it)",
+                           err=True)
             if serve_mode:
                 results.append(_serve_drill(url, trials, clients, seed, identity, api))
                 continue
@@ -120,7 +147,9 @@ def drill(env: Env, store_url: str | None, all_stores: bool, directory: str | No
                                            mcp))
                 continue
             opts = DrillOptions(trials=trials, seed=seed, trial_timeout=trial_timeout,
-                                max_seconds=max(left, 1.0))
+                                max_seconds=max(left, 1.0),
+                                rekey=rekey_kills if rekey and rewrites else 0,
+                                allow_ephemeral=env.allow_ephemeral)
             results.append(run_drill(url, opts, progress=_progress(trials)))
     finally:
         if previous is not None:
@@ -178,13 +207,18 @@ def _scratch_dir(directory: str | None, configured: str) -> Path:
     return scratch
 
 
-def _guard(env: Env, url: str) -> None:
-    """The durability guard and the store's own recovery, once, before the first writer."""
+def _guard(env: Env, url: str) -> bool:
+    """The durability guard and the store's own recovery, once, before the first writer.
+    Whether the store can be re-keyed in place (``Rewrites``), for ``--rekey``."""
     from chatstate.stores import open_store
+    from chatstate.stores.base import Rewrites
+    from chatstate.stores.forwarding import ForwardingStore
 
     store = open_store(url, allow_ephemeral=env.allow_ephemeral)
     try:
         describe_store(store)
+        inner = store.inner if isinstance(store, ForwardingStore) else store
+        return isinstance(inner, Rewrites)
     finally:
         store.close()
 

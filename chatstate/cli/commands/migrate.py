@@ -141,9 +141,12 @@ def rekey(env: Env, new_key_file: str | None, new_key_env: str | None,
     elif report.already_done:
         click.echo(f"the store is encrypted by key {report.new} already; nothing to do")
     else:
+        blobs = (f" and {report.blobs} blob(s) (stored again at their new addresses; the "
+                 "old copies are named by nothing now: `chatstate gc` removes them)"
+                 ) if report.blobs else ""
         click.echo(f"re-encrypted {report.records} record(s) in "
-                   f"{len(report.conversations)} conversation(s) under key {report.new}; key "
-                   f"{report.old} is now refused: configure the new key")
+                   f"{len(report.conversations)} conversation(s){blobs} under key "
+                   f"{report.new}; key {report.old} is now refused: configure the new key")
 
 
 def _rekey_copy(env: Env, src_url: str, dst_url: str, as_json: bool) -> None:
