@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar
 
+import orjson
+
 from chatstate.core.provider_fields import PROVIDER_FIELDS
 from chatstate.errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
 
@@ -93,6 +95,47 @@ def canonical_json(data: dict[str, Any]) -> str:
 
 HASH_SLICE = 1 << 20
 """Characters of a body encoded at a time to be hashed."""
+
+
+LARGE_CONTENT = 1 << 20
+"""Characters of text content from which a message's body is made in pieces
+(``Message.body_pieces``): a long reply's text is encoded once, by itself, and neither
+the body string nor the JSON encoder's escaped copy of the text is built whole."""
+
+_CONTENT_HEAD = '{"content":'
+
+
+def chain_hash_pieces(prev_hash: str | None, pieces: Iterable[bytes]) -> str:
+    """``chain_hash`` of the body whose UTF-8 bytes are ``pieces`` joined."""
+    h = hashlib.sha256()
+    h.update((prev_hash or "").encode())
+    for piece in pieces:
+        h.update(piece)
+    return h.hexdigest()
+
+
+def json_around(dumped: str, encoded: bytes, key: str = "content") -> list[bytes] | None:
+    """``dumped`` (JSON whose ``key`` is ``""``, at its first occurrence) as UTF-8 pieces
+    with ``encoded`` (a JSON string) in that value's place; None if it is not there."""
+    mark = f'"{key}":""'
+    at = dumped.find(mark)
+    if at < 0:
+        return None
+    cut = at + len(mark) - 2
+    return [dumped[:cut].encode("utf-8", "surrogatepass"), encoded,
+            dumped[cut + 2:].encode("utf-8", "surrogatepass")]
+
+
+def encoded_text(content: object) -> bytes | None:
+    """A long text content as JSON (what ``json.dumps(..., ensure_ascii=False)`` gives,
+    encoded), or None: short, not text, or holding a lone surrogate (orjson refuses
+    those; the plain encoder takes them)."""
+    if not isinstance(content, str) or len(content) < LARGE_CONTENT:
+        return None
+    try:
+        return orjson.dumps(content)
+    except TypeError:
+        return None
 
 
 def chain_hash(prev_hash: str | None, body: str) -> str:
@@ -424,6 +467,20 @@ class Message(_Record):
         return canonical_json({k: v for k, v in self._values()
                                if k != "hash" and not (v is None and k in _OPTIONAL)})
 
+    def body_pieces(self) -> list[bytes]:
+        """``body()`` as UTF-8 bytes, in pieces: for a long text content, the head, the
+        text's JSON and the tail, so the whole body is never one more string (a 50 MB
+        reply is held once as text and once as its encoded JSON, not four times)."""
+        encoded = encoded_text(self.content)
+        if encoded is not None:
+            rest = canonical_json({k: ("" if k == "content" else v) for k, v in self._values()
+                                   if k != "hash" and not (v is None and k in _OPTIONAL)})
+            if rest.startswith(_CONTENT_HEAD + '""'):  # sorted keys: content comes first
+                pieces = json_around(rest, encoded)
+                if pieces is not None:
+                    return pieces
+        return [self.body().encode("utf-8", "surrogatepass")]
+
     def stored(self) -> dict[str, Any]:
         """The message as documents store it: the hashed body plus ``hash``, in the
         table's order."""
@@ -435,6 +492,8 @@ class Message(_Record):
             any(getattr(self, f) is not None for f in OPTIONAL_FIELDS)
 
     def expected_hash(self, prev_hash: str | None) -> str:
+        if isinstance(self.content, str) and len(self.content) >= LARGE_CONTENT:
+            return chain_hash_pieces(prev_hash, self.body_pieces())
         return chain_hash(prev_hash, self.body())
 
     @classmethod
