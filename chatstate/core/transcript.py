@@ -114,10 +114,12 @@ def chain_hash_pieces(prev_hash: str | None, pieces: Iterable[bytes]) -> str:
     return h.hexdigest()
 
 
-def json_around(dumped: str, encoded: bytes, key: str = "content") -> list[bytes] | None:
-    """``dumped`` (JSON whose ``key`` is ``""``, at its first occurrence) as UTF-8 pieces
-    with ``encoded`` (a JSON string) in that value's place; None if it is not there."""
-    mark = f'"{key}":""'
+def json_around(dumped: str, encoded: bytes, key: str = "content",
+                colon: str = ":") -> list[bytes] | None:
+    """``dumped`` (JSON whose ``key`` is ``""``, at its first occurrence; ``colon`` as it
+    was dumped with) as UTF-8 pieces with ``encoded`` (a JSON string) in that value's
+    place; None if it is not there."""
+    mark = f'"{key}"{colon}""'
     at = dumped.find(mark)
     if at < 0:
         return None

@@ -23,6 +23,8 @@ from chatstate.core.transcript import (
     Conversation,
     Message,
     check_schema,
+    encoded_text,
+    json_around,
     parse_message,
     schema_for,
 )
@@ -33,17 +35,56 @@ from chatstate.stores.json._log import DOC_END, Records, decode_records, split
 HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
 
 
+Line = str | tuple[bytes, ...]
+"""A message's line: the text, or for a long reply its UTF-8 pieces (``line_of``)."""
+
+
 def message_line(msg: Message) -> str:
     return json.dumps(msg.stored(), ensure_ascii=False, separators=(",", ":"))
 
 
-def encode(header: dict[str, Any], lines: list[str], schema: int = 1) -> bytes:
-    """``schema``: ``schema_for`` the messages (2 once any holds a 0.2 field)."""
+def line_of(msg: Message) -> Line:
+    """``message_line``, for a long text content as the UTF-8 pieces of that line: its
+    text encoded once, never joined into one more copy (written and kept so)."""
+    encoded = encoded_text(msg.content)
+    if encoded is not None:
+        rest = json.dumps({**msg.stored(), "content": ""}, ensure_ascii=False,
+                          separators=(",", ":"))
+        pieces = json_around(rest, encoded)
+        if pieces is not None:
+            return tuple(pieces)
+    return message_line(msg)
+
+
+def joined(lines: Iterable[Line], sep: bytes) -> list[bytes]:
+    """The lines, UTF-8, ``sep`` between them: short ones joined, long ones' pieces kept."""
+    out: list[bytes] = []
+    run: list[str] = []
+    first = True
+    for line in lines:
+        if not first:
+            run.append(sep.decode())
+        first = False
+        if isinstance(line, str):
+            run.append(line)
+            continue
+        if run:
+            out.append("".join(run).encode())
+            run = []
+        out.extend(line)
+    if run:
+        out.append("".join(run).encode())
+    return out
+
+
+def encode(header: dict[str, Any], lines: list[Line], schema: int = 1) -> list[bytes]:
+    """The document, in pieces (``joined``). ``schema``: ``schema_for`` the messages
+    (2 once any holds a 0.2 field)."""
     head = {"schema": schema, **{k: header[k] for k in HEADER_KEYS},
             "message_count": len(lines)}
     first = json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]
-    body = ",\n".join(lines)
-    return (first + ',"messages":[\n' + body + ("\n" if lines else "") + "]}\n").encode()
+    return [(first + ',"messages":[\n').encode(), *joined(lines, b",\n"),
+            b"\n]}\n" if lines else b"]}\n"]
 
 
 def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
@@ -221,7 +262,7 @@ def _strict_parse(raw: bytes, where: str) -> Any:
             "it may be truncated. The file was left as it is.", where=where) from exc
 
 
-def stored_lines(raw: bytes, count: int) -> list[str] | None:
+def stored_lines(raw: bytes, count: int) -> list[Line] | None:
     """The message lines of a file in the layout ``encode`` writes, as they are on disk
     (what ``message_line`` would write again); None if the file is laid out otherwise."""
     lines = raw.decode("utf-8").split("\n")
@@ -231,7 +272,9 @@ def stored_lines(raw: bytes, count: int) -> list[str] | None:
     body = lines[1:count + 1]
     if not all(line.endswith(",") for line in body[:-1]) or body[-1].endswith(","):
         return None
-    return [line[:-1] for line in body[:-1]] + [body[-1]]
+    found: list[Line] = [line[:-1] for line in body[:-1]]
+    found.append(body[-1])
+    return found
 
 
 def decode_partial(raw: bytes, where: str) -> Message:
@@ -266,10 +309,19 @@ def _partial_record(record: bytes, where: str) -> Message:
                                      "is", where=where) from exc
 
 
-def encode_partial(conversation_id: str, msg: Message) -> bytes:
-    """One line of the sidecar (see decode_partial)."""
-    return json.dumps({"schema": schema_for([msg]), "conversation": conversation_id,
-                       "message": msg.stored()}, ensure_ascii=False).encode() + b"\n"
+def encode_partial(conversation_id: str, msg: Message) -> list[bytes]:
+    """One line of the sidecar (see decode_partial), in pieces: a long reply's text is
+    encoded once and not joined into the line."""
+    stored = msg.stored()
+    record = {"schema": schema_for([msg]), "conversation": conversation_id, "message": stored}
+    encoded = encoded_text(msg.content)
+    if encoded is not None:
+        stored["content"] = ""
+        pieces = json_around(json.dumps(record, ensure_ascii=False), encoded, colon=": ")
+        if pieces is not None:
+            return [*pieces, b"\n"]
+        stored["content"] = msg.content
+    return [json.dumps(record, ensure_ascii=False).encode() + b"\n"]
 
 
 def to_conversation(header: dict[str, Any], messages: list[Message],

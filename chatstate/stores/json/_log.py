@@ -32,6 +32,7 @@ conversation that is not being written to is readable by older versions too.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,16 +45,22 @@ from chatstate.stores._fastload import canonical, validate_items
 DOC_END = b"\n]}\n"
 
 
-def encode_record(at: str, lines: list[str], schema: int) -> bytes:
-    """One log record holding the ``message_line`` of each message of one append."""
+def encode_record(at: str, lines: Sequence[str | tuple[bytes, ...]],
+                  schema: int) -> list[bytes]:
+    """One log record holding the line (``_doc.line_of``) of each message of one append,
+    in pieces written one after another: a long message's line is never joined whole."""
     head = f'{{"schema":{schema},"at":{orjson.dumps(at).decode()},"messages":['.encode()
-    # in pieces, joined once: a long message's line is not copied whole again and again
-    parts = [head, ",".join(lines).encode(), b"]}"]
+    parts = [head]
+    for i, line in enumerate(lines):
+        if i:
+            parts.append(b",")
+        parts.extend([line.encode()] if isinstance(line, str) else line)
+    parts.append(b"]}")
     crc = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
     parts.append(b"\t%08x\n" % crc)
-    return b"".join(parts)
+    return parts
 
 
 def split(raw: bytes) -> tuple[bytes, bytes] | None:

@@ -46,6 +46,7 @@ from chatstate.durable.files import (
     os_error,
     read_bytes,
     remove_durably,
+    size_of,
     sync_durably,
     temp_target,
 )
@@ -74,7 +75,7 @@ from chatstate.stores.json._sidecar import SidecarLog
 from chatstate.stores.leases import Holder, Lease, holder_of, lease_record
 
 # header, message lines, messages, the log part (None: a document alone)
-Snapshot = tuple[dict[str, Any], list[str], list[Message], Records | None]
+Snapshot = tuple[dict[str, Any], list[doc.Line], list[Message], Records | None]
 
 
 class JsonStore(JsonLease, JsonBlobs):
@@ -195,8 +196,8 @@ class JsonStore(JsonLease, JsonBlobs):
         in_doc = len(messages) - logged
         # the verified lines as read, when laid out as written: no re-serialising
         docraw = raw[:len(raw) - len(records.torn) - records.clean] if records else raw
-        lines = (doc.stored_lines(docraw, in_doc)
-                 or [doc.message_line(m) for m in messages[:in_doc]])
+        lines: list[doc.Line] = (doc.stored_lines(docraw, in_doc)
+                                 or [doc.message_line(m) for m in messages[:in_doc]])
         lines += [doc.message_line(m) for m in messages[in_doc:]]
         snap = (header, lines, messages, records)
         self._cache[cid] = (key, snap)
@@ -271,7 +272,7 @@ class JsonStore(JsonLease, JsonBlobs):
         return out[:limit] if limit is not None else out
 
     # -- writes ----------------------------------------------------------------------
-    def _write(self, cid: str, header: dict[str, Any], lines: list[str],
+    def _write(self, cid: str, header: dict[str, Any], lines: list[doc.Line],
                messages: list[Message]) -> None:
         path = self._file(cid)
         atomic_write(path, doc.encode(header, lines, schema_for(messages)))
@@ -322,7 +323,7 @@ class JsonStore(JsonLease, JsonBlobs):
                 header["updated_at"] = now_iso()
             atomic_write(lease_path, json.dumps(lease_record(lease)).encode())
             try:
-                self._write(cid, header, [doc.message_line(m) for m in messages],
+                self._write(cid, header, [doc.line_of(m) for m in messages],
                             list(messages))
             except BaseException:
                 with suppress(ChatstateError):  # else it lapses by itself
@@ -343,11 +344,18 @@ class JsonStore(JsonLease, JsonBlobs):
             fresh = list(messages[already:])
             refuse_unheld_blobs(where, fresh, self._blob_size)
             partial_path = self._partial(cid)
-            raw = read_bytes(partial_path) if messages else None
-            partial = doc.decode_partial(raw, str(partial_path)) if raw is not None else None
-            check_partial_commit(where, fresh, partial)
-            covered = partial is not None and partial.seq <= messages[-1].seq
-            del raw, partial  # a long partial reply is not held while the append is written
+            known = self._sidecar.seq_of(partial_path)
+            if known is not None and fresh and fresh[0].status != "partial":
+                # the partial this process wrote, untouched since: its seq is known without
+                # reading a long reply back while another copy of it is being appended
+                covered = known <= messages[-1].seq
+            else:
+                raw = read_bytes(partial_path) if messages else None
+                partial = doc.decode_partial(raw, str(partial_path)) if raw is not None \
+                    else None
+                check_partial_commit(where, fresh, partial)
+                covered = partial is not None and partial.seq <= messages[-1].seq
+                del raw, partial  # a long partial reply is not held while the append is written
             if fresh:
                 if records is not None and records.torn:
                     self._compact(cid, snap)
@@ -358,7 +366,7 @@ class JsonStore(JsonLease, JsonBlobs):
             if covered:
                 remove_durably(partial_path)
 
-    def _append_log(self, cid: str, header: dict[str, Any], lines: list[str],
+    def _append_log(self, cid: str, header: dict[str, Any], lines: list[doc.Line],
                     stored: list[Message], records: Records | None,
                     fresh: list[Message]) -> None:
         path = self._file(cid)
@@ -366,7 +374,7 @@ class JsonStore(JsonLease, JsonBlobs):
             raise os_error(PermissionError(errno.EACCES, "Permission denied"), "write in",
                            self.root)
         at = now_iso()
-        new_lines = [doc.message_line(m) for m in fresh]
+        new_lines = [doc.line_of(m) for m in fresh]  # a long reply's kept as UTF-8 pieces
         schema = schema_for(fresh)
         record = encode_record(at, new_lines, schema)
         key = self._cache[cid][0]
@@ -376,7 +384,7 @@ class JsonStore(JsonLease, JsonBlobs):
         grown = records if records is not None else Records()
         grown.messages.extend(fresh)
         grown.updated_at = at
-        grown.clean += len(record)
+        grown.clean += size_of(record)
         lines.extend(new_lines)
         stored.extend(fresh)
         snap = (dict(header, updated_at=at), lines, stored, grown)
@@ -398,7 +406,7 @@ class JsonStore(JsonLease, JsonBlobs):
                           stored[-1].hash if stored else None, expect, messages)
             if messages:
                 fresh = list(messages)
-                self._write(cid, header, [doc.message_line(m) for m in fresh], fresh)
+                self._write(cid, header, [doc.line_of(m) for m in fresh], fresh)
                 self._logged.discard(cid)
 
     def save_partial(self, conversation_id: str, partial: Message, *,
@@ -412,9 +420,10 @@ class JsonStore(JsonLease, JsonBlobs):
                                     f"{partial.seq}, but the next seq is {expected}",
                                     expected_seq=partial.seq - 1, actual_seq=expected - 1)
             record = doc.encode_partial(conversation_id, partial)
-            if not self._sidecar.append(self._partial(conversation_id), record):
-                atomic_write(self._partial(conversation_id), record)
-                self._sidecar.wrote(self._partial(conversation_id))
+            path = self._partial(conversation_id)
+            if not self._sidecar.append(path, record, partial.seq):
+                atomic_write(path, record)
+                self._sidecar.wrote(path, partial.seq)
 
     def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
         with locked(self._lock(conversation_id)):
