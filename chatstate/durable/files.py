@@ -14,7 +14,7 @@ import fcntl
 import os
 import re
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -74,16 +74,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-Data = bytes | Sequence[bytes]
-"""What a write takes: bytes, or pieces of them written one after another (a long
-reply's record is not joined into one more copy to be written)."""
+Data = bytes | Iterable[bytes]
+"""What a write takes: bytes, or pieces of them written one after another, as they are
+made (a long reply's record is never joined into one more copy to be written)."""
 
 
-def pieces_of(data: Data) -> Sequence[bytes]:
+def pieces_of(data: Data) -> Iterable[bytes]:
     return [data] if isinstance(data, bytes) else data
 
 
-def size_of(data: Data) -> int:
+def size_of(data: bytes | Sequence[bytes]) -> int:
     return sum(len(piece) for piece in pieces_of(data))
 
 

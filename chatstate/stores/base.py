@@ -18,12 +18,12 @@ from urllib.parse import urlparse
 
 from chatstate.core.content import BlobStore as BlobStore  # below the stores: content uses it
 from chatstate.core.transcript import (
-    LARGE_CONTENT,
     Conversation,
     ConversationSummary,
     Message,
     chain_hash,
     chain_hash_pieces,
+    long_text,
     verify_chain,
 )
 from chatstate.durable.guard import Report
@@ -415,17 +415,17 @@ class PreparedBatch:
     200,000 messages) and must not hold other writers back. Only the link of the
     first message to what is stored is left to check under the lock.
 
-    ``pieces``: a store that writes a long reply's body in pieces (sqlite) gets it so
-    (``Message.body_pieces``, in ``pieces`` by position, its ``bodies`` entry empty)
-    instead of as one more string."""
+    ``pieces``: a store that writes a long reply's body in pieces (sqlite) gets no body
+    string for it: its position is in ``pieces`` and its ``bodies`` entry is empty
+    (the store writes ``Message.body_pieces``)."""
 
     def __init__(self, messages: Sequence[Message], *, pieces: bool = False) -> None:
         self.messages = list(messages)
-        self.pieces: dict[int, list[bytes]] = {}
+        self.pieces: set[int] = set()
         self.bodies: list[str] = []
         for i, m in enumerate(self.messages):
-            if pieces and isinstance(m.content, str) and len(m.content) >= LARGE_CONTENT:
-                self.pieces[i] = m.body_pieces()
+            if pieces and long_text(m.content):
+                self.pieces.add(i)
                 self.bodies.append("")
             else:
                 self.bodies.append(m.body())
@@ -438,7 +438,7 @@ class PreparedBatch:
 
     def _hash(self, i: int, prev_hash: str | None) -> str:
         if i in self.pieces:
-            return chain_hash_pieces(prev_hash, self.pieces[i])
+            return chain_hash_pieces(prev_hash, self.messages[i].body_pieces())
         return chain_hash(prev_hash, self.bodies[i])
 
     def first_break(self, prev_hash: str | None, first: int) -> int | None:

@@ -23,10 +23,12 @@ from chatstate.core.transcript import (
     Conversation,
     Message,
     check_schema,
-    encoded_text,
-    json_around,
+    json_with_text,
+    long_text,
     parse_message,
     schema_for,
+    split_around,
+    text_json,
 )
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores._fastload import canonical, first_break, validate_items
@@ -35,56 +37,66 @@ from chatstate.stores.json._log import DOC_END, Records, decode_records, split
 HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
 
 
-Line = str | tuple[bytes, ...]
-"""A message's line: the text, or for a long reply its UTF-8 pieces (``line_of``)."""
-
-
 def message_line(msg: Message) -> str:
-    return json.dumps(msg.stored(), ensure_ascii=False, separators=(",", ":"))
+    return _dump_line(msg.stored())
+
+
+def _dump_line(data: dict[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+class LongLine:
+    """The line of a message with a long text content (``line_of``): made again, a slice
+    at a time, whenever it is written, so its text is held once, by its message."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+    def pieces(self) -> Iterator[bytes]:
+        pieces = json_with_text(self.message.stored(), _dump_line)
+        if pieces is None:
+            yield message_line(self.message).encode()
+            return
+        yield from pieces
+
+
+Line = str | LongLine
+"""A message's line as the store keeps it: the text, or a ``LongLine``."""
 
 
 def line_of(msg: Message) -> Line:
-    """``message_line``, for a long text content as the UTF-8 pieces of that line: its
-    text encoded once, never joined into one more copy (written and kept so)."""
-    encoded = encoded_text(msg.content)
-    if encoded is not None:
-        rest = json.dumps({**msg.stored(), "content": ""}, ensure_ascii=False,
-                          separators=(",", ":"))
-        pieces = json_around(rest, encoded)
-        if pieces is not None:
-            return tuple(pieces)
-    return message_line(msg)
+    """``message_line``, or for a long text content (``long_text``) its ``LongLine``."""
+    return LongLine(msg) if long_text(msg.content) else message_line(msg)
 
 
-def joined(lines: Iterable[Line], sep: bytes) -> list[bytes]:
-    """The lines, UTF-8, ``sep`` between them: short ones joined, long ones' pieces kept."""
-    out: list[bytes] = []
+def joined(lines: Iterable[Line], sep: bytes) -> Iterator[bytes]:
+    """The lines, UTF-8, ``sep`` between them: short ones joined, long ones in slices."""
     run: list[str] = []
-    first = True
-    for line in lines:
-        if not first:
+    for i, line in enumerate(lines):
+        if i:
             run.append(sep.decode())
-        first = False
         if isinstance(line, str):
             run.append(line)
             continue
         if run:
-            out.append("".join(run).encode())
+            yield "".join(run).encode()
             run = []
-        out.extend(line)
+        yield from line.pieces()
     if run:
-        out.append("".join(run).encode())
-    return out
+        yield "".join(run).encode()
 
 
-def encode(header: dict[str, Any], lines: list[Line], schema: int = 1) -> list[bytes]:
-    """The document, in pieces (``joined``). ``schema``: ``schema_for`` the messages
-    (2 once any holds a 0.2 field)."""
+def encode(header: dict[str, Any], lines: list[Line], schema: int = 1) -> Iterator[bytes]:
+    """The document, in pieces made as they are written (``joined``). ``schema``:
+    ``schema_for`` the messages (2 once any holds a 0.2 field)."""
     head = {"schema": schema, **{k: header[k] for k in HEADER_KEYS},
             "message_count": len(lines)}
     first = json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]
-    return [(first + ',"messages":[\n').encode(), *joined(lines, b",\n"),
-            b"\n]}\n" if lines else b"]}\n"]
+    yield (first + ',"messages":[\n').encode()
+    yield from joined(lines, b",\n")
+    yield b"\n]}\n" if lines else b"]}\n"
 
 
 def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
@@ -309,19 +321,24 @@ def _partial_record(record: bytes, where: str) -> Message:
                                      "is", where=where) from exc
 
 
-def encode_partial(conversation_id: str, msg: Message) -> list[bytes]:
-    """One line of the sidecar (see decode_partial), in pieces: a long reply's text is
-    encoded once and not joined into the line."""
+def encode_partial(conversation_id: str, msg: Message) -> Iterable[bytes]:
+    """One line of the sidecar (see decode_partial), as UTF-8 pieces: for a long text
+    content (``long_text``) made a slice at a time as it is written."""
     stored = msg.stored()
     record = {"schema": schema_for([msg]), "conversation": conversation_id, "message": stored}
-    encoded = encoded_text(msg.content)
-    if encoded is not None:
+    if long_text(msg.content):
         stored["content"] = ""
-        pieces = json_around(json.dumps(record, ensure_ascii=False), encoded, colon=": ")
-        if pieces is not None:
-            return [*pieces, b"\n"]
+        around = split_around(json.dumps(record, ensure_ascii=False), colon=": ")
+        if around is not None:
+            return _partial_pieces(around, msg.content)
         stored["content"] = msg.content
     return [json.dumps(record, ensure_ascii=False).encode() + b"\n"]
+
+
+def _partial_pieces(around: tuple[bytes, bytes], content: Any) -> Iterator[bytes]:
+    yield around[0]
+    yield from text_json(content)
+    yield around[1] + b"\n"
 
 
 def to_conversation(header: dict[str, Any], messages: list[Message],

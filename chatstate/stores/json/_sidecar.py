@@ -13,10 +13,11 @@ again, so the previous record stays the last line), and when it grows past
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from chatstate.durable.files import Data, os_error, size_of, write_all
+from chatstate.durable.files import os_error, size_of, write_all
 
 Key = tuple[int, int, int]
 
@@ -56,7 +57,8 @@ class SidecarLog:
         except OSError:
             return None
 
-    def append(self, path: Path, record: Data, seq: int | None = None) -> bool:
+    def append(self, path: Path, record: bytes | Sequence[bytes], seq: int | None = None
+               ) -> bool:
         """Append ``record`` durably; False (nothing written) when it must be rewritten."""
         self._seqs.pop(path, None)
         known = self._known.pop(path, None)

@@ -46,7 +46,6 @@ from chatstate.durable.files import (
     os_error,
     read_bytes,
     remove_durably,
-    size_of,
     sync_durably,
     temp_target,
 )
@@ -374,9 +373,9 @@ class JsonStore(JsonLease, JsonBlobs):
             raise os_error(PermissionError(errno.EACCES, "Permission denied"), "write in",
                            self.root)
         at = now_iso()
-        new_lines = [doc.line_of(m) for m in fresh]  # a long reply's kept as UTF-8 pieces
+        new_lines = [doc.line_of(m) for m in fresh]  # a long reply's made as it is written
         schema = schema_for(fresh)
-        record = encode_record(at, new_lines, schema)
+        record = encode_record(at, doc.joined(new_lines, b","), schema)
         key = self._cache[cid][0]
         st = append_record(path, record, key, schema)
         self._logged.add(cid)
@@ -384,7 +383,7 @@ class JsonStore(JsonLease, JsonBlobs):
         grown = records if records is not None else Records()
         grown.messages.extend(fresh)
         grown.updated_at = at
-        grown.clean += size_of(record)
+        grown.clean += st.st_size - key[2]
         lines.extend(new_lines)
         stored.extend(fresh)
         snap = (dict(header, updated_at=at), lines, stored, grown)
@@ -421,7 +420,9 @@ class JsonStore(JsonLease, JsonBlobs):
                                     expected_seq=partial.seq - 1, actual_seq=expected - 1)
             record = doc.encode_partial(conversation_id, partial)
             path = self._partial(conversation_id)
-            if not self._sidecar.append(path, record, partial.seq):
+            if not isinstance(record, list) or not self._sidecar.append(path, record,
+                                                                        partial.seq):
+                # a long reply's record, made as it is written, is past the log's limit
                 atomic_write(path, record)
                 self._sidecar.wrote(path, partial.seq)
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from chatstate.core.transcript import LARGE_CONTENT, Conversation, Message, now_iso, validate_id
+from chatstate.core.transcript import Conversation, Message, long_text, now_iso, validate_id
 from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
@@ -100,23 +100,22 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
     # slices instead (a rowid table: incremental blob I/O), and a long message row is
     # copied from there by SQLite itself, in the same transaction.
     def _put_partial(self, db: sqlite3.Connection, cid: str, partial: Message) -> None:
-        if not (self.writes_pieces and isinstance(partial.content, str)
-                and len(partial.content) >= LARGE_CONTENT):
+        if not (self.writes_pieces and long_text(partial.content)):
             super()._put_partial(db, cid, partial)
             return
-        self._blob_row(db, cid, partial.seq, partial.body_pieces())
+        self._blob_row(db, cid, partial)
 
-    def _blob_row(self, db: sqlite3.Connection, cid: str, seq: int,
-                  pieces: list[bytes]) -> None:
-        """The conversation's partial row at ``seq`` holding ``pieces`` joined (a blob)."""
-        size = sum(len(p) for p in pieces)
+    def _blob_row(self, db: sqlite3.Connection, cid: str, msg: Message) -> None:
+        """The conversation's partial row at ``msg.seq`` holding ``msg``'s body (a blob),
+        made twice a slice at a time: once to size the blob, then into it."""
+        seq, size = msg.seq, sum(len(p) for p in msg.body_pieces())
         db.execute("INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, "
                    "zeroblob(?)) ON CONFLICT (conversation_id) DO UPDATE SET "
                    "seq=excluded.seq, body=excluded.body", (cid, seq, size))
         rowid = db.execute("SELECT rowid FROM partials WHERE conversation_id=?",
                            (cid,)).fetchone()[0]
         with db.blobopen("partials", "body", rowid) as blob:  # type: ignore[attr-defined]
-            for piece in pieces:
+            for piece in msg.body_pieces():
                 view = memoryview(piece)
                 for at in range(0, len(view), BLOB_SLICE):
                     blob.write(view[at:at + BLOB_SLICE])
@@ -132,7 +131,7 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
                 continue
             msg = prepared.messages[i]
             # staged in the partial row, which this append deletes with its partial
-            self._blob_row(db, cid, msg.seq, prepared.pieces.pop(i))
+            self._blob_row(db, cid, msg)
             try:
                 db.execute("INSERT INTO messages (conversation_id, seq, body, hash) SELECT "
                            "conversation_id, seq, CAST(body AS TEXT), ? FROM partials WHERE "
