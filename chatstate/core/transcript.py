@@ -29,11 +29,13 @@ import re
 import secrets
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Literal, TypeVar
+
+import orjson
 
 from chatstate.core.provider_fields import PROVIDER_FIELDS
 from chatstate.errors import CorruptTranscriptError, InvalidConversationId, SchemaVersionError
@@ -96,6 +98,82 @@ def canonical_json(data: dict[str, Any]) -> str:
 
 HASH_SLICE = 1 << 20
 """Characters of a body encoded at a time to be hashed."""
+
+
+LARGE_CONTENT = 1 << 20
+"""Characters of text content from which a message's body is made in pieces
+(``Message.body_pieces``): a long reply's text is encoded a slice at a time, and
+neither the body string, nor the JSON encoder's escaped copy of the text, nor its
+encoded bytes are ever built whole (a 50 MB reply is held once, as its text)."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def long_text(content: object) -> bool:
+    """Text content long enough to be encoded in slices (``LARGE_CONTENT``), holding no
+    lone surrogate (orjson refuses those; the plain encoder takes them)."""
+    return isinstance(content, str) and len(content) >= LARGE_CONTENT and (
+        content.isascii() or _SURROGATE.search(content) is None)
+
+
+def text_json(content: str) -> Iterator[bytes]:
+    """The JSON string of ``content`` as ``json.dumps(..., ensure_ascii=False)`` writes it,
+    UTF-8, a slice at a time (JSON escapes each code point by itself, so the slices'
+    escapes are the whole's)."""
+    yield b'"'
+    for at in range(0, len(content), HASH_SLICE):
+        yield orjson.dumps(content[at:at + HASH_SLICE])[1:-1]
+    yield b'"'
+
+
+def split_around(dumped: str, key: str = "content", colon: str = ":"
+                 ) -> tuple[bytes, bytes] | None:
+    """``dumped`` (JSON holding ``key`` with the value ``""`` once; ``colon`` as it was
+    dumped with) cut where that value goes: (before it, after it), UTF-8. None if the
+    mark is not there exactly once (a nested one as well: not sure which)."""
+    mark = f'"{key}"{colon}""'
+    at = dumped.find(mark)
+    if at < 0 or dumped.find(mark, at + 1) >= 0:
+        return None
+    cut = at + len(mark) - 2
+    return (dumped[:cut].encode("utf-8", "surrogatepass"),
+            dumped[cut + 2:].encode("utf-8", "surrogatepass"))
+
+
+def json_with_text(data: dict[str, Any], dump: Callable[[dict[str, Any]], str],
+                   colon: str = ":") -> Iterator[bytes] | None:
+    """``dump(data)`` as UTF-8 slices, its long text ``content`` encoded a slice at a time
+    (``text_json``); None when ``data`` holds no such content (dump it whole)."""
+    content = data.get("content")
+    if not long_text(content):
+        return None
+    around = split_around(dump({**data, "content": ""}), colon=colon)
+    if around is None:
+        return None
+    assert isinstance(content, str)
+    return _around(around, content)
+
+
+def _around(around: tuple[bytes, bytes], content: str) -> Iterator[bytes]:
+    yield around[0]
+    yield from text_json(content)
+    yield around[1]
+
+
+def canonical_pieces(data: dict[str, Any]) -> Iterator[bytes]:
+    """``canonical_json(data)`` as UTF-8 bytes, in slices (``json_with_text``)."""
+    pieces = json_with_text(data, canonical_json)
+    return pieces if pieces is not None else \
+        iter([canonical_json(data).encode("utf-8", "surrogatepass")])
+
+
+def chain_hash_pieces(prev_hash: str | None, pieces: Iterable[bytes]) -> str:
+    """``chain_hash`` of the body whose UTF-8 bytes are ``pieces`` joined."""
+    h = hashlib.sha256()
+    h.update((prev_hash or "").encode())
+    for piece in pieces:
+        h.update(piece)
+    return h.hexdigest()
 
 
 def chain_hash(prev_hash: str | None, body: str) -> str:
@@ -513,6 +591,13 @@ class Message(_Record):
         return canonical_json({k: v for k, v in self._values()
                                if k != "hash" and not (v is None and k in _OPTIONAL)})
 
+    def body_pieces(self) -> Iterator[bytes]:
+        """``body()`` as UTF-8 bytes, in pieces made as they are read: for a long text
+        content (``long_text``) the head, the text's JSON a slice at a time and the tail,
+        so the whole body is never built (a 50 MB reply is held once, as its text)."""
+        return canonical_pieces({k: v for k, v in self._values()
+                                 if k != "hash" and not (v is None and k in _OPTIONAL)})
+
     def stored(self) -> dict[str, Any]:
         """The message as documents store it: the hashed body plus ``hash``, in the
         table's order."""
@@ -524,6 +609,8 @@ class Message(_Record):
             any(getattr(self, f) is not None for f in OPTIONAL_FIELDS)
 
     def expected_hash(self, prev_hash: str | None) -> str:
+        if long_text(self.content):
+            return chain_hash_pieces(prev_hash, self.body_pieces())
         return chain_hash(prev_hash, self.body())
 
     @classmethod

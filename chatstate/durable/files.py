@@ -14,7 +14,7 @@ import fcntl
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -74,11 +74,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+Data = bytes | Iterable[bytes]
+"""What a write takes: bytes, or pieces of them written one after another, as they are
+made (a long reply's record is never joined into one more copy to be written)."""
+
+
+def pieces_of(data: Data) -> Iterable[bytes]:
+    return [data] if isinstance(data, bytes) else data
+
+
+def size_of(data: bytes | Sequence[bytes]) -> int:
+    return sum(len(piece) for piece in pieces_of(data))
+
+
+def write_all(fd: int, data: Data) -> None:
+    for piece in pieces_of(data):
+        view = memoryview(piece)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
 
 
 def temp_name(target: Path) -> Path:
@@ -99,7 +113,7 @@ def temp_target(name: str) -> str | None:
     return match.group("target") if match else None
 
 
-def atomic_write(target: Path, data: bytes) -> None:
+def atomic_write(target: Path, data: Data) -> None:
     """Replace ``target`` with ``data``, durably: temp, write, fsync, rename, fsync the directory.
 
     Returns only when both the file and the directory entry are on stable storage.

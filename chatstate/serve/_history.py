@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatstate.core.transcript import Conversation, Message, canonical_json
+from chatstate.core.transcript import Conversation, Message, canonical_pieces
 from chatstate.serve._request_record import key_of
 
 # Message fields that a later request needs; the rest of a wire message goes to ``extra``.
@@ -72,8 +72,10 @@ def visible(conv: Conversation) -> list[Message]:
 
 
 def _step(digest: str, message: Mapping[str, Any]) -> str:
-    return hashlib.sha256((digest + canonical_json(dict(message))).encode("utf-8",
-                                                                    "surrogatepass")).hexdigest()
+    h = hashlib.sha256(digest.encode())
+    for piece in canonical_pieces(dict(message)):  # a long reply is not copied whole again
+        h.update(piece)
+    return h.hexdigest()
 
 
 def history_digest(forms: Sequence[Mapping[str, Any]]) -> str:

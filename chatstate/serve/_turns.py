@@ -305,7 +305,8 @@ class Writer:
         return forked_from
 
     def save_partial(self, turn: Turn, text: str, model: str | None) -> None:
-        turn.writer.save_partial(turn.turn_id, text, model)
+        # not kept in memory: the relay holds the text, once
+        turn.writer.save_partial(turn.turn_id, text, model, keep=False)
 
     def commit(self, turn: Turn, reply: Mapping[str, Any]) -> Message:
         """Append the complete reply (``Message.seal`` keywords; ``params["response"]``:

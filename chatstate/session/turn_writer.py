@@ -209,11 +209,14 @@ class TurnWriter:
 
     # -- the reply -----------------------------------------------------------------
     def save_partial(self, turn_id: str, text: str, model: str | None, *,
-                     quiet: bool = False) -> Message | None:
+                     quiet: bool = False, keep: bool = True) -> Message | None:
         """Write the reply so far as the conversation's partial reply.
 
         ``quiet``: keeping what arrived when the turn ends early; a failure is logged,
         not raised (the turn's own error goes on), and a lost lease writes nothing.
+        ``keep=False``: the partial is not kept in ``conversation.partial`` (the store
+        has it; the caller holds the text): a caller whose reply grows long (``serve``)
+        then holds no older copy of it beside the one it extends.
         """
         if quiet and self.lost is not None:
             return None
@@ -228,7 +231,7 @@ class TurnWriter:
             log.warning("%s: could not keep the interrupted reply (%d chars at seq %d) as a "
                         "partial: %s", self.id, len(text), partial.seq, exc)
             return None
-        self.conversation.partial = partial
+        self.conversation.partial = partial if keep else None
         self._kept = (f"Of its reply, {len(text)} characters were kept as the partial reply "
                       f"at seq {partial.seq}.")
         return partial

@@ -86,6 +86,9 @@ class RelationalStore(ABC):
     dialect: ClassVar[Dialect]
     check_errors: ClassVar[tuple[type[BaseException], ...]] = (ChatstateError,)
     """What ``check()`` reports rather than raises."""
+    writes_pieces: ClassVar[bool] = False
+    """The store writes a long reply's body in pieces (``PreparedBatch``'s ``pieces``,
+    ``Message.body_pieces``; sqlite's incremental blob writes), not bound whole."""
 
     _seen: dict[str, tuple[int, int, str | None]]
     """Per conversation: (version, count, last hash) when its chain last verified (each
@@ -124,6 +127,18 @@ class RelationalStore(ABC):
     def _load_snapshot(self) -> AbstractContextManager[Any]:
         """The snapshot a load reads its rows in (the store may read it otherwise)."""
         return self._snapshot("read")
+
+    def _insert_prepared(self, db: Any, cid: str, prepared: PreparedBatch,
+                         already: int) -> None:
+        """Insert the rows of ``prepared`` from position ``already`` (a store that
+        ``writes_pieces`` takes the long bodies in ``prepared.pieces`` itself)."""
+        self._insert_messages(db, cid, prepared.messages[already:], prepared.bodies[already:])
+
+    def _put_partial(self, db: Any, cid: str, partial: Message) -> None:
+        """Write ``partial`` as the conversation's one partial row."""
+        self._q(db, "INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, ?) "
+                "ON CONFLICT (conversation_id) DO UPDATE SET seq=excluded.seq, "
+                "body=excluded.body", (cid, partial.seq, partial.body()))
 
     def _version(self, db: Any) -> int:
         """A number that changes when another connection commits (0: not known)."""
@@ -280,7 +295,7 @@ class RelationalStore(ABC):
         message rows commit together or not at all (on sqlite, in the group commit of
         the writers queued with it)."""
         cid = validate_id(conversation.id)
-        prepared = PreparedBatch(messages) if messages else None  # before the lock
+        prepared = PreparedBatch(messages, pieces=self.writes_pieces) if messages else None
         with self._write("start a conversation in") as db:
             holder = self._lease_in(db, lease)
             if holder is not None:
@@ -292,7 +307,8 @@ class RelationalStore(ABC):
 
     def append(self, conversation_id: str, messages: Sequence[Message], *,
                fence: str | None = None) -> None:
-        prepared = PreparedBatch(messages)  # before the lock: CPU in proportion to the batch
+        # before the lock: CPU in proportion to the batch
+        prepared = PreparedBatch(messages, pieces=self.writes_pieces)
         with self._write("append to") as db:
             self._append_in(db, conversation_id, prepared, fence)
 
@@ -319,7 +335,7 @@ class RelationalStore(ABC):
         if row is not None:
             held = self._partial_message(cid, row, hash_at(row[0] - 1) if row[0] else None)
             check_partial_commit(where, fresh, held)
-        self._insert_messages(db, cid, fresh, prepared.bodies[already:])
+        self._insert_prepared(db, cid, prepared, already)
         self._q(db, "UPDATE conversations SET message_count=?, last_hash=?, updated_at=? "
                 "WHERE id=?", (fresh[-1].seq + 1, fresh[-1].hash, now_iso(), cid))
         self._seen[cid] = (self._version(db), fresh[-1].seq + 1, fresh[-1].hash)
@@ -354,9 +370,7 @@ class RelationalStore(ABC):
                 raise ConflictError(f"{self._where(cid)}: partial reply for seq {partial.seq}, "
                                     f"but the next seq is {count}",
                                     expected_seq=partial.seq - 1, actual_seq=count - 1)
-            self._q(db, "INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, ?) "
-                    "ON CONFLICT (conversation_id) DO UPDATE SET seq=excluded.seq, "
-                    "body=excluded.body", (cid, partial.seq, partial.body()))
+            self._put_partial(db, cid, partial)
 
     def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
         cid = validate_id(conversation_id)

@@ -22,6 +22,8 @@ from chatstate.core.transcript import (
     ConversationSummary,
     Message,
     chain_hash,
+    chain_hash_pieces,
+    long_text,
     verify_chain,
 )
 from chatstate.durable.guard import Report
@@ -411,22 +413,38 @@ class PreparedBatch:
     """A batch to append, its bodies encoded and its own chain checked once, before a
     store takes its write lock: that work is in proportion to the batch (seconds for
     200,000 messages) and must not hold other writers back. Only the link of the
-    first message to what is stored is left to check under the lock."""
+    first message to what is stored is left to check under the lock.
 
-    def __init__(self, messages: Sequence[Message]) -> None:
+    ``pieces``: a store that writes a long reply's body in pieces (sqlite) gets no body
+    string for it: its position is in ``pieces`` and its ``bodies`` entry is empty
+    (the store writes ``Message.body_pieces``)."""
+
+    def __init__(self, messages: Sequence[Message], *, pieces: bool = False) -> None:
         self.messages = list(messages)
-        self.bodies = [m.body() for m in self.messages]
+        self.pieces: set[int] = set()
+        self.bodies: list[str] = []
+        for i, m in enumerate(self.messages):
+            if pieces and long_text(m.content):
+                self.pieces.add(i)
+                self.bodies.append("")
+            else:
+                self.bodies.append(m.body())
         self.tail_break: int | None = None  # first position past the first that breaks
         for i in range(1, len(self.messages)):
             m, before = self.messages[i], self.messages[i - 1]
-            if m.seq != before.seq + 1 or m.hash != chain_hash(before.hash, self.bodies[i]):
+            if m.seq != before.seq + 1 or m.hash != self._hash(i, before.hash):
                 self.tail_break = before.seq + 1
                 break
+
+    def _hash(self, i: int, prev_hash: str | None) -> str:
+        if i in self.pieces:
+            return chain_hash_pieces(prev_hash, self.messages[i].body_pieces())
+        return chain_hash(prev_hash, self.bodies[i])
 
     def first_break(self, prev_hash: str | None, first: int) -> int | None:
         """Like ``verify_chain(messages, prev_hash, first)``, from the prepared bodies."""
         head = self.messages[0]
-        if head.seq != first or head.hash != chain_hash(prev_hash, self.bodies[0]):
+        if head.seq != first or head.hash != self._hash(0, prev_hash):
             return first
         return self.tail_break
 

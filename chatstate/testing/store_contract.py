@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 import pytest
 
 from chatstate.core.content import image, inliner, store_parts, text
-from chatstate.core.transcript import Conversation, Message, Role
+from chatstate.core.transcript import LARGE_CONTENT, Conversation, Message, Role
 from chatstate.errors import (
     ChatstateError,
     ConflictError,
@@ -427,6 +427,34 @@ class PartialCases(StoreCase):
         nxt = partial_after(reply, "next")
         store.save_partial("c1", nxt)  # the next partial is independent of the cleared one
         assert store.load("c1").partial == nxt
+
+    def test_a_long_reply_round_trips(self, store_url: str) -> None:
+        """A reply past ``LARGE_CONTENT`` (which some stores write in pieces), with text
+        JSON escapes and non-ASCII, is the same Message as partial, replaced, appended,
+        kept as partial in the chain, and after a reopen; a short partial after it too."""
+        store = self.open(store_url)
+        msgs = new_conversation(store, "c1", 1)
+        unit = 'ab"c\\d\n\x01\u00e9\u263a\U0001f600 '
+        long = unit * (LARGE_CONTENT // len(unit) + 7)
+        for cut in (len(long) // 2, len(long)):
+            partial = partial_after(msgs[-1], long[:cut])
+            store.save_partial("c1", partial)
+            assert store.load("c1").partial == partial
+        kept = partial_after(msgs[-1], long + "!")
+        store.save_partial("c1", kept)
+        store.append("c1", [kept])  # a cut-off reply kept in the chain, as partial
+        reply = Message.seal(kept, role="assistant", content=long + "?", turn_id="t-l",
+                             usage={"prompt_tokens": 1, "completion_tokens": 2})
+        store.save_partial("c1", partial_after(kept, long[:100]))
+        store.append("c1", [reply])
+        store.close()
+        store = self.open(store_url)
+        conv = store.load("c1")
+        assert conv.messages == [*msgs, kept, reply] and conv.partial is None
+        short = partial_after(reply, "short")
+        store.save_partial("c1", short)
+        assert store.load("c1").partial == short
+        store.close()
 
 
 class CrashCases(StoreCase):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Any
 
@@ -24,8 +24,12 @@ from chatstate.core.transcript import (
     Conversation,
     Message,
     check_schema,
+    json_with_text,
+    long_text,
     parse_message,
     schema_for,
+    split_around,
+    text_json,
 )
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores._fastload import (
@@ -41,16 +45,65 @@ HEADER_KEYS = ("id", "title", "created_at", "updated_at", "metadata")
 
 
 def message_line(msg: Message) -> str:
-    return json.dumps(msg.stored(), ensure_ascii=False, separators=(",", ":"))
+    return _dump_line(msg.stored())
 
 
-def encode(header: dict[str, Any], lines: list[str], schema: int = 1) -> bytes:
-    """``schema``: ``schema_for`` the messages (2 once any holds a 0.2 field)."""
+def _dump_line(data: dict[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+class LongLine:
+    """The line of a message with a long text content (``line_of``): made again, a slice
+    at a time, whenever it is written, so its text is held once, by its message."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+    def pieces(self) -> Iterator[bytes]:
+        pieces = json_with_text(self.message.stored(), _dump_line)
+        if pieces is None:
+            yield message_line(self.message).encode()
+            return
+        yield from pieces
+
+
+Line = str | LongLine
+"""A message's line as the store keeps it: the text, or a ``LongLine``."""
+
+
+def line_of(msg: Message) -> Line:
+    """``message_line``, or for a long text content (``long_text``) its ``LongLine``."""
+    return LongLine(msg) if long_text(msg.content) else message_line(msg)
+
+
+def joined(lines: Iterable[Line], sep: bytes) -> Iterator[bytes]:
+    """The lines, UTF-8, ``sep`` between them: short ones joined, long ones in slices."""
+    run: list[str] = []
+    for i, line in enumerate(lines):
+        if i:
+            run.append(sep.decode())
+        if isinstance(line, str):
+            run.append(line)
+            continue
+        if run:
+            yield "".join(run).encode()
+            run = []
+        yield from line.pieces()
+    if run:
+        yield "".join(run).encode()
+
+
+def encode(header: dict[str, Any], lines: list[Line], schema: int = 1) -> Iterator[bytes]:
+    """The document, in pieces made as they are written (``joined``). ``schema``:
+    ``schema_for`` the messages (2 once any holds a 0.2 field)."""
     head = {"schema": schema, **{k: header[k] for k in HEADER_KEYS},
             "message_count": len(lines)}
     first = json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]
-    body = ",\n".join(lines)
-    return (first + ',"messages":[\n' + body + ("\n" if lines else "") + "]}\n").encode()
+    yield (first + ',"messages":[\n').encode()
+    yield from joined(lines, b",\n")
+    yield b"\n]}\n" if lines else b"]}\n"
 
 
 def decode(raw: bytes, where: str) -> tuple[dict[str, Any], list[Message]]:
@@ -282,7 +335,7 @@ def _strict_parse(raw: bytes, where: str) -> Any:
             "it may be truncated. The file was left as it is.", where=where) from exc
 
 
-def stored_lines(raw: bytes, count: int) -> list[str] | None:
+def stored_lines(raw: bytes, count: int) -> list[Line] | None:
     """The message lines of a file in the layout ``encode`` writes, as they are on disk
     (what ``message_line`` would write again); None if the file is laid out otherwise."""
     lines = raw.decode("utf-8").split("\n")
@@ -292,7 +345,9 @@ def stored_lines(raw: bytes, count: int) -> list[str] | None:
     body = lines[1:count + 1]
     if not all(line.endswith(",") for line in body[:-1]) or body[-1].endswith(","):
         return None
-    return [line[:-1] for line in body[:-1]] + [body[-1]]
+    found: list[Line] = [line[:-1] for line in body[:-1]]
+    found.append(body[-1])
+    return found
 
 
 class Lines:
@@ -301,13 +356,13 @@ class Lines:
 
     __slots__ = ("_in_doc", "_lines", "_messages", "_raw")
 
-    def __init__(self, lines: list[str] | None = None, *, raw: bytes = b"", in_doc: int = 0,
+    def __init__(self, lines: list[Line] | None = None, *, raw: bytes = b"", in_doc: int = 0,
                  messages: Sequence[Message] = ()) -> None:
         self._lines = lines
         self._raw, self._in_doc = raw, in_doc  # the document part of the file, its count
         self._messages = list(messages)  # document and records, as verified
 
-    def get(self) -> list[str]:
+    def get(self) -> list[Line]:
         """The lines (a list the caller may extend: the snapshot grows with it)."""
         if self._lines is None:
             in_doc, messages = self._in_doc, self._messages
@@ -351,10 +406,24 @@ def _partial_record(record: bytes, where: str) -> Message:
                                      "is", where=where) from exc
 
 
-def encode_partial(conversation_id: str, msg: Message) -> bytes:
-    """One line of the sidecar (see decode_partial)."""
-    return json.dumps({"schema": schema_for([msg]), "conversation": conversation_id,
-                       "message": msg.stored()}, ensure_ascii=False).encode() + b"\n"
+def encode_partial(conversation_id: str, msg: Message) -> Iterable[bytes]:
+    """One line of the sidecar (see decode_partial), as UTF-8 pieces: for a long text
+    content (``long_text``) made a slice at a time as it is written."""
+    stored = msg.stored()
+    record = {"schema": schema_for([msg]), "conversation": conversation_id, "message": stored}
+    if long_text(msg.content):
+        stored["content"] = ""
+        around = split_around(json.dumps(record, ensure_ascii=False), colon=": ")
+        if around is not None:
+            return _partial_pieces(around, msg.content)
+        stored["content"] = msg.content
+    return [json.dumps(record, ensure_ascii=False).encode() + b"\n"]
+
+
+def _partial_pieces(around: tuple[bytes, bytes], content: Any) -> Iterator[bytes]:
+    yield around[0]
+    yield from text_json(content)
+    yield around[1] + b"\n"
 
 
 def to_conversation(header: dict[str, Any], messages: list[Message],

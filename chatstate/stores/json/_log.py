@@ -32,7 +32,7 @@ conversation that is not being written to is readable by older versions too.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,16 +45,18 @@ from chatstate.stores._fastload import canonical, validate_items
 DOC_END = b"\n]}\n"
 
 
-def encode_record(at: str, lines: list[str], schema: int) -> bytes:
-    """One log record holding the ``message_line`` of each message of one append."""
+def encode_record(at: str, body: Iterable[bytes], schema: int) -> Iterator[bytes]:
+    """One log record holding ``body`` (the lines of the messages of one append, comma
+    separated: ``_doc.joined``), in pieces made as they are written: a long message's
+    line is never built whole, and the checksum is taken on the way."""
     head = f'{{"schema":{schema},"at":{orjson.dumps(at).decode()},"messages":['.encode()
-    # in pieces, joined once: a long message's line is not copied whole again and again
-    parts = [head, ",".join(lines).encode(), b"]}"]
-    crc = 0
-    for part in parts:
+    crc = zlib.crc32(head)
+    yield head
+    for part in body:
         crc = zlib.crc32(part, crc)
-    parts.append(b"\t%08x\n" % crc)
-    return b"".join(parts)
+        yield part
+    crc = zlib.crc32(b"]}", crc)
+    yield b"]}\t%08x\n" % crc
 
 
 def split(raw: bytes) -> tuple[bytes, bytes] | None:

@@ -6,7 +6,7 @@ import os
 from contextlib import suppress
 from pathlib import Path
 
-from chatstate.durable.files import os_error, write_all
+from chatstate.durable.files import Data, os_error, write_all
 from chatstate.stores.json._log import DOC_END, last_record
 
 UNKNOWN = ("The record may be in place but is not known to be on stable storage: it may be "
@@ -17,7 +17,7 @@ TAIL = 64 * 1024
 SCHEMA_AT = len(b'{"schema":')  # the document's one-digit schema version, at this offset
 
 
-def append_record(path: Path, record: bytes, key: tuple[int, int, int],
+def append_record(path: Path, record: Data, key: tuple[int, int, int],
                   schema: int = 1) -> os.stat_result:
     """Write ``record`` at the end of ``path`` and fsync it: the append's one fsync.
 

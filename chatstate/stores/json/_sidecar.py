@@ -13,10 +13,11 @@ again, so the previous record stays the last line), and when it grows past
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from chatstate.durable.files import os_error, write_all
+from chatstate.durable.files import os_error, size_of, write_all
 
 Key = tuple[int, int, int]
 
@@ -30,22 +31,42 @@ class SidecarLog:
 
     def __init__(self) -> None:
         self._known: dict[Path, Key] = {}
+        self._seqs: dict[Path, int] = {}  # the seq of the last record this process wrote
 
-    def wrote(self, path: Path) -> None:
-        """Record the state of a sidecar this process has just rewritten atomically."""
+    def wrote(self, path: Path, seq: int | None = None) -> None:
+        """Record the state of a sidecar this process has just rewritten atomically
+        (``seq``: the partial reply's)."""
+        self._seqs.pop(path, None)
         try:
             self._known[path] = _key(os.stat(path))
         except OSError:
             self._known.pop(path, None)
+        else:
+            if seq is not None:
+                self._seqs[path] = seq
 
-    def append(self, path: Path, record: bytes) -> bool:
+    def seq_of(self, path: Path) -> int | None:
+        """The seq of the partial in ``path`` when its last record is the one this
+        process wrote and nobody touched the file since (so it need not be read back
+        to be known); else None."""
+        seq = self._seqs.get(path)
+        if seq is None:
+            return None
+        try:
+            return seq if self._known.get(path) == _key(os.stat(path)) else None
+        except OSError:
+            return None
+
+    def append(self, path: Path, record: bytes | Sequence[bytes], seq: int | None = None
+               ) -> bool:
         """Append ``record`` durably; False (nothing written) when it must be rewritten."""
+        self._seqs.pop(path, None)
         known = self._known.pop(path, None)
         try:
             st = os.stat(path)
         except OSError:
             return False
-        if known != _key(st) or st.st_size + len(record) > self.limit:
+        if known != _key(st) or st.st_size + size_of(record) > self.limit:
             return False
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -55,6 +76,8 @@ class SidecarLog:
             write_all(fd, record)
             os.fsync(fd)
             self._known[path] = _key(os.fstat(fd))
+            if seq is not None:
+                self._seqs[path] = seq
         except OSError as exc:
             # Not acknowledged: cut the record off again so the previous one stays the
             # last line; should that fail too, the next flush rewrites the file whole.

@@ -276,7 +276,7 @@ class JsonStore(JsonLease, JsonBlobs):
         return out[:limit] if limit is not None else out
 
     # -- writes ----------------------------------------------------------------------
-    def _write(self, cid: str, header: dict[str, Any], lines: list[str],
+    def _write(self, cid: str, header: dict[str, Any], lines: list[doc.Line],
                messages: list[Message]) -> None:
         path = self._file(cid)
         atomic_write(path, doc.encode(header, lines, schema_for(messages)))
@@ -327,7 +327,7 @@ class JsonStore(JsonLease, JsonBlobs):
                 header["updated_at"] = now_iso()
             atomic_write(lease_path, json.dumps(lease_record(lease)).encode())
             try:
-                self._write(cid, header, [doc.message_line(m) for m in messages],
+                self._write(cid, header, [doc.line_of(m) for m in messages],
                             list(messages))
             except BaseException:
                 with suppress(ChatstateError):  # else it lapses by itself
@@ -348,11 +348,18 @@ class JsonStore(JsonLease, JsonBlobs):
             fresh = list(messages[already:])
             refuse_unheld_blobs(where, fresh, self._blob_size)
             partial_path = self._partial(cid)
-            raw = read_bytes(partial_path) if messages else None
-            partial = doc.decode_partial(raw, str(partial_path)) if raw is not None else None
-            check_partial_commit(where, fresh, partial)
-            covered = partial is not None and partial.seq <= messages[-1].seq
-            del raw, partial  # a long partial reply is not held while the append is written
+            known = self._sidecar.seq_of(partial_path)
+            if known is not None and fresh and fresh[0].status != "partial":
+                # the partial this process wrote, untouched since: its seq is known without
+                # reading a long reply back while another copy of it is being appended
+                covered = known <= messages[-1].seq
+            else:
+                raw = read_bytes(partial_path) if messages else None
+                partial = doc.decode_partial(raw, str(partial_path)) if raw is not None \
+                    else None
+                check_partial_commit(where, fresh, partial)
+                covered = partial is not None and partial.seq <= messages[-1].seq
+                del raw, partial  # a long partial reply is not held while the append is written
             if fresh:
                 if records is not None and records.torn:
                     self._compact(cid, snap)
@@ -371,9 +378,9 @@ class JsonStore(JsonLease, JsonBlobs):
             raise os_error(PermissionError(errno.EACCES, "Permission denied"), "write in",
                            self.root)
         at = now_iso()
-        new_lines = [doc.message_line(m) for m in fresh]
+        new_lines = [doc.line_of(m) for m in fresh]  # a long reply's made as it is written
         schema = schema_for(fresh)
-        record = encode_record(at, new_lines, schema)
+        record = encode_record(at, doc.joined(new_lines, b","), schema)
         key = self._cache[cid][0]
         st = append_record(path, record, key, schema)
         self._logged.add(cid)
@@ -381,7 +388,7 @@ class JsonStore(JsonLease, JsonBlobs):
         grown = records if records is not None else Records()
         grown.messages.extend(fresh)
         grown.updated_at = at
-        grown.clean += len(record)
+        grown.clean += st.st_size - key[2]
         lines.get().extend(new_lines)
         stored.extend(fresh)
         snap = (dict(header, updated_at=at), lines, stored, grown)
@@ -403,7 +410,7 @@ class JsonStore(JsonLease, JsonBlobs):
                           stored[-1].hash if stored else None, expect, messages)
             if messages:
                 fresh = list(messages)
-                self._write(cid, header, [doc.message_line(m) for m in fresh], fresh)
+                self._write(cid, header, [doc.line_of(m) for m in fresh], fresh)
                 self._logged.discard(cid)
 
     def save_partial(self, conversation_id: str, partial: Message, *,
@@ -417,9 +424,12 @@ class JsonStore(JsonLease, JsonBlobs):
                                     f"{partial.seq}, but the next seq is {expected}",
                                     expected_seq=partial.seq - 1, actual_seq=expected - 1)
             record = doc.encode_partial(conversation_id, partial)
-            if not self._sidecar.append(self._partial(conversation_id), record):
-                atomic_write(self._partial(conversation_id), record)
-                self._sidecar.wrote(self._partial(conversation_id))
+            path = self._partial(conversation_id)
+            if not isinstance(record, list) or not self._sidecar.append(path, record,
+                                                                        partial.seq):
+                # a long reply's record, made as it is written, is past the log's limit
+                atomic_write(path, record)
+                self._sidecar.wrote(path, partial.seq)
 
     def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
         with locked(self._lock(conversation_id)):

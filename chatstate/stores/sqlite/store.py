@@ -20,17 +20,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from chatstate.core.transcript import Conversation, Message, now_iso, validate_id
+from chatstate.core.transcript import Conversation, Message, long_text, now_iso, validate_id
 from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
-from chatstate.stores.base import Location, local_path
+from chatstate.stores.base import Location, PreparedBatch, local_path
 from chatstate.stores.leases import Holder, Lease
 from chatstate.stores.sqlite._blobs import SqliteBlobs
 from chatstate.stores.sqlite._lease import SqliteLease
 
 LOAD_MMAP = 1 << 30
 """The most of the database file a load maps (SQLite caps it lower where it must)."""
+BLOB_SLICE = 1 << 20
+"""Bytes written into a blob at a time."""
 
 
 class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
@@ -38,6 +40,7 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
 
     partial_flush_interval = 0.0
     dialect = Dialect(mark="?", body="CAST(body AS BLOB)", no_limit=-1)
+    writes_pieces = hasattr(sqlite3.Connection, "blobopen")  # Python 3.11+
     check_errors = (ChatstateError, sqlite3.Error, OSError)
 
     def __init__(self, path: Path, url: str | None = None) -> None:
@@ -109,6 +112,54 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
             raise ConflictError(f"{self._where(cid)}: another writer took seq {fresh[0].seq}; "
                                 "reload and retry") from None
 
+    # -- long bodies, in pieces ---------------------------------------------------------
+    # sqlite3 copies a bound value (and SQLite copies it again into the row's record), and
+    # keeps the copy bound in its statement cache until the statement runs again: a 50 MB
+    # reply bound whole cost 150 MB more. A long body is written into the partial row in
+    # slices instead (a rowid table: incremental blob I/O), and a long message row is
+    # copied from there by SQLite itself, in the same transaction.
+    def _put_partial(self, db: sqlite3.Connection, cid: str, partial: Message) -> None:
+        if not (self.writes_pieces and long_text(partial.content)):
+            super()._put_partial(db, cid, partial)
+            return
+        self._blob_row(db, cid, partial)
+
+    def _blob_row(self, db: sqlite3.Connection, cid: str, msg: Message) -> None:
+        """The conversation's partial row at ``msg.seq`` holding ``msg``'s body (a blob),
+        made twice a slice at a time: once to size the blob, then into it."""
+        seq, size = msg.seq, sum(len(p) for p in msg.body_pieces())
+        db.execute("INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, "
+                   "zeroblob(?)) ON CONFLICT (conversation_id) DO UPDATE SET "
+                   "seq=excluded.seq, body=excluded.body", (cid, seq, size))
+        rowid = db.execute("SELECT rowid FROM partials WHERE conversation_id=?",
+                           (cid,)).fetchone()[0]
+        with db.blobopen("partials", "body", rowid) as blob:  # type: ignore[attr-defined]
+            for piece in msg.body_pieces():
+                view = memoryview(piece)
+                for at in range(0, len(view), BLOB_SLICE):
+                    blob.write(view[at:at + BLOB_SLICE])
+
+    def _insert_prepared(self, db: sqlite3.Connection, cid: str, prepared: PreparedBatch,
+                         already: int) -> None:
+        rest = range(already, len(prepared.messages))
+        plain = [i for i in rest if i not in prepared.pieces]
+        self._insert_messages(db, cid, [prepared.messages[i] for i in plain],
+                              [prepared.bodies[i] for i in plain])
+        for i in rest:
+            if i not in prepared.pieces:
+                continue
+            msg = prepared.messages[i]
+            # staged in the partial row, which this append deletes with its partial
+            self._blob_row(db, cid, msg)
+            try:
+                db.execute("INSERT INTO messages (conversation_id, seq, body, hash) SELECT "
+                           "conversation_id, seq, CAST(body AS TEXT), ? FROM partials WHERE "
+                           "conversation_id=?", (msg.hash, cid))
+            except sqlite3.IntegrityError:
+                raise ConflictError(f"{self._where(cid)}: another writer took seq {msg.seq}; "
+                                    "reload and retry") from None
+            db.execute("DELETE FROM partials WHERE conversation_id=?", (cid,))
+
     # -- search ----------------------------------------------------------------------
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
         """(conversation id, seq, content) of messages containing ``text``.
@@ -170,7 +221,8 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
             rows = db.execute("SELECT seq, body, hash FROM messages WHERE conversation_id=? "
                               "ORDER BY seq", (cid,)).fetchall()
-            partial = db.execute("SELECT seq, body FROM partials WHERE conversation_id=?",
+            partial = db.execute("SELECT seq, CAST(body AS TEXT) FROM partials WHERE "
+                                 "conversation_id=?",
                                  (cid,)).fetchone()
             dump = {"database": str(self.path), "conversation": list(head),
                     "messages": [list(r) for r in rows],
