@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -166,8 +165,8 @@ class Proxy:
         # Store calls wait on the disk and on the store's lock, not on the CPU: with the
         # default pool (CPUs + 4 threads) a burst of new conversations queued behind a
         # handful of them, and sqlite's group commit could only group that many writers.
-        asyncio.get_running_loop().set_default_executor(_started_pool(
-            self.config.worker_threads))
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
+            max_workers=self.config.worker_threads, thread_name_prefix="chatstate-serve"))
         # The store's summaries, in the background: serving starts at once, and only a
         # request that may continue a stored conversation without naming it waits.
         self.indexing = asyncio.ensure_future(asyncio.to_thread(self.index.start))
@@ -565,22 +564,6 @@ class Proxy:
     async def metrics_text(self, request: Request) -> Response:
         content, media_type = self.metrics.render()
         return Response(content, headers={"Content-Type": media_type})
-
-
-def _started_pool(threads: int) -> ThreadPoolExecutor:
-    """The worker threads, all started now: a pool starts a thread when a call finds none
-    idle, and the event loop waits for each to start (``Thread.start``), so a burst's
-    first requests would each start one, one after another, before their first write."""
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="chatstate-serve")
-    started = threading.Barrier(threads)
-
-    def start() -> None:
-        with contextlib.suppress(threading.BrokenBarrierError):
-            started.wait(timeout=30)  # each holds its thread until all are running
-
-    for _ in range(threads):
-        pool.submit(start)
-    return pool
 
 
 def _indexed(task: asyncio.Future[int]) -> None:
