@@ -168,14 +168,11 @@ class StreamRelay:
             held[0] += sum(len(event.raw) for event in events)
             queue.put_nowait(events)
 
-        splitter = EventSplitter()
-        if self._head:  # read already: the first batch, without a turn of the loop
-            first = splitter.feed(self._head)
-            held[0] += sum(len(event.raw) for event in first)
-            queue.put_nowait(first)
-
         async def read() -> None:
+            splitter = EventSplitter()
             try:
+                if self._head:
+                    await put(splitter.feed(self._head))
                 async for chunk in self._chunks:
                     events = splitter.feed(chunk)
                     if events:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -283,28 +284,6 @@ class Proxy:
                 target = None
         return Prepared(data, messages, cid, forward, rkey, target, encode_json(forward))
 
-    def _begin(self, request: Request, prepared: Prepared, space: str) -> Turn | Replay:
-        """The turn's first write (``Writer.begin``; blocking)."""
-        return self.writer.begin(prepared.cid, prepared.messages, namespace=space,
-                                 key=prepared.key, keyed=IDEMPOTENCY_HEADER in request.headers,
-                                 record=request_record(prepared.forward, None))
-
-    def _prepare_new(self, request: Request, body: bytes, wire: Wire, space: str
-                     ) -> tuple[Prepared | Refusal, Turn | Replay | Exception | None]:
-        """``_prepare``, and a request that continues no stored conversation (it has no
-        lock to wait for) begun at once, in the same hop: (prepared, the turn, or why it
-        could not begin, or None: it is to begin once its conversation's lock is held).
-        Under a burst of new conversations, each hop to a worker thread and back waits
-        behind every other request's, so one hop before the request goes upstream, not
-        two, brings its first chunk forward."""
-        prepared = self._prepare(request, body, wire, space)
-        if isinstance(prepared, Refusal) or prepared.target is not None:
-            return prepared, None
-        try:
-            return prepared, self._begin(request, prepared, space)
-        except Exception as exc:  # answered as a failed begin is, on the event loop
-            return prepared, exc
-
     async def _chat(self, request: Request, namespace: str, slot: list[bool],
                     wire: Wire = CHAT) -> Response:
         openai_error = wire.error  # every error of this turn in the API's shape
@@ -316,25 +295,24 @@ class Proxy:
             return body
         space: str = request.state.namespace  # the store's; ``namespace``: the label
         await self._indexed()
-        prepared, begun = await asyncio.to_thread(self._prepare_new, request, body, wire,
-                                                  space)
+        prepared = await asyncio.to_thread(self._prepare, request, body, wire, space)
         if isinstance(prepared, Refusal):
             return openai_error(prepared.status, prepared.message, param=prepared.param)
-        data = prepared.data
+        data, messages, cid, forward, rkey = (prepared.data, prepared.messages, prepared.cid,
+                                              prepared.forward, prepared.key)
         # Only turns of one stored conversation wait for each other (the lock key: the
-        # namespace and the conversation); a new conversation waits for nobody, and was
-        # begun in the same worker-thread hop as it was read. A client that left while
-        # waiting is not sent upstream.
+        # namespace and the conversation); a new conversation waits for nobody. A client
+        # that left while waiting is not sent upstream.
         target = prepared.target
         key = None if target is None else space + "\n" + target
-        if begun is None and not await self._hold(key, request):
+        if not await self._hold(key, request):
             return openai_error(499, "the client went away before the request was sent "
                                 "upstream", "client_closed")
         try:
-            turn = begun if begun is not None else await asyncio.to_thread(
-                self._begin, request, prepared, space)
-            if isinstance(turn, BaseException):
-                raise turn
+            turn = await asyncio.to_thread(functools.partial(
+                self.writer.begin, cid, messages, namespace=space, key=rkey,
+                keyed=IDEMPOTENCY_HEADER in request.headers,
+                record=request_record(forward, None)))
             if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
