@@ -11,7 +11,7 @@ one process). ``prometheus_client`` is imported when an app is made, never by
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -125,3 +125,16 @@ class TimedStore(ForwardingStore):
 def clock() -> float:
     return time.perf_counter()
 
+
+async def first_chunk_timed(events: AsyncIterator[bytes], started: float,
+                            histogram: Any) -> AsyncIterator[bytes]:
+    """``events``, observing the time from ``started`` to the first of them."""
+    try:
+        first = True
+        async for chunk in events:
+            if first:
+                histogram.observe(clock() - started)
+                first = False
+            yield chunk
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]

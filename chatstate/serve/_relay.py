@@ -1,16 +1,12 @@
 """Relaying a streamed reply: each piece is durable before the client sees it.
 
-The upstream's body is read by one task, each network read cut into the events it
-completes (``_sse``), into a queue. The relay takes every event that has arrived,
-parses each once (orjson) to fold it into the reply, saves the reply so far as the
-partial reply (one store write), and only then writes those events to the client;
-events that arrive while a write is in flight go into the next one (group commit). The final
+The upstream's events are read by one task into a queue. The relay takes every
+event that has arrived, saves the reply so far as the partial reply (one store
+write), and only then writes those events to the client; events that arrive
+while a write is in flight go into the next one (group commit). The final
 events are written after the reply is committed into the chain. So whatever a
 client received is a prefix of what the store holds, and a slow disk makes the
-client's stream move in larger steps, not fall behind. An event is written to the
-client as the upstream sent it, byte for byte, unless the proxy must change it (an
-error event redacted, a Responses event given what the spec requires, the name of an
-event of an API that does not name them dropped).
+client's stream move in larger steps, not fall behind.
 
 A stream that fails after it began (the upstream connection breaks, or its body
 ends with no finish_reason and no ``[DONE]``, or it sends an ``{"error": ...}``
@@ -50,14 +46,12 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from chatstate.adapter import AttemptFailed
 from chatstate.adapter.dialects.base import StreamDecoder
 from chatstate.adapter.dialects.chat_completions import StreamAccumulator
-from chatstate.serve._sse import Event, EventSplitter, sse_event
 from chatstate.serve._stream_events import StreamEvents
 from chatstate.serve._wires import stored_reply
 
@@ -82,20 +76,45 @@ write stays within a few times the reply, however fast the upstream and however 
 the machine."""
 
 
-def loads(data: bytes) -> Any:
-    """An event's JSON (orjson; Python's json for what orjson refuses and JSON
-    implementations take: integers beyond 64 bits, lone surrogates); ValueError if none."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data.decode("utf-8"))
+async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event (multi-line data joined, comments dropped)."""
+    data: list[str] = []
+    async for line in lines:
+        if line == "":
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)
 
 
-def dumps(value: Any) -> bytes:
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # an integer beyond 64 bits
-        return json.dumps(value).encode()
+async def sse_named(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str]]:
+    """(event name, data) of each server-sent event, for APIs that name their events."""
+    name: str | None = None
+    data: list[str] = []
+    async for line in lines:
+        if line == "":
+            if data:
+                yield name, "\n".join(data)
+            name, data = None, []
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield name, "\n".join(data)
+
+
+def _size(item: object) -> int:
+    """Bytes an event read from the upstream counts for, against the read-ahead."""
+    return len(item[1] if isinstance(item, tuple) else item)  # type: ignore[arg-type]
+
+
+def _event(name: str | None, data: str) -> bytes:
+    """One event as relayed."""
+    return ((f"event: {name}\n" if name else "") + f"data: {data}\n\n").encode()
 
 
 def chat_holds(chunk: object) -> bool:
@@ -109,7 +128,7 @@ def chat_holds(chunk: object) -> bool:
 class StreamRelay:
     """One streamed turn: upstream events in, durable events out."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], *,
+    def __init__(self, lines: AsyncIterator[str], *,
                  save_partial: Callable[[str, str | None], Any],
                  commit: Callable[[Mapping[str, Any]], Any],
                  fail: Callable[[int, str], Any], buffer: int = RELAY_BUFFER,
@@ -118,19 +137,14 @@ class StreamRelay:
                  holds: Callable[[object], bool] = chat_holds,
                  named: bool = False,
                  rewrite: Callable[[str | None, Any], Any] | None = None,
-                 failures: StreamEvents | None = None, head: bytes = b"",
-                 first: Callable[[], Any] | None = None) -> None:
-        """``chunks``: the upstream's body as read (``head``: what was read of it
-        already); ``decoder`` folds the events (chat completions' by default); ``named``: the API
+                 failures: StreamEvents | None = None) -> None:
+        """``decoder`` folds the events (chat completions' by default); ``named``: the API
         names its events (Responses, Anthropic), which are relayed with their names and
         end with the reply's finish instead of ``[DONE]``; ``holds``: an event that starts
         a tool call; ``rewrite``: the event as relayed (filling what a spec requires);
-        ``failures``: the API's error events, read and written (chat completions');
-        ``first``: called as the first bytes are handed to the client."""
+        ``failures``: the API's error events, read and written (chat completions')."""
         self._buffer = buffer
-        self._chunks = chunks
-        self._head = head
-        self._first = first
+        self._lines = lines
         self._save_partial = save_partial  # blocking store calls, run in a thread
         self._commit = commit
         self._fail = fail  # (status, detail): record why the turn has no complete reply
@@ -154,30 +168,22 @@ class StreamRelay:
         # Bounded: a client that reads slowly makes the reader wait, and so the upstream
         # (TCP backpressure), instead of the proxy buffering the whole reply. What counts
         # is every byte read and not yet handed to the client, queued or being written.
-        # One queued item is what one network read completed: a list of events.
         queue: asyncio.Queue[object] = asyncio.Queue()
         held = [0]  # bytes of events read and not yet handed to the client
         drained = asyncio.Event()
         full = asyncio.Event()  # the reader waits for room
 
-        async def put(events: list[Event]) -> None:
-            while held[0] >= self._read_ahead():
-                drained.clear()
-                full.set()  # a paced save need wait no longer: nothing more comes
-                await drained.wait()
-            held[0] += sum(len(event.raw) for event in events)
-            queue.put_nowait(events)
-
         async def read() -> None:
-            splitter = EventSplitter()
             try:
-                if self._head:
-                    await put(splitter.feed(self._head))
-                async for chunk in self._chunks:
-                    events = splitter.feed(chunk)
-                    if events:
-                        await put(events)
-                await put(splitter.end())
+                source: AsyncIterator[Any] = sse_named(self._lines) if self._named \
+                    else sse_data(self._lines)
+                async for data in source:
+                    while held[0] >= self._read_ahead():
+                        drained.clear()
+                        full.set()  # a paced save need wait no longer: nothing more comes
+                        await drained.wait()
+                    held[0] += _size(data)
+                    queue.put_nowait(data)
                 end: object = _END
             except Exception as exc:  # the upstream connection broke mid-stream
                 end = exc
@@ -202,16 +208,28 @@ class StreamRelay:
                 while not queue.empty():
                     batch.append(queue.get_nowait())
                 full.clear()
-                out: list[tuple[bytes, int]] = []  # (event as relayed, bytes read)
+                out: list[tuple[str | None, str, int]] = []  # (name, data, size read)
                 done = False
                 broke: Exception | None = None
                 for item in batch:
-                    if not isinstance(item, list):  # _END, or how the upstream broke
+                    if item is _END or isinstance(item, Exception):
                         ended = True
                         broke = item if isinstance(item, Exception) else None
                         break
-                    for event in item:
-                        done = self._take(event, out, handed) or done
+                    size = _size(item)
+                    name, data = item if isinstance(item, tuple) else (None, item)
+                    assert isinstance(data, str)
+                    if data.strip() == "[DONE]":
+                        done = True
+                    else:
+                        data = self._feed(name, data)
+                    if self.upstream_error is not None:  # an error event: the key stays out
+                        data = self._redact(data)
+                    if self.holding:
+                        self.held.append(_event(name, data))
+                        handed(size)
+                    else:
+                        out.append((name, data, size))
                 del batch, item  # the events live on in ``out`` only, until written
                 # a named API (Responses, Anthropic) ends with its reply's finish, no [DONE]
                 finished = (done or (((ended and broke is None) or self._named)
@@ -239,54 +257,24 @@ class StreamRelay:
                 while out:
                     piece, sizes = [], 0
                     while out and sizes < WRITE_PIECE:
-                        raw, size = out.pop()
-                        piece.append(raw)
+                        name, data, size = out.pop()
+                        piece.append(_event(name, data))
                         sizes += size
                     if not out and tail:
                         piece.append(tail)
                         tail = b""
-                    chunk = piece[0] if len(piece) == 1 else b"".join(piece)
+                    chunk = b"".join(piece)
                     del piece
-                    self._handing()
                     yield chunk
                     del chunk
                     handed(sizes)
                 if tail:
-                    self._handing()
                     yield tail
         except Exception as exc:
             self.broke = exc
             raise
         finally:
             reader.cancel()
-
-    def _handing(self) -> None:
-        if self._first is not None:
-            first, self._first = self._first, None
-            first()
-
-    def _take(self, event: Event, out: list[tuple[bytes, int]],
-              handed: Callable[[int], None]) -> bool:
-        """Fold one event into the reply and queue it as relayed (into ``out``, or held
-        back from a tool call's first event on); True if it is the ``[DONE]``."""
-        data, raw = event.data, event.raw
-        # an API that does not name its events is relayed without names, as it always was
-        name = event.name if self._named else None
-        if name is None and event.name is not None:
-            raw = sse_event(None, data)
-        done = data.strip() == b"[DONE]"
-        if not done:
-            rewritten = self._feed(event.name, data)
-            if rewritten is not None:
-                data, raw = rewritten, sse_event(name, rewritten)
-        if self.upstream_error is not None:  # an error event: the key stays out
-            raw = sse_event(name, self._redact(data.decode("utf-8", "replace")))
-        if self.holding:
-            self.held.append(raw)
-            handed(len(event.raw))
-        else:
-            out.append((raw, len(event.raw)))
-        return done
 
     def _read_ahead(self) -> int:
         """Bytes of events the reader may hold ahead of the client: ``RELAY_BUFFER`` while
@@ -318,19 +306,17 @@ class StreamRelay:
         message = self.upstream_error[1] if self.upstream_error is not None else self.failed
         return self._failures.closing(status, self._redact(message), self.acc.text)
 
-    def _feed(self, name: str | None, data: bytes) -> bytes | None:
+    def _feed(self, name: str | None, data: str) -> str:
         """Fold one event into the reply (holding events from a tool call's first on);
-        return its data as rewritten, or None: it is relayed as it came."""
+        return its data as relayed."""
         try:
-            chunk = loads(data)
+            chunk = json.loads(data)
         except ValueError:
-            log.warning("serve: relaying an upstream event that is not JSON: %.80s",
-                        data.decode("utf-8", "replace"))
-            return None
-        rewritten = None
+            log.warning("serve: relaying an upstream event that is not JSON: %.80s", data)
+            return data
         if self._rewrite is not None:
             chunk = self._rewrite(name, chunk)
-            rewritten = dumps(chunk)
+            data = json.dumps(chunk)
         error = self._failures.see(name, chunk)
         if error is not None and self.upstream_error is None:
             self.upstream_error = error[0], self._redact(error[1])
@@ -341,7 +327,7 @@ class StreamRelay:
             log.warning("serve: upstream stream: %s", exc)
         if self._holds(chunk):
             self.holding = True
-        return rewritten
+        return data
 
     async def save(self) -> None:
         text, self.grown = self.acc.text, False

@@ -51,7 +51,7 @@ from chatstate.serve._identity import (
 )
 from chatstate.serve._index import StoreIndex
 from chatstate.serve._limits import ConversationLocks, NamespaceLimits, namespace_of
-from chatstate.serve._metrics import CountRequests, Metrics, clock
+from chatstate.serve._metrics import CountRequests, Metrics, clock, first_chunk_timed
 from chatstate.serve._nolog import no_log_refusal
 from chatstate.serve._offload import (
     JSON,
@@ -444,17 +444,15 @@ class Proxy:
                                     outcome(resp.status_code, clock() - started, resp.headers))
             await end()
             return relayed
-        chunks, head, problem = await event_stream(
-            resp, self.config.api_key, bearer(request.headers.get("authorization", "")))
+        lines, problem = await event_stream(resp, self.config.api_key,
+                                            bearer(request.headers.get("authorization", "")))
         if problem is not None:  # an HTML page, JSON, nothing: not a stream to relay
             await asyncio.to_thread(self.writer.note_failure, turn, 502, problem)
             await end()
             return openai_error(502, problem, "upstream_error", headers=headers)
         writer = self.writer
-        started_at: float = request.state.started
         relay = StreamRelay(
-            chunks, head=head,
-            first=lambda: self.metrics.first_chunk.observe(clock() - started_at),
+            lines,
             save_partial=lambda text, model: writer.save_partial(turn, text, model),
             commit=lambda reply: self._committed(
                 turn, wire.settle(reply, forward), namespace,
@@ -482,7 +480,9 @@ class Proxy:
             finally:
                 await end()
 
-        return RelayResponse(relay.events(), cleanup,
+        events = first_chunk_timed(relay.events(), request.state.started,
+                                   self.metrics.first_chunk)
+        return RelayResponse(events, cleanup,
                              headers={**relayed_headers(resp.headers), **headers},
                              media_type="text/event-stream")
 

@@ -135,14 +135,14 @@ def test_deep_nesting_is_400_with_an_openai_shaped_error(tmp_path: Path,
 def test_the_relay_reads_the_upstream_no_faster_than_the_client_takes_it() -> None:
     pulled = 0
 
-    async def upstream() -> AsyncIterator[bytes]:
+    async def upstream() -> AsyncIterator[str]:
         nonlocal pulled
         for i in range(5000):
             chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]}
             for line in (f"data: {json.dumps(chunk)}", ""):
                 await asyncio.sleep(0)  # a network read
                 pulled += 1
-                yield f"{line}\n".encode()
+                yield line
 
     async def slow_client() -> int:
         relay = StreamRelay(upstream(), save_partial=lambda text, model: None,

@@ -221,16 +221,18 @@ def test_partial_saves_of_a_fast_long_stream_are_paced(tmp_path: Path) -> None:
         written.append(len(text))
         writer.save_partial(turn_id, text, model)
 
-    async def lines() -> AsyncIterator[bytes]:
+    async def lines() -> AsyncIterator[str]:
         for i in range(events):
             if i % 4 == 0:
                 await asyncio.sleep(0.001)  # a fast upstream: 4 events a millisecond
-            yield ("data: " + json.dumps({"model": "m", "choices": [
+            yield "data: " + json.dumps({"model": "m", "choices": [
                 {"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
-                + "\n\n").encode()
-        yield b'data: {"model": "m", "choices": [{"index": 0, "delta": {}, ' \
-              b'"finish_reason": "stop"}]}\n\n'
-        yield b"data: [DONE]\n\n"
+            yield ""
+        yield 'data: {"model": "m", "choices": [{"index": 0, "delta": {}, ' \
+              '"finish_reason": "stop"}]}'
+        yield ""
+        yield "data: [DONE]"
+        yield ""
 
     relay = StreamRelay(lines(), save_partial=save,
                         commit=lambda reply: writer.reply(turn_id, **reply),
