@@ -120,8 +120,7 @@ class Checker:
     def _unsealed(self, store: Store, ids: list[str]) -> list[tuple[str, str]]:
         """On an encrypted store: (cid, what) for each record of the conversations ``ids``
         not sealed by a key its mark names."""
-        from chatstate.stores._mark import marker
-        from chatstate.stores.sealed import SealedStore
+        from chatstate.stores.sealed import SealedStore, marker
 
         if not isinstance(store, SealedStore):
             return []

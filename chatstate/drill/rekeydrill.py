@@ -225,8 +225,8 @@ class Phase:
     def _state(self, new: bytes) -> str:
         """Where the rotation to ``new`` stands, by the store's mark: "not started" (the
         old key alone), "rotating" (both keys read) or "finished"."""
-        from chatstate.stores._mark import marker
         from chatstate.stores.codec import fingerprint_of
+        from chatstate.stores.sealed import marker
 
         raw = reopen(self.url, key=None)
         try:
@@ -257,9 +257,8 @@ class Phase:
     def _prove(self, old: bytes, new: bytes) -> None:
         """Nothing half-done: the mark names only ``new``, every record of the drill's
         conversations is sealed by it, and ``old`` is refused."""
-        from chatstate.stores._mark import marker
         from chatstate.stores.codec import fingerprint_of
-        from chatstate.stores.sealed import seal_opened
+        from chatstate.stores.sealed import marker, seal_opened
 
         new_fp = fingerprint_of(new)
         raw = reopen(self.url, key=None)

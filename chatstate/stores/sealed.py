@@ -56,7 +56,8 @@ from chatstate.errors import (
     Unsupported,
 )
 from chatstate.stores._fastload import stored_messages, validate_json_array
-from chatstate.stores._mark import MARKER_ID, marker
+from chatstate.stores._mark import MARKER_ID
+from chatstate.stores._mark import marker as marker  # the mark's reader, for the drill and tools
 from chatstate.stores.base import (
     LEASE_TERM,
     CollectsBlobs,

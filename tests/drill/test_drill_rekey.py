@@ -15,8 +15,8 @@ from support.sealed import KEY, keyless, open_raw
 from support.stores import new_conversation
 
 from chatstate.stores import open_store
-from chatstate.stores._mark import marker
 from chatstate.stores.codec import fingerprint_of, parse_key
+from chatstate.stores.sealed import marker
 
 pytestmark = pytest.mark.slow
 __all__ = ["moto_endpoint"]  # the fixture, re-exported so pytest finds it here

@@ -179,7 +179,7 @@ def _doctor_note(url: str) -> str:
 
 
 def _mark(url: str) -> dict[str, Any]:
-    from chatstate.stores._mark import marker
+    from chatstate.stores.sealed import marker
 
     raw = open_raw(url)
     try:
