@@ -134,6 +134,9 @@ def atomic_write(target: Path, data: Data) -> None:
     except OSError as exc:
         _discard(tmp)
         raise os_error(exc, "write", target) from exc
+    except BaseException:  # data that could not be made (a piece of unencodable text)
+        _discard(tmp)
+        raise
     try:
         fsync_dir(target.parent)
     except OSError as exc:

@@ -265,3 +265,25 @@ def test_unencodable_text_is_refused_and_nothing_written(local_store_url: str) -
     if local_store_url.startswith("json"):  # (before close: closing compacts the json log)
         assert snapshot(local_path(local_store_url)) == before
     store.close()
+
+
+@pytest.mark.parametrize("size", [20, 2_000_000])
+def test_unencodable_partial_is_refused_and_nothing_written(local_store_url: str,
+                                                              size: int) -> None:
+    # the json store writes a record in pieces: a piece that cannot be encoded, after
+    # others were written, must still leave the files as they were
+    store = open_store(local_store_url)
+    msgs = new_conversation(store, "c1", 2)
+    store.save_partial("c1", Message.seal(msgs[-1], role="assistant", content="kept",
+                                          turn_id="t", status="partial"))
+    before = snapshot(local_path(local_store_url))
+    lone = Message.seal(msgs[-1], role="assistant", content="x" * size + "\ud800",
+                        turn_id="t", status="partial")
+    with pytest.raises(ValueError):
+        store.save_partial("c1", lone)
+    conv = store.load("c1")
+    assert conv.messages == msgs
+    assert conv.partial is not None and conv.partial.content == "kept"
+    if local_store_url.startswith("json"):
+        assert snapshot(local_path(local_store_url)) == before
+    store.close()

@@ -47,6 +47,10 @@ def append_record(path: Path, record: Data, key: tuple[int, int, int],
             except OSError:
                 raise os_error(exc, "write", path, outcome=UNKNOWN) from exc
             raise os_error(exc, "write", path) from exc
+        except BaseException:  # a piece that could not be made (unencodable text): undo
+            with suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
     finally:
         with suppress(OSError):
             os.close(fd)

@@ -84,6 +84,10 @@ class SidecarLog:
             with suppress(OSError):
                 os.ftruncate(fd, st.st_size)
             raise os_error(exc, "write", path) from exc
+        except BaseException:  # a piece that could not be made (unencodable text): undo
+            with suppress(OSError):
+                os.ftruncate(fd, st.st_size)
+            raise
         finally:
             os.close(fd)
         return True
