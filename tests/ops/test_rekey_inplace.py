@@ -368,7 +368,9 @@ def test_rekey_in_place_with_blobs_killed_at_random_points_loses_nothing(
         assert set(_blob_keys(url).values()) == {fingerprint_of(OLD)}
         expected = _with_bytes(url, OLD)
         for kill in range(3):
-            if not _kill_at_random(_rekey(root, url), rng, lines=8):
+            # after 0 or 1 of its 6 conversations: three kills leave work for the next
+            # (with up to 7, a loaded machine's rekey often finished first: 2 of 9 struck)
+            if not _kill_at_random(_rekey(root, url), rng, lines=2):
                 break
             killed += 1
             assert _with_bytes(url, OLD) == expected, (seed, trial, kill)
