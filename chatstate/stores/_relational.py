@@ -70,6 +70,9 @@ class Dialect:
     """How a body column is selected: sqlite reads bytes, to name bad UTF-8 itself."""
     no_limit: int | None = None
     """The LIMIT that means none."""
+    message_body: str = ""
+    """How a messages row's body is selected, if not as ``body`` is (sqlite keeps long
+    bodies in a table of their own)."""
 
     def sql(self, query: str) -> str:
         return query if self.mark == "?" else query.replace("?", self.mark)
@@ -134,6 +137,10 @@ class RelationalStore(ABC):
         ``writes_pieces`` takes the long bodies in ``prepared.pieces`` itself)."""
         self._insert_messages(db, cid, prepared.messages[already:], prepared.bodies[already:])
 
+    def _delete_messages(self, db: Any, cid: str) -> None:
+        """Every message row of ``cid`` (``rewrite``)."""
+        self._q(db, "DELETE FROM messages WHERE conversation_id=?", (cid,))
+
     def _put_partial(self, db: Any, cid: str, partial: Message) -> None:
         """Write ``partial`` as the conversation's one partial row."""
         self._q(db, "INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, ?) "
@@ -162,7 +169,8 @@ class RelationalStore(ABC):
         return self._decoded(cid, head, self._rows(db, cid), self._version(db))
 
     def _rows(self, db: Any, cid: str) -> list[Any]:
-        rows = self._q(db, f"SELECT seq, {self.dialect.body}, hash FROM messages WHERE "
+        body = self.dialect.message_body or self.dialect.body
+        rows = self._q(db, f"SELECT seq, {body}, hash FROM messages WHERE "
                        "conversation_id=? ORDER BY seq", (cid,)).fetchall()
         if rows and isinstance(rows[0][1], str):  # a text column: decode_rows hashes bytes
             rows = [(seq, body.encode(), hash_) for seq, body, hash_ in rows]
@@ -237,7 +245,8 @@ class RelationalStore(ABC):
         cid = conversation_id
         with self._snapshot("read") as db:
             head = self._header(db, cid)
-            rows = self._q(db, f"SELECT seq, {self.dialect.body}, hash FROM messages WHERE "
+            body = self.dialect.message_body or self.dialect.body
+            rows = self._q(db, f"SELECT seq, {body}, hash FROM messages WHERE "
                            "conversation_id=? ORDER BY seq", (cid,)).fetchall()
             partial = self._partial_row(db, cid)
         if self.dialect.body == "body":  # a text column: the caller hashes bytes
@@ -354,7 +363,7 @@ class RelationalStore(ABC):
             check_rewrite(where, count, head[6], expect, messages)
             if not messages:
                 return
-            self._q(db, "DELETE FROM messages WHERE conversation_id=?", (cid,))
+            self._delete_messages(db, cid)
             self._insert_messages(db, cid, messages, [m.body() for m in messages])
             self._q(db, "UPDATE conversations SET last_hash=? WHERE id=?",
                     (messages[-1].hash, cid))

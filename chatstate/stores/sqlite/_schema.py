@@ -108,6 +108,25 @@ def m008_lease_stamps(db: sqlite3.Connection) -> None:
         db.execute(f"ALTER TABLE leases ADD COLUMN {column}")
 
 
+def m009_long_bodies(db: sqlite3.Connection) -> None:
+    # The body of a message past LARGE_CONTENT characters, written a slice at a time by
+    # incremental blob I/O, which needs a rowid table (messages is WITHOUT ROWID: a row
+    # bound whole there cost SQLite two copies of it, 100 MB for a 50 MB reply). Its
+    # messages row holds LONG_BODY in place of the body, and its hash as always.
+    db.execute("""CREATE TABLE long_bodies (
+        conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        UNIQUE (conversation_id, seq))""")
+
+
+LONG_BODY = "{}"
+"""What the messages row of a long message holds as its body (no message's body is that)."""
+MESSAGE_BODY = ("CAST(CASE WHEN body = '{}' THEN (SELECT l.body FROM long_bodies l WHERE "
+                "l.conversation_id = messages.conversation_id AND l.seq = messages.seq) "
+                "ELSE body END AS BLOB)")
+"""A messages row's body as stored, read from ``long_bodies`` for a long one (bytes)."""
+
 MIGRATIONS: History[sqlite3.Connection] = history(
     m001_initial, m002_search, m003_search_lazily, m004_blobs, m005_append_at_the_floor,
-    m006_leases, m007_blob_age, m008_lease_stamps)
+    m006_leases, m007_blob_age, m008_lease_stamps, m009_long_bodies)

@@ -28,6 +28,7 @@ from chatstate.stores.base import Location, PreparedBatch, local_path
 from chatstate.stores.leases import Holder, Lease
 from chatstate.stores.sqlite._blobs import SqliteBlobs
 from chatstate.stores.sqlite._lease import SqliteLease
+from chatstate.stores.sqlite._schema import LONG_BODY, MESSAGE_BODY
 
 LOAD_MMAP = 1 << 30
 """The most of the database file a load maps (SQLite caps it lower where it must)."""
@@ -35,11 +36,26 @@ BLOB_SLICE = 1 << 20
 """Bytes written into a blob at a time."""
 
 
+def _size(msg: Message) -> int:
+    """Bytes of ``msg``'s body, made a slice at a time (``Message.body_pieces``)."""
+    return sum(len(piece) for piece in msg.body_pieces())
+
+
+def _write_blob(db: sqlite3.Connection, table: str, rowid: int, msg: Message) -> None:
+    """``msg``'s body into the zeroblob ``body`` of row ``rowid`` of ``table``."""
+    with db.blobopen(table, "body", rowid) as blob:  # type: ignore[attr-defined]
+        for piece in msg.body_pieces():
+            view = memoryview(piece)
+            for at in range(0, len(view), BLOB_SLICE):
+                blob.write(view[at:at + BLOB_SLICE])
+
+
 class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
     """Conversations in one SQLite database file. See the module docstring."""
 
     partial_flush_interval = 0.0
-    dialect = Dialect(mark="?", body="CAST(body AS BLOB)", no_limit=-1)
+    dialect = Dialect(mark="?", body="CAST(body AS BLOB)", no_limit=-1,
+                      message_body=MESSAGE_BODY)
     writes_pieces = hasattr(sqlite3.Connection, "blobopen")  # Python 3.11+
     check_errors = (ChatstateError, sqlite3.Error, OSError)
 
@@ -115,50 +131,38 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
     # -- long bodies, in pieces ---------------------------------------------------------
     # sqlite3 copies a bound value (and SQLite copies it again into the row's record), and
     # keeps the copy bound in its statement cache until the statement runs again: a 50 MB
-    # reply bound whole cost 150 MB more. A long body is written into the partial row in
-    # slices instead (a rowid table: incremental blob I/O), and a long message row is
-    # copied from there by SQLite itself, in the same transaction.
+    # reply bound whole cost 150 MB more. A long body (``long_text``) is written a slice
+    # at a time into a zeroblob instead, by incremental blob I/O, which needs a rowid
+    # table: the partial row (partials), or its row of long_bodies for a message.
     def _put_partial(self, db: sqlite3.Connection, cid: str, partial: Message) -> None:
         if not (self.writes_pieces and long_text(partial.content)):
             super()._put_partial(db, cid, partial)
             return
-        self._blob_row(db, cid, partial)
-
-    def _blob_row(self, db: sqlite3.Connection, cid: str, msg: Message) -> None:
-        """The conversation's partial row at ``msg.seq`` holding ``msg``'s body (a blob),
-        made twice a slice at a time: once to size the blob, then into it."""
-        seq, size = msg.seq, sum(len(p) for p in msg.body_pieces())
         db.execute("INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, "
                    "zeroblob(?)) ON CONFLICT (conversation_id) DO UPDATE SET "
-                   "seq=excluded.seq, body=excluded.body", (cid, seq, size))
+                   "seq=excluded.seq, body=excluded.body", (cid, partial.seq, _size(partial)))
         rowid = db.execute("SELECT rowid FROM partials WHERE conversation_id=?",
                            (cid,)).fetchone()[0]
-        with db.blobopen("partials", "body", rowid) as blob:  # type: ignore[attr-defined]
-            for piece in msg.body_pieces():
-                view = memoryview(piece)
-                for at in range(0, len(view), BLOB_SLICE):
-                    blob.write(view[at:at + BLOB_SLICE])
+        _write_blob(db, "partials", rowid, partial)
 
     def _insert_prepared(self, db: sqlite3.Connection, cid: str, prepared: PreparedBatch,
                          already: int) -> None:
         rest = range(already, len(prepared.messages))
-        plain = [i for i in rest if i not in prepared.pieces]
-        self._insert_messages(db, cid, [prepared.messages[i] for i in plain],
-                              [prepared.bodies[i] for i in plain])
+        self._insert_messages(db, cid, [prepared.messages[i] for i in rest],
+                              [LONG_BODY if i in prepared.pieces else prepared.bodies[i]
+                               for i in rest])
         for i in rest:
-            if i not in prepared.pieces:
-                continue
-            msg = prepared.messages[i]
-            # staged in the partial row, which this append deletes with its partial
-            self._blob_row(db, cid, msg)
-            try:
-                db.execute("INSERT INTO messages (conversation_id, seq, body, hash) SELECT "
-                           "conversation_id, seq, CAST(body AS TEXT), ? FROM partials WHERE "
-                           "conversation_id=?", (msg.hash, cid))
-            except sqlite3.IntegrityError:
-                raise ConflictError(f"{self._where(cid)}: another writer took seq {msg.seq}; "
-                                    "reload and retry") from None
-            db.execute("DELETE FROM partials WHERE conversation_id=?", (cid,))
+            if i in prepared.pieces:
+                msg = prepared.messages[i]
+                rowid = db.execute("INSERT INTO long_bodies (conversation_id, seq, body) "
+                                   "VALUES (?, ?, zeroblob(?))",
+                                   (cid, msg.seq, _size(msg))).lastrowid
+                assert rowid is not None  # an INSERT into a rowid table
+                _write_blob(db, "long_bodies", rowid, msg)
+
+    def _delete_messages(self, db: sqlite3.Connection, cid: str) -> None:
+        super()._delete_messages(db, cid)
+        db.execute("DELETE FROM long_bodies WHERE conversation_id=?", (cid,))
 
     # -- search ----------------------------------------------------------------------
     def search(self, text: str, limit: int = 50) -> list[tuple[str, int, str]]:
@@ -177,8 +181,10 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         else:
             with self._reading() as db:
                 rows = db.execute(
-                    "SELECT conversation_id, seq, json_extract(body, '$.content') FROM messages "
-                    "WHERE instr(lower(json_extract(body, '$.content')), lower(?)) > 0 LIMIT ?",
+                    "SELECT conversation_id, seq, json_extract(CAST(" + MESSAGE_BODY +
+                    " AS TEXT), '$.content') FROM messages "
+                    "WHERE instr(lower(json_extract(CAST(" + MESSAGE_BODY + " AS TEXT), "
+                    "'$.content')), lower(?)) > 0 LIMIT ?",
                     (text, limit)).fetchall()
         return [(r[0], r[1], r[2]) for r in rows]
 
@@ -190,7 +196,8 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
                 "WHERE c.message_count > coalesce(p.indexed, 0)").fetchall()
             for cid, indexed in behind:
                 db.execute("INSERT INTO message_text (content, conversation_id, seq) "
-                           "SELECT json_extract(body, '$.content'), conversation_id, seq "
+                           "SELECT json_extract(CAST(" + MESSAGE_BODY + " AS TEXT), "
+                           "'$.content'), conversation_id, seq "
                            "FROM messages WHERE conversation_id=? AND seq>=?", (cid, indexed))
                 db.execute("INSERT OR REPLACE INTO search_progress VALUES (?, (SELECT "
                            "message_count FROM conversations WHERE id=?))", (cid, cid))
@@ -219,7 +226,8 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
             head = db.execute("SELECT * FROM conversations WHERE id=?", (cid,)).fetchone()
             if head is None:
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
-            rows = db.execute("SELECT seq, body, hash FROM messages WHERE conversation_id=? "
+            rows = db.execute("SELECT seq, CAST(" + MESSAGE_BODY + " AS TEXT), hash FROM "
+                              "messages WHERE conversation_id=? "
                               "ORDER BY seq", (cid,)).fetchall()
             partial = db.execute("SELECT seq, CAST(body AS TEXT) FROM partials WHERE "
                                  "conversation_id=?",
