@@ -16,13 +16,13 @@ from support.stores import DamageHooks
 
 from chatstate.errors import StoreUnavailable
 from chatstate.stores import open_store
-from chatstate.testing.store_contract import StoreContract
+from chatstate.testing.store_contract import RewriteCases, StoreContract
 
 __all__ = ["seaweed_endpoint", "seaweed_server"]  # the fixtures, so pytest finds them here
 
 
-class TestSeaweedFS(DamageHooks, StoreContract):
-    """The whole shipped contract on SeaweedFS."""
+class TestSeaweedFS(DamageHooks, RewriteCases, StoreContract):
+    """The whole shipped contract on SeaweedFS, and the in-place rewrite (``rekey``)."""
 
     @pytest.fixture
     def store_url(self, seaweed_endpoint: str) -> str:

@@ -47,11 +47,10 @@ class TestBuiltinStores(DamageHooks, StoreContract):
 
 
 class TestRewritingStores(RewriteCases):
-    """The optional in-place rewrite (``Rewrites``, what ``rekey`` needs) on the built-in
-    stores that have it: json, sqlite and postgresql (s3 has no atomic rewrite yet:
-    rekey in place refuses it, tests/ops/test_rekey_inplace.py)."""
+    """The optional in-place rewrite (``Rewrites``, what ``rekey`` needs) on every built-in
+    store: json, sqlite, postgresql and s3 (moto; SeaweedFS in test_s3_seaweed.py)."""
 
-    @pytest.fixture(params=["json", "sqlite", "postgresql"])
+    @pytest.fixture(params=["json", "sqlite", "postgresql", "s3"])
     def store_url(self, request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return url_for(request.param, tmp_path, request)
 

@@ -43,6 +43,7 @@ class S3StoreBase:
         self._io: S3IO | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._chains: dict[str, list[Message]] = {}
+        self._shifts: dict[str, int] = {}  # each cached chain's shift (see _chain)
 
     def location(self) -> Location:
         return Location(url=self.url, path=None,
@@ -96,6 +97,7 @@ class S3StoreBase:
             self._pool = None
         self._io = None
         self._chains.clear()
+        self._shifts.clear()
 
     # -- shared reads ----------------------------------------------------------------
     def _header(self, cid: str) -> dict[str, Any]:
@@ -106,23 +108,37 @@ class S3StoreBase:
 
     def _authoritative(self, cid: str, state: chain.IndexState | None = None) -> list[Message]:
         """The stored chain read from the objects themselves, checked against the head."""
-        messages, _ = chain.read_against_head(
+        messages, shift, _ = chain.read_against_head(
             self.io, self.pool, cid, state or self.pool.submit(chain.get_index, self.io, cid))
         if not messages:
             self._header(cid)  # ConversationNotFound
-        self._chains[cid] = list(messages)
+        self._remember(cid, messages, shift)
         return messages
+
+    def _remember(self, cid: str, messages: list[Message], shift: int) -> None:
+        self._chains[cid] = list(messages)
+        self._shifts[cid] = shift
+
+    def _forget(self, cid: str) -> None:
+        self._chains.pop(cid, None)
+        self._shifts.pop(cid, None)
+
+    def _shift(self, cid: str) -> int:
+        """The shift of the chain ``_verified`` or ``_authoritative`` gave last."""
+        return self._shifts.get(cid, 0)
 
     def _verified(self, cid: str, state: chain.IndexState) -> list[Message]:
         """The stored chain, verified before a write goes onto it.
 
         This process's copy when it still ends at the head the index records (the
-        segments under it are write-once), else read and verified afresh.
+        segments under it are write-once), at the same shift, else read and verified
+        afresh.
         """
         cached = self._chains.get(cid)
         head = state.tail()
         if cached is not None and head is not None and \
-                head == (len(cached), cached[-1].hash if cached else None):
+                head == (len(cached), cached[-1].hash if cached else None) and \
+                self._shifts.get(cid) == state.shift():
             return cached
         return self._authoritative(cid, state)
 

@@ -19,6 +19,20 @@ killed between its append and the index update; ``load`` repairs that) but
 never run ahead. A stored chain shorter than the head, or with another hash at
 the head's seq, therefore lost objects (``check_head``): that is corruption,
 never a free seq to append at. Old data without an index loads unchecked.
+
+A *rewrite* (``S3Store.rewrite``, for ``chatstate rekey``) replaces every stored
+message at once: one segment object holding the whole chain again (seq 0 on),
+created with If-None-Match at the key the next append would take. Segment keys are
+therefore *slots*: ``m/<slot>.json``, the slot of a seq being the seq plus the
+*shift*, the number of rewrites before it (0 for a conversation never rewritten,
+so its keys are its seqs, as before). A writer racing the rewrite races for that
+one key: an append that wins makes the rewrite conflict (it is read and done
+again), and one that loses reads the rewritten chain and conflicts (its messages
+chain from the old stored hashes; the sealing store seals them again). Objects
+before a rewrite are superseded, never read as the chain again. A snapshot and the
+index carry the shift they were written at (``shift``, absent when 0); the index
+moves forward in (shift, message count), and a head of a smaller shift than the
+stored chain is one a rewrite replaced, so only its count is checked.
 """
 
 from __future__ import annotations
@@ -53,11 +67,17 @@ class IndexState:
             return None
         return count, last
 
+    def shift(self) -> int:
+        """The rewrites the head had seen (0 without an index)."""
+        return int(self.doc.get("shift", 0)) if self.doc is not None else 0
 
-def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> list[Message]:
-    """The newest snapshot plus every segment after it, chain verified."""
+
+def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> tuple[list[Message], int]:
+    """The newest snapshot plus every segment after it, chain verified; and the shift
+    (the rewrites stored: the next append's slot is the message count plus it)."""
     messages: list[Message] = []
     spans: list[tuple[int, str]] = []  # (first seq, key) to name the object at a position
+    shift = 0
     snaps = io.keys(doc.snapshots_dir(cid))
     if snaps:
         key = snaps[-1][0]
@@ -65,22 +85,31 @@ def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> list[Message]:
         end = doc.seq_of(key, where)
         pending = pool.submit(_must_get, io, key)  # overlaps the listing of the tail
         keys = [k for k, _ in io.keys(doc.segments_dir(cid), offset=doc.segment_key(cid, end))]
-        messages = doc.decode_messages(pending.result(), where, 0)
+        messages, shift = doc.decode_snapshot(pending.result(), where)
         if messages[-1].seq != end:
             raise CorruptTranscriptError(f"{where}: snapshot named after seq {end} ends at seq "
                                          f"{messages[-1].seq}; left as it is", where=where,
                                          position=min(end, messages[-1].seq))
         spans.append((0, key))
+        keys = [k for k in keys if doc.seq_of(k, io.target.where(k)) > end + shift]
     else:
         keys = [k for k, _ in io.keys(doc.segments_dir(cid))]
     for key, raw in zip(keys, pool.map(lambda k: _must_get(io, k), keys), strict=True):
         where = io.target.where(key)
-        first = doc.seq_of(key, where)
-        if first != len(messages):
+        if doc.seq_of(key, where) != len(messages) + shift:
             raise CorruptTranscriptError(
                 f"{where}: seq {len(messages)} is missing before this object (a segment was "
                 "deleted or renamed); left as it is", where=where, position=len(messages))
-        messages.extend(doc.decode_messages(raw, where, first))
+        first = len(messages)
+        found, rewrite = doc.decode_segment(raw, where, first)
+        if rewrite:  # the whole chain again: what came before is superseded
+            if len(found) != first:
+                raise CorruptTranscriptError(
+                    f"{where}: a rewrite of {len(found)} messages where {first} are stored "
+                    "before it; left as it is", where=where, position=min(first, len(found)))
+            messages, spans, shift = found, [(0, key)], shift + 1
+            continue
+        messages.extend(found)
         spans.append((first, key))
     bad = verify_chain(messages)
     if bad is not None:
@@ -90,14 +119,16 @@ def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> list[Message]:
             f"{where}: hash chain broken at seq {bad} (a message was edited, removed or "
             "reordered); nothing was changed. Restore the object or quarantine the "
             "conversation with `chatstate repair`.", where=where, position=bad)
-    return messages
+    return messages, shift
 
 
-def check_head(io: S3IO, cid: str, messages: list[Message], state: IndexState) -> None:
+def check_head(io: S3IO, cid: str, messages: list[Message], state: IndexState,
+               shift: int = 0) -> None:
     """Raise CorruptTranscriptError when ``messages`` fall short of the head the index records.
 
     The key named is the first missing segment's (segments partition the seqs, so
-    the seq after the last stored message starts one).
+    the seq after the last stored message starts one). ``shift`` is the stored chain's: a
+    head of a smaller one was replaced by a rewrite (same count, other hashes).
     """
     head = state.tail()
     if head is None:
@@ -112,7 +143,14 @@ def check_head(io: S3IO, cid: str, messages: list[Message], state: IndexState) -
             f"deleted from seq {len(messages)}); nothing was changed. Restore the object or "
             "quarantine the conversation with `chatstate repair`.", where=where,
             position=len(messages))
-    if count and messages[count - 1].hash != last:
+    if state.shift() > shift:
+        where = io.target.where(doc.segments_dir(cid))
+        raise CorruptTranscriptError(
+            f"{where}: the conversation's head ({io.target.where(doc.index_key(cid))}) "
+            f"records {state.shift()} rewrite(s), but only {shift} are stored (a rewrite "
+            "segment was deleted); nothing was changed. Restore the objects or quarantine "
+            "the conversation with `chatstate repair`.", where=where, position=len(messages))
+    if count and state.shift() == shift and messages[count - 1].hash != last:
         key = doc.segment_key(cid, count - 1)
         where = io.target.where(doc.segments_dir(cid))
         raise CorruptTranscriptError(
@@ -123,24 +161,25 @@ def check_head(io: S3IO, cid: str, messages: list[Message], state: IndexState) -
 
 
 def read_against_head(io: S3IO, pool: ThreadPoolExecutor, cid: str,
-                      state: IndexState | Future[IndexState]) -> tuple[list[Message], IndexState]:
+                      state: IndexState | Future[IndexState]
+                      ) -> tuple[list[Message], int, IndexState]:
     """``read_chain`` checked against the head; ``state`` may still be in flight.
 
     An index read in parallel with the listing may already hold another writer's
     append that the listing missed; so a shortfall is read again, index first
     (the index never runs ahead of the segments), before it is called corruption.
     """
-    messages = read_chain(io, pool, cid)
+    messages, shift = read_chain(io, pool, cid)
     head = state.result() if isinstance(state, Future) else state
     try:
-        check_head(io, cid, messages, head)
+        check_head(io, cid, messages, head, shift)
     except CorruptTranscriptError:
         if not isinstance(state, Future):
             raise
         head = get_index(io, cid)
-        messages = read_chain(io, pool, cid)
-        check_head(io, cid, messages, head)
-    return messages, head
+        messages, shift = read_chain(io, pool, cid)
+        check_head(io, cid, messages, head, shift)
+    return messages, shift, head
 
 
 def _must_get(io: S3IO, key: str) -> bytes:
@@ -163,12 +202,13 @@ def get_index(io: S3IO, cid: str) -> IndexState:
 
 
 def update_index(io: S3IO, cid: str, state: IndexState | None, header: dict[str, Any] | None,
-                 *, tail: tuple[int, str | None] | None = None,
+                 *, tail: tuple[int, str | None] | None = None, shift: int = 0,
                  title: str | None = None, touch: bool = True) -> None:
     """Move the index forward by If-Match; give up quietly (load repairs) under contention.
 
-    ``tail`` is (message count, last hash) and must end a segment; the index never
-    moves backward. ``header`` supplies title and times when the index is missing.
+    ``tail`` is (message count, last hash) and must end a segment of the chain of
+    ``shift`` rewrites; the index never moves backward in (shift, count). ``header``
+    supplies title and times when the index is missing.
     """
     for _ in range(5):
         state = state or get_index(io, cid)
@@ -177,11 +217,15 @@ def update_index(io: S3IO, cid: str, state: IndexState | None, header: dict[str,
         base = state.doc or _from_header(header)
         if base is None:
             return
-        if tail is not None and base["message_count"] >= tail[0] and title is None:
+        ahead = tail is not None and (shift, tail[0]) > \
+            (int(base.get("shift", 0)), base["message_count"])
+        if tail is not None and not ahead and title is None:
             return
         new = dict(base)
-        if tail is not None and tail[0] > base["message_count"]:
+        if tail is not None and ahead:
             new.update(message_count=tail[0], last_hash=tail[1])
+            if shift:
+                new["shift"] = shift
         if title is not None:
             new["title"] = title
         if touch:
@@ -202,10 +246,12 @@ def _from_header(header: dict[str, Any] | None) -> dict[str, Any] | None:
             "updated_at": header["updated_at"], "message_count": 0, "last_hash": None}
 
 
-def write_snapshot(io: S3IO, cid: str, messages: list[Message]) -> None:
-    """Snapshot ``messages`` (0..end of a segment); an existing one is left alone."""
+def write_snapshot(io: S3IO, cid: str, messages: list[Message], shift: int = 0) -> None:
+    """Snapshot ``messages`` (0..end of a segment of the chain of ``shift`` rewrites); an
+    existing one is left alone."""
     with suppress(Exists):
-        io.put(doc.snapshot_key(cid, messages[-1].seq), doc.encode_messages(cid, messages),
+        io.put(doc.snapshot_key(cid, messages[-1].seq),
+               doc.encode_messages(cid, messages, shift=shift),
                create=True, action="write a snapshot")
 
 

@@ -119,6 +119,9 @@ def decode_index(raw: bytes, where: str) -> dict[str, Any]:
     types: dict[str, Any] = {**HEADER_TYPES, "message_count": int, "last_hash": (str, type(None))}
     types.pop("metadata")
     wrong = [k for k, t in types.items() if not isinstance(doc.get(k), t)]
+    shift = doc.get("shift", 0)  # the rewrites the head had seen (absent: none)
+    if not isinstance(shift, int) or isinstance(shift, bool) or shift < 0:
+        wrong.append("shift")
     if wrong:
         raise _field_error(where, ", ".join(wrong))
     return doc
@@ -130,7 +133,10 @@ def _message(item: Any, where: str, position: int) -> Message:
 
 def decode_messages(raw: bytes, where: str, first_seq: int) -> list[Message]:
     """A segment or snapshot: ``messages`` starting at ``first_seq`` (chain checked by caller)."""
-    doc = decode(raw, where)
+    return _messages_of(decode(raw, where), where, first_seq)
+
+
+def _messages_of(doc: dict[str, Any], where: str, first_seq: int) -> list[Message]:
     items = doc.get("messages")
     if not isinstance(items, list) or not items:
         raise _field_error(where, "messages")
@@ -144,9 +150,37 @@ def decode_messages(raw: bytes, where: str, first_seq: int) -> list[Message]:
     return out
 
 
-def encode_messages(cid: str, messages: list[Message]) -> bytes:
-    return encode({"conversation": cid, "messages": [m.stored() for m in messages]},
-                  schema_for(messages))
+def encode_messages(cid: str, messages: list[Message], *, shift: int = 0) -> bytes:
+    """A segment, or a snapshot (``shift``: the slots the rewrites before it took)."""
+    body: dict[str, Any] = {"conversation": cid, "messages": [m.stored() for m in messages]}
+    if shift:
+        body["shift"] = shift
+    return encode(body, schema_for(messages))
+
+
+def encode_rewrite(cid: str, messages: list[Message], replaces: str | None) -> bytes:
+    """A rewrite segment: every message of the conversation (seq 0 on), replacing the
+    chain before it; ``replaces`` is the stored last hash it was made against."""
+    return encode({"conversation": cid, "rewrite": {"replaces": replaces},
+                   "messages": [m.stored() for m in messages]}, schema_for(messages))
+
+
+def decode_segment(raw: bytes, where: str, first_seq: int) -> tuple[list[Message], bool]:
+    """A segment object: its messages and whether it is a rewrite (then they start at
+    seq 0 and replace the chain before it; otherwise at ``first_seq``)."""
+    doc = decode(raw, where)
+    rewrite = doc.get("rewrite") is not None
+    return _messages_of(doc, where, 0 if rewrite else first_seq), rewrite
+
+
+def decode_snapshot(raw: bytes, where: str) -> tuple[list[Message], int]:
+    """A snapshot's messages (seq 0 on) and its shift: the slots taken by rewrites before
+    its end (0 when it names none)."""
+    doc = decode(raw, where)
+    shift = doc.get("shift", 0)
+    if not isinstance(shift, int) or isinstance(shift, bool) or shift < 0:
+        raise _field_error(where, "shift")
+    return _messages_of(doc, where, 0), shift
 
 
 def decode_partial(raw: bytes, where: str) -> Message:

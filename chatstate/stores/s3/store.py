@@ -4,7 +4,8 @@ Layout under ``s3://bucket/prefix/``::
 
     chatstate.json                       store marker (schema version)
     conversations/<id>/header.json       id, title, created_at, updated_at, metadata
-    conversations/<id>/m/<seq>.json      one segment per append, If-None-Match: *
+    conversations/<id>/m/<slot>.json     one segment per append, If-None-Match: *
+                                         (or a rewrite of them all: ``rewrite``)
     conversations/<id>/snap/<seq>.json   messages 0..seq, every SNAPSHOT_EVERY messages
     conversations/<id>/partial.json      the in-progress reply, replaced with If-Match
     index/<id>.json                      listing summary, moved forward with If-Match
@@ -13,8 +14,10 @@ Layout under ``s3://bucket/prefix/``::
     _probe/…                             check()'s probe object, deleted after use
     blobs/<sha256>                       images and files named by messages (_s3blobs)
 
-``<seq>`` is zero-padded to 10 digits. See ``_s3chain`` for why segments,
-snapshots and the index keep compare-and-append exact without a lock service.
+``<seq>`` is zero-padded to 10 digits, and so is ``<slot>``: a segment's first seq plus
+the rewrites before it (so its seq in a conversation never rewritten). See ``_chain``
+for why segments, snapshots and the index keep compare-and-append exact without a
+lock service, and how a rewrite stays one conditional PUT.
 
 Requests (steady state, pinned by tests/contract/test_s3_store.py::test_request_cost_per_turn):
 appending one message is 3 sequential requests (GET index, PUT segment, PUT index),
@@ -66,7 +69,7 @@ from chatstate.errors import (
     CorruptTranscriptError,
     StoreUnavailable,
 )
-from chatstate.stores.base import check_append, check_partial_commit
+from chatstate.stores.base import check_append, check_partial_commit, check_rewrite
 from chatstate.stores.blobs import check_stored_blobs, named_blobs, refuse_unheld_blobs
 from chatstate.stores.s3 import _chain as chain
 from chatstate.stores.s3 import _doc as doc
@@ -106,12 +109,14 @@ class S3Store(S3Lease, S3Blobs):
         index = self.pool.submit(chain.get_index, self.io, cid)
         partial_blob = self.pool.submit(self.io.get, doc.partial_key(cid))
         pending = self.pool.submit(self._header, cid)
-        messages, state = chain.read_against_head(self.io, self.pool, cid, index)
+        messages, shift, state = chain.read_against_head(self.io, self.pool, cid, index)
         header = pending.result()
-        self._chains[cid] = list(messages)
-        if state.doc is None or state.doc["message_count"] < len(messages):
+        self._remember(cid, messages, shift)
+        if state.doc is None or state.doc["message_count"] < len(messages) or \
+                state.shift() < shift:
             tail = (len(messages), messages[-1].hash if messages else None)
-            chain.update_index(self.io, cid, state, header, tail=tail, touch=False)
+            chain.update_index(self.io, cid, state, header, tail=tail, shift=shift,
+                               touch=False)
         partial = None
         blob = partial_blob.result()
         if blob is not None:
@@ -164,7 +169,7 @@ class S3Store(S3Lease, S3Blobs):
                         action="create a conversation at")
         except Exists:
             raise ConflictError(f"conversation {cid!r} already exists in {self.url}") from None
-        self._chains[cid] = []  # the header was created just now: no segment can precede it
+        self._remember(cid, [], 0)  # the header was created just now: no segment precedes it
         chain.update_index(self.io, cid, chain.IndexState(None, None, False), header,
                            touch=False)
 
@@ -182,19 +187,22 @@ class S3Store(S3Lease, S3Blobs):
         stored = self._verified(cid, state)  # never onto a chain that does not verify
         fenced()
         for _ in range(4):
+            shift = self._shift(cid)
             hashes = [m.hash for m in stored]
             already = check_append(where, len(hashes) - 1, hashes.__getitem__, new)
             fresh = new[already:]
             refuse_unheld_blobs(where, fresh, self._blob_size)
             if fresh and fresh[0].status == "partial":
                 self._claim_partial(cid, where, fresh)
-            if not fresh or self._put_segment(cid, fresh):
+            if not fresh or self._put_segment(cid, fresh, shift):
                 break
-            stored = self._authoritative(cid)  # another writer (or our own lost attempt)
+            # another writer (or our own lost attempt) took the slot, or a rewrite did (its
+            # chain has other stored hashes: check_append then raises ConflictError)
+            stored = self._authoritative(cid)
         else:
             raise ConflictError(f"{where}: other writers kept taking seq {new[0].seq}; reload "
                                 "and retry", expected_seq=new[0].seq - 1)
-        self._after_append(cid, state, fresh, stored)
+        self._after_append(cid, state, fresh, stored, shift)
 
     def _fence_started(self, cid: str, fence: str | None) -> Callable[[], None]:
         """Start reading the lease (it overlaps the caller's next request); the result
@@ -226,25 +234,26 @@ class S3Store(S3Lease, S3Blobs):
                                 "being kept (another writer is still streaming it); reload "
                                 "and retry", expected_seq=fresh[0].seq - 1) from None
 
-    def _put_segment(self, cid: str, fresh: list[Message]) -> bool:
+    def _put_segment(self, cid: str, fresh: list[Message], shift: int) -> bool:
         try:
-            self.io.put(doc.segment_key(cid, fresh[0].seq), doc.encode_messages(cid, fresh),
-                        create=True, action="append to")
+            self.io.put(doc.segment_key(cid, fresh[0].seq + shift),
+                        doc.encode_messages(cid, fresh), create=True, action="append to")
             return True
         except Exists:
             return False
 
     def _after_append(self, cid: str, state: chain.IndexState, fresh: list[Message],
-                      stored: list[Message]) -> None:
+                      stored: list[Message], shift: int) -> None:
         if fresh:
             end = fresh[-1]
             cached = self._chains.get(cid)
             prev = cached[-1].hash if cached else None
             if cached is not None and len(cached) == fresh[0].seq and \
+                    self._shifts.get(cid) == shift and \
                     fresh[0].expected_hash(prev) == fresh[0].hash:
                 self._chains[cid] = cached + fresh
             else:
-                self._chains.pop(cid, None)
+                self._forget(cid)
             tail = (end.seq + 1, end.hash)
         elif stored:
             end, tail = stored[-1], (len(stored), stored[-1].hash)
@@ -263,13 +272,13 @@ class S3Store(S3Lease, S3Blobs):
 
         def index() -> None:
             header = None if state.exists else self._header(cid)
-            chain.update_index(self.io, cid, state, header, tail=tail)
+            chain.update_index(self.io, cid, state, header, tail=tail, shift=shift)
 
         self._derived(cid, "move the listing index forward", index)
         if cleared is not None:
             self._derived(cid, "delete the partial reply it kept", cleared.result)
         if fresh and chain.crosses_snapshot(fresh[0].seq, end.seq):
-            self._derived(cid, "write a snapshot", lambda: self._snapshot(cid, end))
+            self._derived(cid, "write a snapshot", lambda: self._snapshot(cid, end, shift))
 
     def _derived(self, cid: str, what: str, step: Callable[[], object]) -> None:
         try:
@@ -278,12 +287,57 @@ class S3Store(S3Lease, S3Blobs):
             log.warning("%s: the append is stored, but could not %s (repaired at the next "
                         "load or append): %s", self._where(doc.conv_dir(cid)), what, exc)
 
-    def _snapshot(self, cid: str, end: Message) -> None:
+    def _snapshot(self, cid: str, end: Message, shift: int) -> None:
         cached = self._chains.get(cid)
-        if cached is None or len(cached) <= end.seq or cached[end.seq].hash != end.hash:
+        if cached is None or len(cached) <= end.seq or cached[end.seq].hash != end.hash or \
+                self._shifts.get(cid) != shift:
             cached = self._authoritative(cid)
-        if len(cached) > end.seq and cached[end.seq].hash == end.hash:
-            chain.write_snapshot(self.io, cid, cached[:end.seq + 1])
+        if len(cached) > end.seq and cached[end.seq].hash == end.hash and \
+                self._shift(cid) == shift:  # (not when a rewrite came after the append)
+            chain.write_snapshot(self.io, cid, cached[:end.seq + 1], shift)
+
+    def rewrite(self, conversation_id: str, messages: Sequence[Message], *,
+                expect: str | None) -> None:
+        """Every stored message replaced at once (``Rewrites``: ``chatstate rekey``).
+
+        One create-only PUT (If-None-Match: *) of a rewrite segment holding the whole
+        chain again, at the slot the next append would take (see ``_chain``): an append
+        that got there first makes it conflict, one that comes after finds the rewritten
+        chain. Made only against the chain as read from the objects now, whose last
+        stored hash is ``expect`` (``check_rewrite``); blobs the messages name must be
+        stored first. The index is moved to the new head after it (derived data).
+        """
+        cid = validate_id(conversation_id)
+        where = self._where(doc.conv_dir(cid))
+        state = chain.get_index(self.io, cid)
+        stored = self._authoritative(cid, state)
+        shift = self._shift(cid)
+        check_rewrite(where, len(stored), stored[-1].hash if stored else None, expect,
+                      messages)
+        fresh = list(messages)
+        if [m.hash for m in fresh] == [m.hash for m in stored]:
+            return  # nothing to rewrite (and no message at all: no slot to take)
+        refuse_unheld_blobs(where, fresh, self._blob_size)
+        key, data = doc.segment_key(cid, len(stored) + shift), \
+            doc.encode_rewrite(cid, fresh, expect)
+        try:
+            self.io.put(key, data, create=True, action="rewrite")
+        except Exists:
+            got = self.io.get(key)
+            if got is None or got.data != data:  # not our own write whose answer was lost
+                self._forget(cid)
+                raise ConflictError(f"{where}: changed since it was read for the rewrite "
+                                    "(another writer appended); nothing was rewritten, read "
+                                    "it again", expected_seq=len(fresh) - 1) from None
+        self._remember(cid, fresh, shift + 1)
+        tail = (len(fresh), fresh[-1].hash)
+
+        def index() -> None:
+            header = None if state.exists else self._header(cid)
+            chain.update_index(self.io, cid, None, header, tail=tail, shift=shift + 1,
+                               touch=False)
+
+        self._derived(cid, "move the listing index to the rewritten chain", index)
 
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:
@@ -380,7 +434,7 @@ class S3Store(S3Lease, S3Blobs):
         from chatstate.stores.s3._repair import quarantine
 
         cid = validate_id(conversation_id)
-        self._chains.pop(cid, None)
+        self._forget(cid)
         return quarantine(self.io, cid, self.url)
 
     def leftovers(self, conversation_ids: Sequence[str],
@@ -388,7 +442,15 @@ class S3Store(S3Lease, S3Blobs):
         """Objects outside the layout or beyond the stored chain (ReportsLeftovers)."""
         from chatstate.stores.s3._leftovers import s3_leftovers
 
-        return s3_leftovers(self.io, conversation_ids, counts)
+        def shift(cid: str) -> int:
+            try:
+                return chain.read_chain(self.io, self.pool, cid)[1]
+            except CorruptTranscriptError:
+                return 0  # (named by the load that reads it)
+
+        return s3_leftovers(self.io, conversation_ids, counts,
+                            dict(zip(conversation_ids, self.pool.map(shift, conversation_ids),
+                                     strict=True)))
 
     def delete(self, conversation_id: str) -> None:
         cid = validate_id(conversation_id)
@@ -400,6 +462,6 @@ class S3Store(S3Lease, S3Blobs):
         for sub in (doc.snapshots_dir(cid), doc.segments_dir(cid)):
             self.io.delete([k for k, _ in reversed(self.io.keys(sub))])
         self.io.delete([doc.header_key(cid)])
-        self._chains.pop(cid, None)
+        self._forget(cid)
         self._partials.pop(cid, None)
 
