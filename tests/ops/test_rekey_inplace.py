@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from support.cli_helpers import CHATSTATE, cli_env
 from support.s3server import moto_endpoint, new_bucket_url
 from support.sealed import KEY, OTHER_KEY, keyless, open_raw
+from support.seaweed import seaweed_endpoint, seaweed_server, seaweed_url
 
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ConfigurationError, ConflictError
@@ -27,22 +29,30 @@ from chatstate.stores.codec import fingerprint_of, parse_key
 from chatstate.stores.rekey import record_keys
 from chatstate.testing.store_contract import seal_chain
 
-__all__ = ["moto_endpoint"]  # the fixture, re-exported so pytest finds it here
+# the fixtures, re-exported so pytest finds them here
+__all__ = ["moto_endpoint", "seaweed_endpoint", "seaweed_server"]
 
 OLD, NEW = parse_key(KEY, "test"), parse_key(OTHER_KEY, "test")
 SECRET = "rekey-secret-51c2"
 
 
-KINDS = ["json", "sqlite", "postgres"]
+KINDS = ["json", "sqlite", "postgres", "s3"]
 
 
 def _url(tmp_path: Path, kind: str, request: pytest.FixtureRequest | None = None) -> str:
-    """A fresh store of ``kind`` (postgres: a fresh schema on the session's server)."""
+    """A fresh store of ``kind`` (postgres: a fresh schema on the session's server; s3: a
+    fresh bucket on the moto server, seaweed: a fresh prefix on the SeaweedFS one)."""
     if kind == "postgres":
         from support.pgserver import fresh_schema_url
 
         assert request is not None
         return fresh_schema_url(request.getfixturevalue("pg_dsn"))
+    if kind == "s3":
+        assert request is not None
+        return new_bucket_url(request.getfixturevalue("moto_endpoint"))
+    if kind == "seaweed":
+        assert request is not None
+        return seaweed_url(request.getfixturevalue("seaweed_endpoint"))
     return f"json://{tmp_path}/store" if kind == "json" else f"sqlite://{tmp_path}/s.db"
 
 
@@ -129,9 +139,19 @@ def _append_one(url: str, key: bytes, cid: str, text: str) -> None:
             store.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_rekey_in_place_killed_at_random_points_loses_nothing(
-        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+Reading = Callable[..., dict[str, Any]]
+"""``read(url, key, old_keys=())``: every conversation as a caller sees it."""
+
+
+def _kill_trials(tmp_path: Path, kind: str, request: pytest.FixtureRequest, *,
+                 fill: Callable[[str], None], read: Reading, kills: int, lines: int,
+                 after_kill: Callable[[str, random.Random, int], None] | None = None,
+                 finished: Callable[[Path, str, dict[str, Any]], None]) -> None:
+    """Three trials on fresh stores: ``fill``, then up to ``kills`` rekeys SIGKILLed after a
+    random number (below ``lines``) of their progress lines, each followed by the checks
+    that either key reads everything as acknowledged and by ``after_kill`` (which may
+    append: what is expected is read again after it); then one rekey run to the end and
+    ``finished``. At least three kills must strike a running rekey."""
     seed = int.from_bytes(os.urandom(4), "big")  # named in every failure, to replay it
     rng = random.Random(seed)
     killed = 0
@@ -139,33 +159,48 @@ def test_rekey_in_place_killed_at_random_points_loses_nothing(
         root = tmp_path / f"trial{trial}"
         root.mkdir()
         url = _url(root, kind, request)
-        _fill(url)
-        expected = _content(url, OLD)
-        for kill in range(2):
-            if not _kill_at_random(_rekey(root, url), rng, lines=10):
+        fill(url)
+        expected = read(url, OLD)
+        for kill in range(kills):
+            if not _kill_at_random(_rekey(root, url), rng, lines=lines):
                 break  # it finished before the kill: checked as finished below
             killed += 1
             # either key opens it, and every record reads back as it was acknowledged
-            assert _content(url, OLD) == expected, (seed, trial, kill)
-            assert _content(url, NEW, (OLD,)) == expected, (seed, trial, kill)
-            if _mark(url).get("rekey"):  # once it started, the new key alone opens it too
-                assert _content(url, NEW) == expected, (seed, trial, kill)
-                assert "a rekey from key" in _doctor_note(url)  # and doctor says so
-            # an append after the kill (configured with the old key) is acknowledged...
-            cid = f"c{rng.randrange(10):02d}"
-            _append_one(url, OLD, cid, f"after kill {kill} {SECRET}")
-            expected = _content(url, OLD)
-            fps = _fingerprints(url)[cid]
-            last = max(int(k.split()[1]) for k in fps if k.startswith("message "))
-            mark = _mark(url)
-            if mark.get("rekey"):  # ... and sealed by the new key once the rotation started
-                assert fps[f"message {last}"] == fingerprint_of(NEW), fps
-        done = subprocess.run(REKEY, env=_env(root, url), capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, (seed, done.stderr)
+            assert read(url, OLD) == expected, (seed, trial, kill)
+            assert read(url, NEW, (OLD,)) == expected, (seed, trial, kill)
+            if after_kill is not None:
+                after_kill(url, rng, kill)
+                expected = read(url, OLD)
+        done = subprocess.run([*REKEY, "--json"], env=_env(root, url), capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, (seed, trial, done.stderr)
         assert KEY not in done.stdout + done.stderr and OTHER_KEY not in done.stdout + done.stderr
-        _assert_finished(root, url, expected)
-    assert killed >= 3, f"only {killed} of 6 kills struck a running rekey"
+        finished(root, url, expected)
+    assert killed >= 3, f"only {killed} of {3 * kills} kills struck a running rekey (seed {seed})"
+
+
+def _append_after_kill(url: str, rng: random.Random, kill: int) -> None:
+    """After a kill: once the rotation started, the new key alone opens the store too and
+    doctor says a rekey runs; an append (configured with the old key) is acknowledged and,
+    once the rotation started, sealed by the new key."""
+    expected = _content(url, OLD)
+    rotating = bool(_mark(url).get("rekey"))
+    if rotating:
+        assert _content(url, NEW) == expected, kill
+        assert "a rekey from key" in _doctor_note(url)
+    cid = f"c{rng.randrange(10):02d}"
+    _append_one(url, OLD, cid, f"after kill {kill} {SECRET}")
+    fps = _fingerprints(url)[cid]
+    last = max(int(k.split()[1]) for k in fps if k.startswith("message "))
+    if rotating:
+        assert fps[f"message {last}"] == fingerprint_of(NEW), fps
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rekey_in_place_killed_at_random_points_loses_nothing(
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    _kill_trials(tmp_path, kind, request, fill=_fill, read=_content, kills=2, lines=10,
+                 after_kill=_append_after_kill, finished=_assert_finished)
 
 
 def _doctor_note(url: str) -> str:
@@ -277,17 +312,6 @@ def test_rekey_without_a_new_key_or_twice(tmp_path: Path) -> None:
         open_store(url, key=OLD)
 
 
-def _refused_untouched(url: str, root: Path, needle: str) -> None:
-    before = _content(url, OLD)
-    done = subprocess.run(REKEY, env=_env(root, url), capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode != 0 and needle in done.stderr and "--from" in done.stderr, \
-        done.stderr
-    mark = _mark(url)
-    assert mark["key"] == fingerprint_of(OLD) and "rekey" not in mark  # not started
-    assert _content(url, OLD) == before
-
-
 PNG = b"\x89PNG\r\n\x1a\n" + b"pixels " * 30_000
 PDF = b"%PDF-1.4 " + b"page " * 40_000
 
@@ -352,46 +376,34 @@ def _blob_keys(url: str) -> dict[str, str | None]:
         raw.close()
 
 
+def _fill_with_blobs(url: str) -> None:
+    _fill(url, conversations=6, messages=40)
+    _add_blobs(url)
+    assert set(_blob_keys(url).values()) == {fingerprint_of(OLD)}
+
+
+def _assert_blobs_finished(root: Path, url: str, expected: dict[str, Any]) -> None:
+    keys = _blob_keys(url)
+    assert set(keys.values()) == {fingerprint_of(NEW)}, keys  # every blob named by its new
+    # address (the old ones are left to gc)
+    assert _with_bytes(url, NEW) == expected
+    for cid, fps in _fingerprints(url).items():
+        assert set(fps.values()) == {fingerprint_of(NEW)}, (cid, fps)
+    with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
+        open_store(url, key=OLD)
+    verify = subprocess.run([CHATSTATE, "replay", "c01", "--verify"], env=cli_env(
+        root, CHATSTATE_STORE=url, CHATSTATE_ENCRYPTION_KEY=OTHER_KEY),
+        capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stderr
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_rekey_in_place_with_blobs_killed_at_random_points_loses_nothing(
         tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
-    seed = int.from_bytes(os.urandom(4), "big")  # named in every failure, to replay it
-    rng = random.Random(seed)
-    killed = 0
-    for trial in range(3):
-        root = tmp_path / f"trial{trial}"
-        root.mkdir()
-        url = _url(root, kind, request)
-        _fill(url, conversations=6, messages=40)
-        _add_blobs(url)
-        before = set(_blob_keys(url))
-        assert set(_blob_keys(url).values()) == {fingerprint_of(OLD)}
-        expected = _with_bytes(url, OLD)
-        for kill in range(3):
-            # after 0 or 1 of its 6 conversations: three kills leave work for the next
-            # (with up to 7, a loaded machine's rekey often finished first: 2 of 9 struck)
-            if not _kill_at_random(_rekey(root, url), rng, lines=2):
-                break
-            killed += 1
-            assert _with_bytes(url, OLD) == expected, (seed, trial, kill)
-            assert _with_bytes(url, NEW, (OLD,)) == expected, (seed, trial, kill)
-        done = subprocess.run([*REKEY, "--json"], env=_env(root, url), capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, (seed, done.stderr)
-        assert KEY not in done.stdout + done.stderr and OTHER_KEY not in done.stdout + done.stderr
-        keys = _blob_keys(url)
-        assert set(keys.values()) == {fingerprint_of(NEW)}, (seed, keys)
-        assert not set(keys) & before  # every blob named by its new address
-        assert _with_bytes(url, NEW) == expected, seed
-        for cid, fps in _fingerprints(url).items():
-            assert set(fps.values()) == {fingerprint_of(NEW)}, (cid, fps)
-        with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
-            open_store(url, key=OLD)
-        verify = subprocess.run([CHATSTATE, "replay", "c01", "--verify"], env=cli_env(
-            root, CHATSTATE_STORE=url, CHATSTATE_ENCRYPTION_KEY=OTHER_KEY),
-            capture_output=True, text=True, timeout=120)
-        assert verify.returncode == 0, verify.stderr
-    assert killed >= 3, f"only {killed} of 9 kills struck a running rekey"
+    # kills after 0 or 1 of its 6 conversations: three kills leave work for the next
+    # (with up to 7, a loaded machine's rekey often finished first: 2 of 9 struck)
+    _kill_trials(tmp_path, kind, request, fill=_fill_with_blobs, read=_with_bytes, kills=3,
+                 lines=2, finished=_assert_blobs_finished)
 
 
 def test_rekey_leaves_the_old_blobs_to_gc(tmp_path: Path) -> None:
@@ -450,11 +462,41 @@ def test_rekey_waits_for_an_interrupted_turn_in_a_conversation_with_blobs(
         open_store(url, key=OLD)
 
 
-def test_rekey_in_place_refuses_s3_which_cannot_rewrite_in_place(
-        tmp_path: Path, moto_endpoint: str) -> None:
-    url = new_bucket_url(moto_endpoint)
-    _fill(url, conversations=2, messages=3)
-    _refused_untouched(url, tmp_path, "cannot rewrite a conversation in place")
+@pytest.mark.parametrize("kind", ["s3", "seaweed"])
+def test_rekey_in_place_re_keys_an_s3_store(
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    """s3 (moto and SeaweedFS) is re-keyed in place like the others (it used to be refused:
+    "cannot rewrite a conversation in place"), messages, partial replies, titles,
+    metadata and blobs; a writer whose copy of a conversation predates the rewrite
+    appends onto the rewritten chain (its first try conflicts, it seals again)."""
+    url = _url(tmp_path, kind, request)
+    _fill(url, conversations=5, messages=70)  # past a snapshot (every 64 messages)
+    _add_blobs(url)
+    with keyless():  # a writer of both keys, its copy of c04's chain the old one (c04 names
+        # no blob, so its plaintext hashes stay; nor has it a partial reply)
+        stale = open_store(url, key=NEW, old_keys=(OLD,))
+    try:
+        last = stale.load("c04").messages[-1]
+        expected = _with_bytes(url, OLD)
+        done = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "re-encrypted" in done.stdout and "is now refused" in done.stdout, done.stdout
+        _assert_blobs_finished(tmp_path, url, expected)
+        # its append onto the rewritten chain conflicts, and it seals again from it
+        stale.append("c04", [Message.seal(last, role="user", content=f"after {SECRET}",
+                                          turn_id="t-after")])
+    finally:
+        stale.close()
+    conv = _content(url, NEW)["c04"]
+    assert conv[2][-1][2] == f"after {SECRET}" and len(conv[2]) == len(expected["c04"][2]) + 1
+    assert set(_fingerprints(url)["c04"].values()) == {fingerprint_of(NEW)}
+    raw = open_raw(url)
+    try:
+        counts = {s.id: s.message_count for s in raw.list_conversations()}
+        assert raw.leftovers(sorted(counts), counts) == []  # superseded objects are in the layout
+    finally:
+        raw.close()
 
 
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
