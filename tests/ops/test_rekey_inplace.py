@@ -162,8 +162,10 @@ def _kill_trials(tmp_path: Path, kind: str, request: pytest.FixtureRequest, *,
         fill(url)
         expected = read(url, OLD)
         for kill in range(kills):
-            if not _kill_at_random(_rekey(root, url), rng, lines=lines):
-                break  # it finished before the kill: checked as finished below
+            if not _kill_at_random(_rekey(root, url), rng, lines=lines) or _finished(url):
+                # it finished before the kill, or the kill came after its last write (the
+                # mark names the new key alone, the old one is refused): checked below
+                break
             killed += 1
             # either key opens it, and every record reads back as it was acknowledged
             assert read(url, OLD) == expected, (seed, trial, kill)
@@ -177,6 +179,12 @@ def _kill_trials(tmp_path: Path, kind: str, request: pytest.FixtureRequest, *,
         assert KEY not in done.stdout + done.stderr and OTHER_KEY not in done.stdout + done.stderr
         finished(root, url, expected)
     assert killed >= 3, f"only {killed} of {3 * kills} kills struck a running rekey (seed {seed})"
+
+
+def _finished(url: str) -> bool:
+    """Does the store's mark name the new key alone (the rotation over)?"""
+    mark = _mark(url)
+    return mark["key"] == fingerprint_of(NEW) and "rekey" not in mark
 
 
 def _append_after_kill(url: str, rng: random.Random, kill: int) -> None:
@@ -196,7 +204,7 @@ def _append_after_kill(url: str, rng: random.Random, kill: int) -> None:
         assert fps[f"message {last}"] == fingerprint_of(NEW), fps
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "seaweed"])
 def test_rekey_in_place_killed_at_random_points_loses_nothing(
         tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
     _kill_trials(tmp_path, kind, request, fill=_fill, read=_content, kills=2, lines=10,
@@ -245,7 +253,7 @@ def _assert_finished(root: Path, url: str, expected: dict[str, Any]) -> None:
             keyless_verify.stderr, keyless_verify.stderr
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "seaweed"])
 def test_appends_while_rekey_runs_are_kept_and_end_under_the_new_key(
         tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
     url = _url(tmp_path, kind, request)
@@ -494,15 +502,15 @@ def test_rekey_in_place_re_keys_an_s3_store(
     raw = open_raw(url)
     try:
         counts = {s.id: s.message_count for s in raw.list_conversations()}
-        assert raw.leftovers(sorted(counts), counts) == []  # superseded objects are in the layout
+        assert raw.leftovers(sorted(counts), counts) == []  # (superseded ones too)
     finally:
         raw.close()
 
 
-@pytest.mark.parametrize("kind", ["json", "sqlite"])
+@pytest.mark.parametrize("kind", ["json", "sqlite", "s3"])
 def test_rekey_waits_for_a_turn_holding_the_lease_and_stops_resumable(
-        tmp_path: Path, kind: str) -> None:
-    url = _url(tmp_path, kind)
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    url = _url(tmp_path, kind, request)
     _fill(url, conversations=3, messages=4)
     expected = _content(url, OLD)
     holder = open_raw(url)
@@ -539,14 +547,14 @@ def test_rekey_in_place_refuses_a_plain_store(tmp_path: Path) -> None:
         raw.close()
 
 
-@pytest.mark.parametrize("kind", ["json", "sqlite"])
+@pytest.mark.parametrize("kind", ["json", "sqlite", "s3"])
 def test_a_conversation_an_old_writer_creates_after_the_rotation_is_re_keyed_by_a_rerun(
-        tmp_path: Path, kind: str) -> None:
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
     """A writer that opened the store with only the old key before the rotation, and
     creates a conversation after rekey's last pass, leaves it sealed by the old key: the
     same rekey command run again finds it and re-keys it (it used to say "nothing to do"
     and leave it unreadable with the new key)."""
-    url = _url(tmp_path, kind)
+    url = _url(tmp_path, kind, request)
     _fill(url, conversations=2, messages=3)
     with keyless():
         old_writer = open_store(url, key=OLD)  # opened before the rotation, kept open
