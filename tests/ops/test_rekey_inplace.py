@@ -470,6 +470,30 @@ def test_rekey_waits_for_an_interrupted_turn_in_a_conversation_with_blobs(
         open_store(url, key=OLD)
 
 
+def _objects_not_under(url: str, fp: str) -> list[str]:
+    """The s3 store's segments and snapshots holding a record not sealed by the key of
+    fingerprint ``fp``."""
+    import base64
+    import json
+
+    from support.s3server import object_keys, read_object
+
+    from chatstate.stores.codec import FP_BYTES
+
+    out = []
+    for name in object_keys(url):
+        if "/m/" not in name and "/snap/" not in name:
+            continue
+        data = read_object(url, name)
+        assert data is not None, name
+        for msg in json.loads(data)["messages"]:
+            sealed = base64.b64decode(msg["content"][0]["data"])
+            if sealed[:FP_BYTES].hex() != fp:
+                out.append(name)
+                break
+    return out
+
+
 @pytest.mark.parametrize("kind", ["s3", "seaweed"])
 def test_rekey_in_place_re_keys_an_s3_store(
         tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
@@ -480,6 +504,9 @@ def test_rekey_in_place_re_keys_an_s3_store(
     url = _url(tmp_path, kind, request)
     _fill(url, conversations=5, messages=70)  # past a snapshot (every 64 messages)
     _add_blobs(url)
+    new_fp = fingerprint_of(NEW)
+    assert len(_objects_not_under(url, new_fp)) == 5 * 2 + 3  # a segment and a snapshot
+    # each, and the blob turns' segments
     with keyless():  # a writer of both keys, its copy of c04's chain the old one (c04 names
         # no blob, so its plaintext hashes stay; nor has it a partial reply)
         stale = open_store(url, key=NEW, old_keys=(OLD,))
@@ -491,6 +518,8 @@ def test_rekey_in_place_re_keys_an_s3_store(
         assert done.returncode == 0, done.stderr
         assert "re-encrypted" in done.stdout and "is now refused" in done.stdout, done.stdout
         _assert_blobs_finished(tmp_path, url, expected)
+        # the objects the rewrites superseded (the old key's records) are gone
+        assert _objects_not_under(url, new_fp) == []
         # its append onto the rewritten chain conflicts, and it seals again from it
         stale.append("c04", [Message.seal(last, role="user", content=f"after {SECRET}",
                                           turn_id="t-after")])

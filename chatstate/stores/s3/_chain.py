@@ -29,7 +29,8 @@ so its keys are its seqs, as before). A writer racing the rewrite races for that
 one key: an append that wins makes the rewrite conflict (it is read and done
 again), and one that loses reads the rewritten chain and conflicts (its messages
 chain from the old stored hashes; the sealing store seals them again). Objects
-before a rewrite are superseded, never read as the chain again. A snapshot and the
+before a rewrite are superseded, never read as the chain again, and removed after it
+(a reader passes over a gap, or an object gone, before a rewrite segment). A snapshot and the
 index carry the shift they were written at (``shift``, absent when 0); the index
 moves forward in (shift, message count), and a head of a smaller shift than the
 stored chain is one a rewrite replaced, so only its count is checked.
@@ -72,9 +73,29 @@ class IndexState:
         return int(self.doc.get("shift", 0)) if self.doc is not None else 0
 
 
+class _Vanished(Exception):
+    """Internal: an object listed was gone when read (a rewrite's superseded objects are
+    removed after it; read again)."""
+
+
 def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> tuple[list[Message], int]:
     """The newest snapshot plus every segment after it, chain verified; and the shift
-    (the rewrites stored: the next append's slot is the message count plus it)."""
+    (the rewrites stored: the next append's slot is the message count plus it).
+
+    Objects a rewrite superseded may be removed meanwhile (``S3Store.rewrite``): a gap,
+    or an object gone when read, is fine before a rewrite segment, and a read that met
+    one it could not pass over is made again once."""
+    try:
+        return _read_chain(io, pool, cid)
+    except _Vanished:
+        try:
+            return _read_chain(io, pool, cid)
+        except _Vanished as exc:
+            raise StoreUnavailable(f"{exc} vanished while it was being read (the "
+                                   "conversation is being deleted?); retry") from None
+
+
+def _read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> tuple[list[Message], int]:
     messages: list[Message] = []
     spans: list[tuple[int, str]] = []  # (first seq, key) to name the object at a position
     shift = 0
@@ -83,9 +104,12 @@ def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> tuple[list[Messa
         key = snaps[-1][0]
         where = io.target.where(key)
         end = doc.seq_of(key, where)
-        pending = pool.submit(_must_get, io, key)  # overlaps the listing of the tail
+        pending = pool.submit(io.get, key)  # overlaps the listing of the tail
         keys = [k for k, _ in io.keys(doc.segments_dir(cid), offset=doc.segment_key(cid, end))]
-        messages, shift = doc.decode_snapshot(pending.result(), where)
+        snap = pending.result()
+        if snap is None:
+            raise _Vanished(where)
+        messages, shift = doc.decode_snapshot(snap.data, where)
         if messages[-1].seq != end:
             raise CorruptTranscriptError(f"{where}: snapshot named after seq {end} ends at seq "
                                          f"{messages[-1].seq}; left as it is", where=where,
@@ -94,23 +118,33 @@ def read_chain(io: S3IO, pool: ThreadPoolExecutor, cid: str) -> tuple[list[Messa
         keys = [k for k in keys if doc.seq_of(k, io.target.where(k)) > end + shift]
     else:
         keys = [k for k, _ in io.keys(doc.segments_dir(cid))]
-    for key, raw in zip(keys, pool.map(lambda k: _must_get(io, k), keys), strict=True):
+    problem: Exception | None = None  # a gap, or an object gone: fine before a rewrite
+    for key, blob in zip(keys, pool.map(io.get, keys), strict=True):
         where = io.target.where(key)
-        if doc.seq_of(key, where) != len(messages) + shift:
-            raise CorruptTranscriptError(
+        slot = doc.seq_of(key, where)
+        if blob is None:
+            problem = problem or _Vanished(where)
+            continue
+        if problem is None and slot != len(messages) + shift:
+            problem = CorruptTranscriptError(
                 f"{where}: seq {len(messages)} is missing before this object (a segment was "
                 "deleted or renamed); left as it is", where=where, position=len(messages))
         first = len(messages)
-        found, rewrite = doc.decode_segment(raw, where, first)
+        found, rewrite = doc.decode_segment(blob.data, where, None if problem else first)
         if rewrite:  # the whole chain again: what came before is superseded
-            if len(found) != first:
+            assert found is not None
+            again = slot - len(found) + 1  # its slot is its message count plus the shift
+            if (problem is None and len(found) != first) or again <= shift:
                 raise CorruptTranscriptError(
                     f"{where}: a rewrite of {len(found)} messages where {first} are stored "
                     "before it; left as it is", where=where, position=min(first, len(found)))
-            messages, spans, shift = found, [(0, key)], shift + 1
+            messages, spans, shift, problem = found, [(0, key)], again, None
             continue
-        messages.extend(found)
-        spans.append((first, key))
+        if problem is None and found is not None:
+            messages.extend(found)
+            spans.append((first, key))
+    if problem is not None:
+        raise problem
     bad = verify_chain(messages)
     if bad is not None:
         key = [k for first, k in spans if first <= bad][-1]
@@ -180,14 +214,6 @@ def read_against_head(io: S3IO, pool: ThreadPoolExecutor, cid: str,
         messages, shift = read_chain(io, pool, cid)
         check_head(io, cid, messages, head, shift)
     return messages, shift, head
-
-
-def _must_get(io: S3IO, key: str) -> bytes:
-    blob = io.get(key)
-    if blob is None:
-        raise StoreUnavailable(f"{io.target.where(key)} vanished while it was being read (the "
-                               "conversation is being deleted?); retry")
-    return blob.data
 
 
 def get_index(io: S3IO, cid: str) -> IndexState:

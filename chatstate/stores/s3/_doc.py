@@ -165,12 +165,15 @@ def encode_rewrite(cid: str, messages: list[Message], replaces: str | None) -> b
                    "messages": [m.stored() for m in messages]}, schema_for(messages))
 
 
-def decode_segment(raw: bytes, where: str, first_seq: int) -> tuple[list[Message], bool]:
+def decode_segment(raw: bytes, where: str, first_seq: int | None
+                   ) -> tuple[list[Message] | None, bool]:
     """A segment object: its messages and whether it is a rewrite (then they start at
-    seq 0 and replace the chain before it; otherwise at ``first_seq``)."""
+    seq 0 and replace the chain before it; otherwise at ``first_seq``; with ``first_seq``
+    None a plain segment's are not decoded: None)."""
     doc = decode(raw, where)
-    rewrite = doc.get("rewrite") is not None
-    return _messages_of(doc, where, 0 if rewrite else first_seq), rewrite
+    if doc.get("rewrite") is not None:
+        return _messages_of(doc, where, 0), True
+    return (None if first_seq is None else _messages_of(doc, where, first_seq)), False
 
 
 def decode_snapshot(raw: bytes, where: str) -> tuple[list[Message], int]:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,7 +306,8 @@ class S3Store(S3Lease, S3Blobs):
         that got there first makes it conflict, one that comes after finds the rewritten
         chain. Made only against the chain as read from the objects now, whose last
         stored hash is ``expect`` (``check_rewrite``); blobs the messages name must be
-        stored first. The index is moved to the new head after it (derived data).
+        stored first. The index is moved to the new head after it, and the objects it
+        superseded are removed (derived data, as after an append).
         """
         cid = validate_id(conversation_id)
         where = self._where(doc.conv_dir(cid))
@@ -338,6 +340,23 @@ class S3Store(S3Lease, S3Blobs):
                                touch=False)
 
         self._derived(cid, "move the listing index to the rewritten chain", index)
+        self._derived(cid, "remove the objects the rewrite superseded",
+                      lambda: self._remove_superseded(cid, len(stored) + shift, len(fresh)))
+
+    def _remove_superseded(self, cid: str, slot: int, count: int) -> None:
+        """After a rewrite at ``slot`` of ``count`` messages: the snapshots and segments
+        before it (the old chain's records: under the old key, for rekey), never read as
+        the chain again. Snapshots of later seqs (of appends after it) stay."""
+        def before(sub: str, end: int) -> list[str]:
+            out = []
+            for key, _ in self.io.keys(sub):
+                with suppress(CorruptTranscriptError):  # not <seq>.json: not ours to remove
+                    if doc.seq_of(key, self._where(key)) < end:
+                        out.append(key)
+            return out
+
+        self.io.delete(before(doc.snapshots_dir(cid), count) +
+                       before(doc.segments_dir(cid), slot), "remove a superseded object at")
 
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:
