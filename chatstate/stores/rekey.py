@@ -11,7 +11,9 @@ The run, resumable at every step (each is one atomic write of the store):
    messages opened (every tag checked) and sealed again under the new key, and the
    stored hash chain over them recomputed, in one atomic ``Rewrites.rewrite`` of the
    store (a compare-and-swap on the stored last hash: a writer that appended since
-   makes the rewrite conflict, and it is read and done again). Then its partial
+   makes the rewrite conflict, and it is read and done again; json renames a file,
+   sqlite and postgresql commit a transaction, s3 creates one object at the key the
+   next append would take). Then its partial
    reply and its title and metadata, each one write. A record already sealed by the
    new key seals to the same bytes again (the nonce is synthetic), so a rerun after
    a kill rewrites only what is left.
