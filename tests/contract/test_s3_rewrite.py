@@ -125,3 +125,28 @@ def test_a_gap_not_followed_by_a_rewrite_is_still_damage(url: str) -> None:
     S3IO(parse_url(url)).delete(["conversations/c1/m/0000000066.json"])
     with pytest.raises(CorruptTranscriptError, match="seq 66 is missing"):
         open_store(url).load(CID)
+
+
+def test_what_a_kill_left_before_the_removal_is_removed_by_remove_superseded(
+        url: str) -> None:
+    """``remove_superseded`` (rekey calls it on every conversation it holds) removes the
+    segments and snapshots a rewrite superseded when a kill came before the rewrite did."""
+    store, msgs = _seventy(url)
+    old = {k: read_object(url, k) for k in object_keys(url) if "/m/" in k or "/snap/" in k}
+    again = seal_chain(70, prefix="new")
+    store.rewrite(CID, again, expect=msgs[-1].hash)
+    more = seal_chain(1, again[-1])
+    store.append(CID, more)  # an append after the rewrite: kept
+    for key, data in old.items():  # as a kill before the removal leaves it
+        assert data is not None
+        write_object(url, key, data)
+    fresh = open_store(url)
+    try:
+        assert fresh.remove_superseded(CID) == len(old)  # type: ignore[attr-defined]
+        assert [k for k in object_keys(url) if "/m/" in k or "/snap/" in k] == [
+            "conversations/c1/m/0000000070.json", "conversations/c1/m/0000000071.json"]
+        assert fresh.remove_superseded(CID) == 0  # type: ignore[attr-defined]
+        assert open_store(url).load(CID).messages == [*again, *more]
+    finally:
+        fresh.close()
+        store.close()

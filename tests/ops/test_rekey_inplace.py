@@ -237,6 +237,8 @@ def _assert_finished(root: Path, url: str, expected: dict[str, Any]) -> None:
     new_fp = fingerprint_of(NEW)
     for cid, fps in _fingerprints(url).items():
         assert set(fps.values()) == {new_fp}, (cid, fps)
+    if url.startswith("s3://"):  # nor any object a rewrite superseded, whatever the kills
+        assert _objects_not_under(url, new_fp) == []
     assert _content(url, NEW) == expected
     mark = _mark(url)
     assert mark["key"] == new_fp and "rekey" not in mark
@@ -397,6 +399,8 @@ def _assert_blobs_finished(root: Path, url: str, expected: dict[str, Any]) -> No
     assert _with_bytes(url, NEW) == expected
     for cid, fps in _fingerprints(url).items():
         assert set(fps.values()) == {fingerprint_of(NEW)}, (cid, fps)
+    if url.startswith("s3://"):  # nor any object a rewrite superseded, whatever the kills
+        assert _objects_not_under(url, fingerprint_of(NEW)) == []
     with keyless(), pytest.raises(ConfigurationError, match="wrong encryption key"):
         open_store(url, key=OLD)
     verify = subprocess.run([CHATSTATE, "replay", "c01", "--verify"], env=cli_env(
@@ -534,6 +538,45 @@ def test_rekey_in_place_re_keys_an_s3_store(
         assert raw.leftovers(sorted(counts), counts) == []  # (superseded ones too)
     finally:
         raw.close()
+
+
+def test_a_rerun_removes_what_a_kill_left_after_an_s3_rewrite(
+        tmp_path: Path, moto_endpoint: str) -> None:
+    """A rekey killed after a conversation's rewrite segment was stored but before the
+    objects it superseded were removed (the old key's records) leaves them: the rerun,
+    holding the conversation, removes them (they used to stay in the bucket for good)."""
+    from support.s3server import object_keys, read_object, write_object
+
+    from chatstate.stores._mark import MARKER_ID
+    from chatstate.stores.rekey import rotation_mark
+
+    url = new_bucket_url(moto_endpoint)
+    _fill(url, conversations=2, messages=70)
+    old = {k: read_object(url, k) for k in object_keys(url)
+           if k.startswith("conversations/c00/") and ("/m/" in k or "/snap/" in k)}
+    expected = _content(url, OLD)
+    done = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    new_fp = fingerprint_of(NEW)
+    assert _objects_not_under(url, new_fp) == []
+    # the state of a kill in c00's rewrite, between its segment and the removal: the
+    # superseded objects back, the mark saying the rotation runs
+    for key, data in old.items():
+        assert data is not None
+        write_object(url, key, data)
+    raw = open_raw(url)
+    try:
+        raw.set_header(MARKER_ID, metadata={"encryption": rotation_mark(OLD, NEW)})
+    finally:
+        raw.close()
+    assert sorted(_objects_not_under(url, new_fp)) == sorted(old)
+    assert _content(url, NEW) == expected  # never read as the chain
+    again = subprocess.run(REKEY, env=_env(tmp_path, url), capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert _objects_not_under(url, new_fp) == []
+    _assert_finished(tmp_path, url, expected)
 
 
 @pytest.mark.parametrize("kind", ["json", "sqlite", "s3"])

@@ -343,10 +343,31 @@ class S3Store(S3Lease, S3Blobs):
         self._derived(cid, "remove the objects the rewrite superseded",
                       lambda: self._remove_superseded(cid, len(stored) + shift, len(fresh)))
 
-    def _remove_superseded(self, cid: str, slot: int, count: int) -> None:
+    def remove_superseded(self, conversation_id: str) -> int:
+        """What a rewrite superseded and a kill left (before ``rewrite`` removed it):
+        removed; how many objects. ``chatstate rekey`` calls it on each conversation it
+        holds, so a rerun after such a kill leaves no record of the old key behind."""
+        cid = validate_id(conversation_id)
+        shift = self._shifts.get(cid)
+        if shift is None:
+            shift = chain.get_index(self.io, cid).shift()
+        if not shift:
+            return 0  # never rewritten (as this process, or the head, last read it)
+        keys = [k for k, _ in self.io.keys(doc.segments_dir(cid))]
+        for key in reversed(keys):  # the last rewrite: after it, only the appends since
+            blob = self.io.get(key)
+            if blob is None:
+                continue
+            found, rewrite = doc.decode_segment(blob.data, self._where(key), None)
+            if rewrite and found is not None:
+                return self._remove_superseded(cid, doc.seq_of(key, self._where(key)),
+                                               len(found))
+        return 0
+
+    def _remove_superseded(self, cid: str, slot: int, count: int) -> int:
         """After a rewrite at ``slot`` of ``count`` messages: the snapshots and segments
         before it (the old chain's records: under the old key, for rekey), never read as
-        the chain again. Snapshots of later seqs (of appends after it) stay."""
+        the chain again; how many. Snapshots of later seqs (of appends after it) stay."""
         def before(sub: str, end: int) -> list[str]:
             out = []
             for key, _ in self.io.keys(sub):
@@ -355,8 +376,9 @@ class S3Store(S3Lease, S3Blobs):
                         out.append(key)
             return out
 
-        self.io.delete(before(doc.snapshots_dir(cid), count) +
-                       before(doc.segments_dir(cid), slot), "remove a superseded object at")
+        gone = before(doc.snapshots_dir(cid), count) + before(doc.segments_dir(cid), slot)
+        self.io.delete(gone, "remove a superseded object at")
+        return len(gone)
 
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:
