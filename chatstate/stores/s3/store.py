@@ -483,7 +483,10 @@ class S3Store(S3Lease, S3Blobs):
         """Objects outside the layout or beyond the stored chain (ReportsLeftovers)."""
         from chatstate.stores.s3._leftovers import s3_leftovers
 
-        def shift(cid: str) -> int:
+        def shift(cid: str) -> int:  # as this process last read the chain (the caller
+            cached = self._shifts.get(cid)  # loaded it for ``counts``), else read now
+            if cached is not None:
+                return cached
             try:
                 return chain.read_chain(self.io, self.pool, cid)[1]
             except CorruptTranscriptError:
