@@ -36,6 +36,7 @@ Internal control flow, never raised to a caller (so not in the tree):
     adapter._policy.AttemptFailed  one failed attempt; the retry loop makes it a ModelError
     stores.s3._transport.Exists    a create-only put found the key taken
     stores.s3._transport.Stale     an If-Match put found the object changed
+    stores.s3._chain._Vanished     an object listed was gone when read; read again
     batch._work.OutOfAttempts      the ledger refused another attempt (a ChatstateError)
     ops.migrate._Differs           the destination holds something else under that id
     serve._history.Ambiguous       a header-less history matches more than one conversation
