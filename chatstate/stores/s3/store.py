@@ -281,12 +281,14 @@ class S3Store(S3Lease, S3Blobs):
         if fresh and chain.crosses_snapshot(fresh[0].seq, end.seq):
             self._derived(cid, "write a snapshot", lambda: self._snapshot(cid, end, shift))
 
-    def _derived(self, cid: str, what: str, step: Callable[[], object]) -> None:
+    def _derived(self, cid: str, what: str, step: Callable[[], object],
+                 done: str = "the append",
+                 later: str = "repaired at the next load or append") -> None:
         try:
             step()
         except StoreUnavailable as exc:
-            log.warning("%s: the append is stored, but could not %s (repaired at the next "
-                        "load or append): %s", self._where(doc.conv_dir(cid)), what, exc)
+            log.warning("%s: %s is stored, but could not %s (%s): %s",
+                        self._where(doc.conv_dir(cid)), done, what, later, exc)
 
     def _snapshot(self, cid: str, end: Message, shift: int) -> None:
         cached = self._chains.get(cid)
@@ -339,9 +341,11 @@ class S3Store(S3Lease, S3Blobs):
             chain.update_index(self.io, cid, None, header, tail=tail, shift=shift + 1,
                                touch=False)
 
-        self._derived(cid, "move the listing index to the rewritten chain", index)
-        self._derived(cid, "remove the objects the rewrite superseded",
-                      lambda: self._remove_superseded(cid, len(stored) + shift, len(fresh)))
+        self._derived(cid, "move the listing index to the rewritten chain", index,
+                      "the rewrite")
+        self._derived(cid, "remove the objects it superseded",
+                      lambda: self._remove_superseded(cid, len(stored) + shift, len(fresh)),
+                      "the rewrite", "never read again; the next rekey run removes them")
 
     def remove_superseded(self, conversation_id: str) -> int:
         """What a rewrite superseded and a kill left (before ``rewrite`` removed it):
