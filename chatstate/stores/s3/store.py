@@ -345,7 +345,7 @@ class S3Store(S3Lease, S3Blobs):
                       "the rewrite")
         self._derived(cid, "remove the objects it superseded",
                       lambda: self._remove_superseded(cid, len(stored) + shift, len(fresh)),
-                      "the rewrite", "never read again; the next rekey run removes them")
+                      "the rewrite", "never read again; a later rekey in place removes them")
 
     def remove_superseded(self, conversation_id: str) -> int:
         """What a rewrite superseded and a kill left (before ``rewrite`` removed it):
