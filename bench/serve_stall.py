@@ -9,13 +9,13 @@
    during the large request and during the read says whether the large one held
    the event loop. The proxy runs with ``--max-messages`` raised to let the large
    request in; a second line shows what the default cap answers it.
-2. A slow reader of a large stream. An upstream of this script's own streams
-   ``--stream-mb`` MB of SSE as fast as it can; a client reads the first bytes
-   through the proxy, stops reading for ``--stall`` seconds, then reads the rest
-   at full speed. The proxy's RSS before, at the end of the stall, and its peak
-   say whether it buffered the reply; the same stream read at full speed, direct
-   and through a second fresh proxy (its own peak), gives the relay's cost. Both
-   on each ``--store`` (sqlite and json by default).
+2. A slow reader of a large stream. An upstream (``chatstate.testing.big_stream``, which
+   the memory test uses too) streams a reply of ``--stream-mb`` MB as fast as it can; a
+   client reads the first bytes through the proxy, stops reading for ``--stall``
+   seconds, then reads the rest at full speed. The proxy's RSS before, at the end of the
+   stall, and its peak say whether it buffered the reply; the same stream read at full
+   speed, direct and through a second fresh proxy (its own peak), gives the relay's
+   cost. Both on each ``--store`` (sqlite and json by default).
 
 ``--chatstate`` runs another build's ``chatstate`` (an older checkout's venv) for a
 before/after; options that build does not know are left out.
@@ -24,7 +24,6 @@ before/after; options that build does not know are left out.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -44,43 +43,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from serve_load import CHATSTATE, start
 
 
-# -- a fast upstream of our own: SSE as fast as the socket takes it ----------------------------
-def chunk(text: str, finish: str | None = None) -> bytes:
-    body = {"id": "chatcmpl-big", "object": "chat.completion.chunk", "created": 0,
-            "model": "big", "choices": [{"index": 0, "delta": {"content": text} if text else {},
-                                         "finish_reason": finish}]}
-    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
-
-
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  size: int) -> None:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    await reader.readexactly(length)
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                 b"connection: close\r\n\r\n")
-    piece = chunk("x" * 4000)
-    sent = 0
-    while sent < size:
-        writer.write(piece)
-        sent += len(piece)
-        await writer.drain()
-    writer.write(chunk("", "stop") + b"data: [DONE]\n\n")
-    await writer.drain()
-    writer.close()
-
-
-def upstream_main(size: int) -> None:
-    async def run() -> None:
-        server = await asyncio.start_server(lambda r, w: _handle(r, w, size), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        print(f"serving on http://127.0.0.1:{port}/v1", flush=True)
-        await server.serve_forever()
-
-    asyncio.run(run())
-
-
+# -- a fast upstream: SSE as fast as the socket takes it (chatstate.testing.big_stream, which
+# the memory test uses too) ---------------------------------------------------------------------
 # -- helpers ------------------------------------------------------------------------------------
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -230,7 +194,7 @@ def store_url(kind: str, work: Path, name: str) -> str:
 def memory_table(args: argparse.Namespace, work: Path, env: dict[str, str]) -> list[str]:
     """Each stream through a fresh serve process, so each has its own peak (VmHWM)."""
     size = args.stream_mb * 1000 * 1000
-    up, base = start([sys.executable, __file__, "--upstream-only", str(size)],
+    up, base = start([sys.executable, "-m", "chatstate.testing.big_stream", str(size)],
                      r"serving on (http://\S+/v1)", env)
     rows = []
     try:
@@ -268,9 +232,6 @@ def memory_table(args: argparse.Namespace, work: Path, env: dict[str, str]) -> l
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--upstream-only":
-        upstream_main(int(sys.argv[2]))
-        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=200_001)
     parser.add_argument("--stream-mb", type=int, default=50)

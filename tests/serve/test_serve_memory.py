@@ -22,9 +22,10 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from support.big_stream import big_stream_upstream
 from support.serve_helpers import ServeProcess, local_url, serve_env
 from support.stores import load_once
+
+from chatstate.testing.big_stream import big_stream_upstream
 
 REPLY = 20 * 1000 * 1000
 """Characters of the streamed reply (``x``, so as many bytes of text)."""

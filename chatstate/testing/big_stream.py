@@ -4,15 +4,17 @@ The fake model paces its chunks; this one writes ``x`` * ``PIECE`` deltas back t
 until the reply's text is ``size`` characters, then ``finish_reason`` ``stop`` and
 ``[DONE]``: what a fast provider does with a very long answer. A request whose last
 message is ``"small"`` gets a one-chunk reply (to warm a proxy up). It runs on
-127.0.0.1 in a thread of the test process.
+127.0.0.1: in a thread of the caller (``big_stream_upstream``, for tests) or as a
+process of its own (``python -m chatstate.testing.big_stream SIZE``, for ``bench/``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 PIECE = 4000
@@ -46,6 +48,13 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     writer.close()
 
 
+async def _serve(size: int, started: Callable[[int], None]) -> None:
+    server = await asyncio.start_server(lambda r, w: _handle(r, w, size), "127.0.0.1", 0)
+    started(server.sockets[0].getsockname()[1])
+    async with server:
+        await server.serve_forever()
+
+
 @contextmanager
 def big_stream_upstream(size: int) -> Iterator[str]:
     """The base URL (``http://127.0.0.1:PORT/v1``) of an upstream whose streamed replies
@@ -54,18 +63,15 @@ def big_stream_upstream(size: int) -> Iterator[str]:
     started = threading.Event()
     port: list[int] = []
 
-    async def run() -> None:
-        server = await asyncio.start_server(lambda r, w: _handle(r, w, size), "127.0.0.1", 0)
-        port.append(server.sockets[0].getsockname()[1])
+    def up(at: int) -> None:
+        port.append(at)
         started.set()
-        async with server:
-            await server.serve_forever()
 
     task: list[asyncio.Task[None]] = []
 
     def main() -> None:
         asyncio.set_event_loop(loop)
-        task.append(loop.create_task(run()))
+        task.append(loop.create_task(_serve(size, up)))
         with suppress(asyncio.CancelledError):
             loop.run_until_complete(task[0])
 
@@ -78,3 +84,18 @@ def big_stream_upstream(size: int) -> Iterator[str]:
     finally:
         loop.call_soon_threadsafe(task[0].cancel)
         thread.join(30)
+
+
+def main() -> None:
+    """``python -m chatstate.testing.big_stream SIZE``: serve until killed, after printing
+    ``serving on URL``."""
+    size = int(sys.argv[1])
+
+    def up(port: int) -> None:
+        print(f"serving on http://127.0.0.1:{port}/v1", flush=True)
+
+    asyncio.run(_serve(size, up))
+
+
+if __name__ == "__main__":
+    main()
