@@ -17,11 +17,9 @@ anything the exact path would refuse, and never refuse what it accepts.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from functools import cache, partial
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -29,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from chatstate._gcpause import paused
 from chatstate.core.transcript import OPTIONAL_FIELDS, Message, message_keys
 
 
@@ -191,19 +190,8 @@ def _document_part(items: list[Any], prev: str | None) -> list[Message] | None:
         else None
 
 
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """The cyclic garbage collector held off while a load builds its records: the
-    hundreds of thousands of dicts and records a long transcript makes, none of them
-    in a cycle, would otherwise set off full collections that walk everything made so
-    far (a quarter of a 100,000-message load)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+no_gc = paused
+"""``chatstate._gcpause.paused``, by the name the loads first used."""
 
 
 def canonical(item: dict[str, Any]) -> bytes | None:

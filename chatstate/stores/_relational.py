@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from chatstate._gcpause import paused
 from chatstate.core.transcript import (
     Conversation,
     ConversationSummary,
@@ -42,7 +43,6 @@ from chatstate.errors import (
     CorruptTranscriptError,
     StoreUnavailable,
 )
-from chatstate.stores._fastload import no_gc
 from chatstate.stores._rows import decode_rows, row_message, row_text
 from chatstate.stores.base import (
     CheckReport,
@@ -216,7 +216,7 @@ class RelationalStore(ABC):
 
     def load(self, conversation_id: str) -> Conversation:
         cid = conversation_id
-        with no_gc():  # the rows and records made are many, and none in a cycle
+        with paused():  # the rows and records made are many, and none in a cycle
             with self._load_snapshot() as db:  # one snapshot: header, messages, partial
                 head = self._header(db, cid)
                 rows, version = self._rows(db, cid), self._version(db)

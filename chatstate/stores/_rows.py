@@ -12,9 +12,10 @@ import json
 from operator import attrgetter, itemgetter
 from typing import Any
 
+from chatstate._gcpause import paused
 from chatstate.core.transcript import Message, brief, chain_hash, parse_message
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import chain_intact, first_break, no_gc, stored_messages
+from chatstate.stores._fastload import chain_intact, first_break, stored_messages
 
 
 def row_text(raw: bytes, where: str, seq: int) -> str:
@@ -51,7 +52,7 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 1024) -> list[Message]
     messages: list[Message] = []
     prev: str | None = None
     try:
-        with no_gc():  # the rows and records made are many, and none in a cycle
+        with paused():  # the rows and records made are many, and none in a cycle
             for start in range(0, len(rows), chunk):
                 part = rows[start:start + chunk]
                 seqs = list(map(itemgetter(0), part))
