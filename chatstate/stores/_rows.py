@@ -9,13 +9,13 @@ the bad seq.
 from __future__ import annotations
 
 import json
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any
 
 from chatstate._gcpause import paused
 from chatstate.core.transcript import Message, brief, chain_hash, parse_message
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import chain_intact, first_break, stored_messages
+from chatstate.stores._fastload import chain_intact, first_break, stored_chunk
 
 
 def row_text(raw: bytes, where: str, seq: int) -> str:
@@ -40,7 +40,7 @@ def row_message(body: str, hash_: str, where: str, seq: int) -> Message:
     return parse_message({**item, "hash": hash_}, where, seq)
 
 
-def decode_rows(rows: list[Any], where: str, chunk: int = 1024) -> list[Message]:
+def decode_rows(rows: list[Any], where: str, chunk: int = 512) -> list[Message]:
     """Every row as a Message, the chain verified; damage is named by its seq.
 
     The fast path parses each body with orjson (kept only if it encodes back to the
@@ -54,14 +54,12 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 1024) -> list[Message]
     try:
         with paused():  # the rows and records made are many, and none in a cycle
             for start in range(0, len(rows), chunk):
-                part = rows[start:start + chunk]
-                seqs = list(map(itemgetter(0), part))
-                if seqs != list(range(start, start + len(part))):
+                seqs, raws, hashes = zip(*rows[start:start + chunk], strict=True)
+                if seqs != tuple(range(start, start + len(seqs))):
                     raise ValueError("a gap in the seqs")  # the slow path names it
-                raws, hashes = list(map(itemgetter(1), part)), list(map(itemgetter(2), part))
                 intact = chain_intact(raws, hashes, prev)  # while the chunk is in the cache
-                decoded = stored_messages(zip(raws, hashes, strict=True))
-                if not intact or list(map(attrgetter("seq"), decoded)) != seqs:
+                decoded = stored_chunk(raws, hashes)
+                if not intact or tuple(map(attrgetter("seq"), decoded)) != seqs:
                     bad = first_break(decoded, raws, prev, start, exact=True)
                     if bad is not None:
                         _broken(where, bad)

@@ -17,11 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chatstate.core.transcript import (
+    FREE_FIELDS,
     MESSAGE_FIELDS,
     Conversation,
     Message,
     _plain_message,
     _plain_messages,
+    plain_free,
 )
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores import open_store
@@ -148,13 +150,18 @@ def _each_plain(items: list[Any]) -> bool | None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_stored_dicts(), max_size=6))
+@given(st.one_of(st.lists(_stored_dicts(), max_size=6),
+                 st.builds(lambda d, n: [dict(d) for _ in range(n)], _stored_dicts(),
+                           st.integers(1, 3))))  # all holding the same fields, as stored
 def test_the_whole_list_check_gives_each_message_check_verdict(items: list[Any]) -> None:
     """``_plain_messages`` (a field at a time over the whole list) says True exactly when
     ``_plain_message`` says True for every one, and the records it makes are the ones
     ``Message.from_stored`` makes."""
     each = _each_plain(items)
     assert _plain_messages(items) is bool(each)
+    if each:  # and where free JSON stands, for the bodies to encode again
+        assert plain_free(items) == [i for i, d in enumerate(items) if type(
+            d["content"]) is not str or any(d.get(k) is not None for k in FREE_FIELDS)]
     made = Message.from_stored_list(items)
     if each:
         assert made is not None
