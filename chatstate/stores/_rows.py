@@ -46,16 +46,22 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512) -> list[Message]:
     The fast path parses each body with orjson (kept only if it encodes back to the
     very bytes stored), checks it with the transcript's fast structural test
     (pydantic only for a body that test does not pass) and hashes those same bytes,
-    a chunk of rows at a time; anything odd falls back to the row-by-row path, which
-    names the first bad row.
+    a chunk of rows at a time; anything odd falls back to the row-by-row path from
+    that chunk on (the ones before it verified), which names the first bad row.
+
+    ``rows`` is consumed: each chunk's rows are let go once its messages are made, so
+    the memory of their bodies is reused for the next chunks' records instead of the
+    process taking (and the kernel zeroing) as much again.
     """
     messages: list[Message] = []
     prev: str | None = None
+    start = 0
     try:
         with paused():  # the rows and records made are many, and none in a cycle
             for start in range(0, len(rows), chunk):
-                seqs, raws, hashes = zip(*rows[start:start + chunk], strict=True)
-                if seqs != tuple(range(start, start + len(seqs))):
+                stop = min(start + chunk, len(rows))
+                seqs, raws, hashes = zip(*rows[start:stop], strict=True)
+                if seqs != tuple(range(start, stop)):
                     raise ValueError("a gap in the seqs")  # the slow path names it
                 intact = chain_intact(raws, hashes, prev)  # while the chunk is in the cache
                 decoded = stored_chunk(raws, hashes)
@@ -63,17 +69,23 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512) -> list[Message]:
                     bad = first_break(decoded, raws, prev, start, exact=True)
                     if bad is not None:
                         _broken(where, bad)
-                prev = hashes[-1] if hashes else prev
+                prev = hashes[-1]
                 messages.extend(decoded)
+                rows[start:stop] = _NONE * (stop - start)
     except (ValueError, TypeError, AttributeError):  # invalid, not UTF-8, a gap: find the row
-        return _decode_rows_one_by_one(rows, where)
+        return messages + _decode_rows_one_by_one(rows[start:], where, start, prev)
     return messages
 
 
-def _decode_rows_one_by_one(rows: list[Any], where: str) -> list[Message]:
+_NONE = [None]
+
+
+def _decode_rows_one_by_one(rows: list[Any], where: str, start: int = 0,
+                            prev: str | None = None) -> list[Message]:
+    """``decode_rows`` a row at a time, ``rows`` from seq ``start`` on (``prev``: the
+    hash before it)."""
     messages: list[Message] = []
-    prev: str | None = None
-    for position, (seq, raw, hash_) in enumerate(rows):
+    for position, (seq, raw, hash_) in enumerate(rows, start):
         body = row_text(raw, where, seq)
         msg = row_message(body, hash_, where, seq)
         if seq != position or msg.seq != seq or chain_hash(prev, body) != hash_:

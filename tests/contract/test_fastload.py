@@ -205,3 +205,62 @@ def test_an_integer_past_64_bits_loads_exactly(tmp_path: Path, kind: str,
     loaded = open_store(url).load("c").messages
     assert loaded == msgs
     assert loaded[1].params == {"n": 2**70} and type(loaded[1].params["n"]) is int
+
+
+LONG = 1300  # past the load's first chunks of rows (decode_rows: 512 at a time)
+LATE_DAMAGE = {
+    "tampered": ("UPDATE messages SET body=replace(body, 'msg 1100\"', 'msg 1100, edited\"') "
+                 "WHERE seq=1100", 1100),
+    "removed-middle": ("DELETE FROM messages WHERE seq=900", 900),
+    "bad-json": ("UPDATE messages SET body='{not json' WHERE seq=700", 700),
+}
+
+
+def _long_sqlite(tmp_path: Path, extra: dict[int, dict[str, Any]] | None = None
+                 ) -> tuple[str, list[Message]]:
+    url = f"sqlite://{tmp_path}/s.db"
+    msgs = chain([(extra or {}).get(i, {"role": "user" if i % 2 else "assistant",
+                                        "content": f"msg {i}"}) for i in range(LONG)])
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", msgs)
+    store.close()
+    return url, msgs
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize("damage", LATE_DAMAGE.values(), ids=LATE_DAMAGE.keys())
+def test_damage_past_the_first_chunks_is_named_by_its_seq(tmp_path: Path,
+                                                          damage: tuple[str, int]) -> None:
+    """The chunks before the damage were verified and let go: the row-by-row path takes
+    over from the damaged chunk, and names the very row; the rows stay as they were."""
+    import sqlite3
+
+    url, _ = _long_sqlite(tmp_path)
+    sql, position = damage
+    con = sqlite3.connect(tmp_path / "s.db")
+    con.execute(sql)
+    con.commit()
+    before = con.execute("SELECT * FROM messages ORDER BY seq").fetchall()
+    con.close()
+    store = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c")
+    store.close()
+    assert info.value.position == position
+    assert f"seq {position}" in str(info.value)
+    con = sqlite3.connect(tmp_path / "s.db")
+    assert con.execute("SELECT * FROM messages ORDER BY seq").fetchall() == before
+    con.close()
+
+
+def test_a_late_body_the_fast_path_refuses_loads_exactly(tmp_path: Path) -> None:
+    """An integer past 64 bits at seq 800: the chunks before it load by the fast path,
+    the rest row by row, and the whole chain is the one stored."""
+    url, msgs = _long_sqlite(tmp_path, {800: {"role": "user", "content": "n",
+                                              "params": {"n": 2**70}}})
+    store = open_store(url)
+    loaded = store.load("c").messages
+    store.close()
+    assert loaded == msgs
+    assert loaded[800].params == {"n": 2**70}
