@@ -40,8 +40,11 @@ def row_message(body: str, hash_: str, where: str, seq: int) -> Message:
     return parse_message({**item, "hash": hash_}, where, seq)
 
 
-def decode_rows(rows: list[Any], where: str, chunk: int = 512) -> list[Message]:
-    """Every row as a Message, the chain verified; damage is named by its seq.
+def decode_rows(rows: list[Any], where: str, chunk: int = 512
+                ) -> tuple[list[Message], bool]:
+    """Every row as a Message, the chain verified; damage is named by its seq. And
+    whether every message's content is a string (so none names a blob), found while
+    each chunk's records are fresh in the cache rather than in another pass over all.
 
     The fast path parses each body with orjson (kept only if it encodes back to the
     very bytes stored), checks it with the transcript's fast structural test
@@ -56,6 +59,7 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512) -> list[Message]:
     messages: list[Message] = []
     prev: str | None = None
     start = 0
+    texts = True
     try:
         with paused():  # the rows and records made are many, and none in a cycle
             for start in range(0, len(rows), chunk):
@@ -71,10 +75,11 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512) -> list[Message]:
                         _broken(where, bad)
                 prev = hashes[-1]
                 messages.extend(decoded)
+                texts = texts and set(map(type, map(attrgetter("content"), decoded))) == {str}
                 rows[start:stop] = _NONE * (stop - start)
     except (ValueError, TypeError, AttributeError):  # invalid, not UTF-8, a gap: find the row
-        return messages + _decode_rows_one_by_one(rows[start:], where, start, prev)
-    return messages
+        return messages + _decode_rows_one_by_one(rows[start:], where, start, prev), False
+    return messages, texts
 
 
 _NONE = [None]
