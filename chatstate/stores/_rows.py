@@ -18,7 +18,11 @@ from chatstate.errors import CorruptTranscriptError
 from chatstate.stores._fastload import chain_intact, first_break, stored_chunk
 
 
-def row_text(raw: bytes, where: str, seq: int) -> str:
+def row_text(raw: bytes | None, where: str, seq: int) -> str:
+    if raw is None:  # sqlite: a long body's row in long_bodies is gone
+        raise CorruptTranscriptError(f"{where}: message seq {seq} has no stored body (its "
+                                     "long body is missing); the database was left as it is",
+                                     where=where, position=seq)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -264,3 +264,38 @@ def test_a_late_body_the_fast_path_refuses_loads_exactly(tmp_path: Path) -> None
     store.close()
     assert loaded == msgs
     assert loaded[800].params == {"n": 2**70}
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize(("gone", "position"), [("seq=0", 0), ("seq=1", 1), ("1", 0)],
+                         ids=["first", "second", "every"])
+def test_a_missing_long_body_is_named_by_its_seq(tmp_path: Path, gone: str,
+                                                 position: int) -> None:
+    """A long message's body lives in long_bodies (m009): with its row gone the load
+    names the message (it raised AttributeError before), and changes nothing."""
+    import sqlite3
+
+    from chatstate.core.transcript import LARGE_CONTENT
+
+    url = f"sqlite://{tmp_path}/s.db"
+    msgs = chain([{"role": "user", "content": "x" * LARGE_CONTENT},
+                  {"role": "assistant", "content": "y" * LARGE_CONTENT}])
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", msgs)
+    store.close()
+    con = sqlite3.connect(tmp_path / "s.db")
+    assert con.execute("SELECT count(*) FROM long_bodies").fetchone() == (2,)
+    con.execute(f"DELETE FROM long_bodies WHERE {gone}")
+    con.commit()
+    before = con.execute("SELECT * FROM messages ORDER BY seq").fetchall()
+    con.close()
+    store = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c")
+    store.close()
+    assert info.value.position == position
+    assert "'c'" in str(info.value)
+    con = sqlite3.connect(tmp_path / "s.db")
+    assert con.execute("SELECT * FROM messages ORDER BY seq").fetchall() == before
+    con.close()
