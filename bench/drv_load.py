@@ -2,20 +2,29 @@
 
     python bench/drv_load.py prepare URL... --sizes 1000,10000 --prefix load
     python bench/drv_load.py load URL CID
+    python bench/drv_load.py floor URL CID
 
 ``prepare`` seals one chain of ~500-byte messages and stores its first n
 messages as conversation ``<prefix>-<n>`` in every store given. ``load`` runs
 in a fresh process per measurement: it opens the store (untimed), then times
 ``store.load`` - which parses every message and verifies the whole hash chain
-- and reports peak RSS (VmHWM, else getrusage maxrss) before and after.
+- and reports its wall and CPU (user + sys) seconds and peak RSS (VmHWM, else
+getrusage maxrss) before and after. ``floor`` times, in a fresh process too, the
+bare work no load can skip, with nothing of chatstate: for sqlite a plain
+``SELECT CAST(body AS BLOB), hash`` of the conversation's rows (fetchall, the file
+memory-mapped as the store's load maps it) and one sha256 per body; for json the
+file read, one ``orjson.loads`` of it and one sha256 per line. The load's ratio to
+it, taken in the same run, says what the machine's load does not.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
 import time
+from pathlib import Path
 
 from _drvproto import text
 
@@ -55,17 +64,48 @@ def peak_rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def load(url: str, cid: str) -> dict[str, object]:
     from chatstate import open_store
 
     store = open_store(url)
     before = peak_rss_kb()
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     conv = store.load(cid)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     after = peak_rss_kb()
-    return {"seconds": elapsed, "messages": len(conv.messages), "maxrss_before_kb": before,
-            "maxrss_after_kb": after}
+    return {"seconds": elapsed, "cpu": cpu, "messages": len(conv.messages),
+            "maxrss_before_kb": before, "maxrss_after_kb": after}
+
+
+def floor(url: str, cid: str) -> dict[str, object]:
+    """``load``'s floor (see the module docstring): wall and CPU seconds."""
+    import sqlite3
+
+    import orjson
+
+    scheme, _, rest = url.partition("://")
+    sha = hashlib.sha256
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    if scheme == "sqlite":
+        db = sqlite3.connect(rest)
+        db.execute(f"PRAGMA mmap_size={1 << 30}")
+        rows = db.execute("SELECT CAST(body AS BLOB), hash FROM messages WHERE "
+                          "conversation_id=? ORDER BY seq", (cid,)).fetchall()
+        for body, _hash in rows:
+            sha(body).hexdigest()
+        count = len(rows)
+    else:
+        raw = (Path(rest) / f"{cid}.json").read_bytes()
+        count = len(orjson.loads(raw)["messages"])
+        for line in raw.split(b"\n"):
+            sha(line).hexdigest()
+    return {"seconds": time.perf_counter() - t0, "cpu": cpu_seconds() - c0,
+            "messages": count}
 
 
 def main() -> None:
@@ -75,14 +115,15 @@ def main() -> None:
     p.add_argument("urls", nargs="+")
     p.add_argument("--sizes", required=True)
     p.add_argument("--prefix", default="load")
-    q = sub.add_parser("load")
-    q.add_argument("url")
-    q.add_argument("cid")
+    for name in ("load", "floor"):
+        q = sub.add_parser(name)
+        q.add_argument("url")
+        q.add_argument("cid")
     args = parser.parse_args()
     if args.cmd == "prepare":
         result = prepare(args.urls, [int(s) for s in args.sizes.split(",")], args.prefix)
     else:
-        result = load(args.url, args.cid)
+        result = (load if args.cmd == "load" else floor)(args.url, args.cid)
     print(json.dumps(result))
 
 

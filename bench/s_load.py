@@ -41,8 +41,8 @@ def _urls(work: Path) -> dict[str, str]:
     return {"sqlite": f"sqlite://{work / 'load.db'}", "json": f"json://{work / 'json'}"}
 
 
-def _run_load(url: str, cid: str) -> dict[str, float]:
-    out = subprocess.run([str(PROJECT_PY), str(BENCH / "drv_load.py"), "load", url, cid],
+def _run_load(url: str, cid: str, what: str = "load") -> dict[str, float]:
+    out = subprocess.run([str(PROJECT_PY), str(BENCH / "drv_load.py"), what, url, cid],
                          capture_output=True, text=True, check=True, cwd=WORK)
     result: dict[str, float] = json.loads(out.stdout)
     return result
@@ -78,6 +78,7 @@ def run(quick: bool) -> Section:
     prep_times = json.loads(prep.stdout)
     log(f"load: stored in {time.perf_counter() - t0:.1f} s; measuring")
     loads: dict[tuple[str, int], list[dict[str, float]]] = {}
+    floors: dict[tuple[str, int], list[dict[str, float]]] = {}
     replays: dict[tuple[str, int], list[tuple[float, int]]] = {}
     for rep in range(max(reps.values())):
         kinds = list(urls) if rep % 2 == 0 else list(reversed(urls))
@@ -86,16 +87,25 @@ def run(quick: bool) -> Section:
                 continue
             for kind in kinds:
                 loads.setdefault((kind, n), []).append(_run_load(urls[kind], f"load-{n}"))
+                floors.setdefault((kind, n), []).append(
+                    _run_load(urls[kind], f"load-{n}", "floor"))
                 if n <= REPLAY_MAX:
                     replays.setdefault((kind, n), []).append(
                         _run_replay(urls[kind], f"load-{n}", work / "replay.txt"))
-    return _report(reps, urls, loads, replays, prep_times)
+    return _report(reps, urls, loads, replays, prep_times, floors)
 
 
-def _report(reps: dict[int, int], urls: dict[str, str],
-            loads: dict[tuple[str, int], list[dict[str, float]]],
+Runs = dict[tuple[str, int], list[dict[str, float]]]
+
+
+def _ratio(loads: Runs, floors: Runs, key: tuple[str, int], field: str = "seconds") -> float:
+    """The median load over the median floor, each run in a fresh process, interleaved."""
+    return median([r[field] for r in loads[key]]) / median([r[field] for r in floors[key]])
+
+
+def _report(reps: dict[int, int], urls: dict[str, str], loads: Runs,
             replays: dict[tuple[str, int], list[tuple[float, int]]],
-            prep_times: dict[str, float]) -> Section:
+            prep_times: dict[str, float], floors: Runs) -> Section:
     rows = []
     per_msg: dict[tuple[str, int], float] = {}
     for kind in urls:
@@ -109,7 +119,12 @@ def _report(reps: dict[int, int], urls: dict[str, str],
             rtimes = [t for t, _ in rruns]
             replay = f"{ms(median(rtimes))} / {ms(p99(rtimes))}" if rruns else "-"
             rpeak = f"{max(m for _, m in rruns) / 1024:.0f}" if rruns else "-"
+            cpu = median([r["cpu"] for r in runs])
             rows.append([f"chatstate-{kind}", f"{n:,}", f"{ms(median(secs))} / {ms(p99(secs))}",
+                         ms(cpu), f"{ms(median([r['seconds'] for r in floors[(kind, n)]]))} / "
+                         f"{ms(median([r['cpu'] for r in floors[(kind, n)]]))}",
+                         f"{_ratio(loads, floors, (kind, n)):.2f}× / "
+                         f"{_ratio(loads, floors, (kind, n), 'cpu'):.2f}×",
                          f"{n / median(secs):,.0f}", f"{peak / 1024:.0f}",
                          f"{delta / 1024:.0f} ({per_msg[(kind, n)]:,.0f} B/msg)",
                          replay, rpeak,
@@ -122,16 +137,24 @@ def _report(reps: dict[int, int], urls: dict[str, str],
         "process, start-up included, run at up to 10,000 messages; its peak RSS is taken by "
         "the parent with wait4. "
         "\"store s\" is the one-off untimed preparation: create + one append of all n "
-        "messages.",
-        table(["store", "messages", "load + verify ms", "msgs/s", "peak RSS MiB",
+        "messages. CPU is the load's user + sys time. The floor is the bare work no load "
+        "can skip, nothing of chatstate imported, in a fresh process interleaved with the "
+        "loads (`bench/drv_load.py floor`): sqlite a plain `SELECT CAST(body AS BLOB), "
+        "hash` of the rows, the file memory-mapped as the load maps it, and one sha256 "
+        "per body; json the file read, one `orjson.loads` of it and one sha256 per line. "
+        "\"× floor\" is the load's median over the floor's (wall / CPU), which the "
+        "machine's load moves much less than the seconds.",
+        table(["store", "messages", "load + verify ms", "load CPU ms",
+               "floor ms (wall / CPU)", "× floor (wall / CPU)", "msgs/s", "peak RSS MiB",
                "Δ RSS MiB", "replay ms", "replay peak MiB", "store s", "runs"], rows),
     ])
-    return Section("2. Load + verify, replay", body, _targets(reps, loads, replays, per_msg))
+    return Section("2. Load + verify, replay", body,
+                   _targets(reps, loads, replays, per_msg, floors))
 
 
-def _targets(reps: dict[int, int], loads: dict[tuple[str, int], list[dict[str, float]]],
+def _targets(reps: dict[int, int], loads: Runs,
              replays: dict[tuple[str, int], list[tuple[float, int]]],
-             per_msg: dict[tuple[str, int], float]) -> list[Target]:
+             per_msg: dict[tuple[str, int], float], floors: Runs) -> list[Target]:
     out = []
     big = max(reps)
     secs = median([r["seconds"] for r in loads[("sqlite", big)]])
@@ -149,7 +172,10 @@ def _targets(reps: dict[int, int], loads: dict[tuple[str, int], list[dict[str, f
             out.append(Target("load", goal, f"--quick stops at {big:,}", None))
             continue
         took = median([r["seconds"] for r in loads[(kind, big)]])
-        out.append(Target("load", goal, f"{took:.2f} s", took <= limit, "" if took <= limit
+        cpu = median([r["cpu"] for r in loads[(kind, big)]])
+        shown = f"{took:.2f} s (CPU {cpu:.2f} s; {_ratio(loads, floors, (kind, big)):.2f}× " \
+            "the floor)"
+        out.append(Target("load", goal, shown, took <= limit, "" if took <= limit
                           else "per row: the fetch (sqlite) or the file parse (json), an "
                           "orjson parse and the fast structural check of each message, a "
                           "sha256 (json: and re-encoding each message canonically to hash "

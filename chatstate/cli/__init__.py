@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Callable
 
-_paused = False
-"""The cyclic collector is off for this command's start-up (see ``started``)."""
+from chatstate import _gcpause
+
+_release: Callable[[], None] = _gcpause.NOT_HELD
+"""Turns the cyclic collector on again after this command's start-up (see ``started``)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,9 +25,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.write(TEXT)
         sys.exit(0)
     _skip_final_collection()
-    global _paused
-    _paused = gc.isenabled()
-    gc.disable()  # until started()
+    global _release
+    _release = _gcpause.hold()  # until started()
     try:
         from chatstate.cli.app import cli
         from chatstate.cli.common import run
@@ -45,10 +47,9 @@ def started() -> None:
     open a conversation (``app.OPENS_CHAT``) later, in ``turns.open_chat``, once the
     store, the session and the model adapter are imported and the chat is open. Only
     ``main`` turns it off, so calling this again, or without ``main``, does nothing."""
-    global _paused
-    if _paused:
-        _paused = False
-        gc.enable()
+    global _release
+    release, _release = _release, _gcpause.NOT_HELD
+    release()
 
 
 def _skip_final_collection() -> None:

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from itertools import repeat
-from operator import itemgetter
+from operator import countOf, itemgetter
 from typing import Any, Literal, TypeVar
 
 import orjson
@@ -343,48 +343,94 @@ def message_keys(items: list[dict[str, Any]]) -> set[str] | None:
     return present
 
 
+FREE_FIELDS = ("usage", "params", "extra", "tool_calls")
+"""The fields besides ``content``'s parts that hold free JSON (where a number can stand)."""
+
+
 def _plain_messages(items: list[Any], present: set[str] | None = None) -> bool:
     """``_plain_message`` for every one of ``items`` (dicts freshly parsed), a field at a
     time over the whole list: each test a C loop (``map``, ``set``) rather than a Python
     call per message, so a long transcript costs a few passes over its fields. The same
     verdicts: True only if ``_plain_message`` is True for each; False is no verdict (the
     caller then asks item by item)."""
+    return plain_free(items) is not None
+
+
+def plain_free(items: list[Any]) -> list[int] | None:
+    """``_plain_messages``' verdict, and where free JSON stands: None unless every one of
+    ``items`` is a plain message; else the positions of those whose content is a list of
+    parts or whose ``FREE_FIELDS`` hold a value (usually none).
+
+    Each test is one C loop over the list. Lists whose messages all hold the same
+    fields (what a store writes) take fewer: each field read by ``itemgetter`` (a
+    KeyError says the fields differ: then the loops that allow for it), several at once,
+    and every optional field that is None in all of them checked in one pass."""
     if not items:
-        return True
+        return []
     try:
         if set(map(type, items)) != {dict}:
-            return False
-        present = present or message_keys(items)  # (the caller's, when it has them)
-        if present is None:
-            return False
-        seqs = list(map(itemgetter("seq"), items))
-        if set(map(type, seqs)) != {int} or min(seqs) < 0 or \
-                not set(map(itemgetter("role"), items)) <= _ROLES or \
-                set(map(type, map(itemgetter("created_at"), items))) != {str} or \
-                set(map(type, map(itemgetter("turn_id"), items))) != {str}:
-            return False
-        contents = list(map(itemgetter("content"), items))
-        if set(map(type, contents)) != {str} and \
-                not all(_plain_parts(c) for c in contents if type(c) is not str):
-            return False
-        n = len(items)
-        for k in present - _MESSAGE_REQUIRED:
-            values = list(map(dict.get, items, repeat(k, n), repeat(_ABSENT, n)))
-            if k == "status":
-                if not set(values) - {_ABSENT} <= _STATUSES:  # None is no status
-                    return False
-                continue
-            types = set(map(type, values))
-            if k in _TYPES_OF:
-                if not types <= _TYPES_OF[k]:
-                    return False
-            elif not types <= _NONE_OR_ABSENT:  # a dict or list field: each value checked
-                check = _CHECKS[k]
-                if not all(check(v) for v in values if v is not None and v is not _ABSENT):
-                    return False
+            return None
+        keys = tuple(items[0])
+        if set(map(len, items)) == {len(keys)}:
+            try:  # each of keys read from every item below: they all hold exactly these
+                return _plain_free(items, set(keys), True)
+            except KeyError:
+                pass
+        present = message_keys(items)
+        return None if present is None else _plain_free(items, present, False)
     except TypeError:  # an unhashable role or status: item by item decides (and raises)
-        return False
-    return True
+        return None
+
+
+def _plain_free(items: list[dict[str, Any]], present: set[str], one: bool
+                ) -> list[int] | None:
+    """``plain_free`` of dicts holding the fields ``present`` between them (``one``: each
+    holds every one of them, which itemgetter's KeyError then proves)."""
+    if not _MESSAGE_REQUIRED <= present <= _MESSAGE_KEYS:
+        return None
+    n = len(items)
+    seqs = list(map(itemgetter("seq"), items))
+    if set(map(type, seqs)) != {int} or min(seqs) < 0 or \
+            set(map(type, map(itemgetter("created_at"), items))) != {str} or \
+            set(map(type, map(itemgetter("turn_id"), items))) != {str}:
+        return None
+    rest = present - _MESSAGE_REQUIRED
+    if one and "status" in rest:
+        pairs = set(map(itemgetter("role", "status"), items))
+        if not set(map(itemgetter(0), pairs)) <= _ROLES or \
+                not set(map(itemgetter(1), pairs)) <= _STATUSES:
+            return None
+        rest.discard("status")
+    elif not set(map(itemgetter("role"), items)) <= _ROLES:
+        return None
+    contents = list(map(itemgetter("content"), items))
+    free = [] if set(map(type, contents)) == {str} else \
+        [i for i, c in enumerate(contents) if type(c) is not str]
+    if not all(_plain_parts(contents[i]) for i in free):
+        return None
+    nullable = sorted(rest - _NOT_NONE)
+    if one and nullable and countOf(map(itemgetter(*nullable), items), (
+            None,) * len(nullable) if len(nullable) > 1 else None) == n:
+        rest -= set(nullable)  # all None, the common case: nothing more to check
+    for k in rest:
+        values = list(map(itemgetter(k), items)) if one else \
+            list(map(dict.get, items, repeat(k, n), repeat(_ABSENT, n)))
+        if k == "status":
+            if not set(values) - {_ABSENT} <= _STATUSES:  # None is no status
+                return None
+            continue
+        types = set(map(type, values))
+        if k in _TYPES_OF:
+            if not types <= _TYPES_OF[k]:
+                return None
+        elif not types <= _NONE_OR_ABSENT:  # a dict or list field: each value checked
+            check = _CHECKS[k]
+            held = [i for i, v in enumerate(values) if v is not None and v is not _ABSENT]
+            if not all(check(values[i]) for i in held):
+                return None
+            if k in FREE_FIELDS:
+                free.extend(held)
+    return sorted(set(free))
 
 
 def _frozen(name: str, value: Any) -> Exception:
@@ -569,6 +615,11 @@ class Message(_Record):
         The records are made by C loops, not a Python call per message."""
         if not _plain_messages(items, keys):
             return None
+        return cls.records(items)
+
+    @classmethod
+    def records(cls, items: list[dict[str, Any]]) -> list[Message]:
+        """Records over ``items``, kept as they are: only for dicts ``plain_free`` passed."""
         out: list[Message] = list(map(object.__new__, repeat(cls, len(items))))
         deque(map(object.__setattr__, out, repeat("__dict__"), items), maxlen=0)
         return out

@@ -17,11 +17,9 @@ anything the exact path would refuse, and never refuse what it accepts.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from functools import cache, partial
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -29,7 +27,14 @@ from typing import Any
 
 import orjson
 
-from chatstate.core.transcript import OPTIONAL_FIELDS, Message, message_keys
+from chatstate._gcpause import paused
+from chatstate.core.transcript import (
+    FREE_FIELDS,
+    OPTIONAL_FIELDS,
+    Message,
+    message_keys,
+    plain_free,
+)
 
 
 @cache
@@ -46,8 +51,8 @@ def validate_json_array(array: bytes) -> list[Message]:
     return found
 
 
-_NUMBERED = ("usage", "params", "extra", "tool_calls")
-"""The fields where a stored number can stand (besides seq): counts and free JSON."""
+_NUMBERED = FREE_FIELDS
+"""The fields where a stored number can stand (besides seq and content's parts)."""
 
 
 def parse_canonical(raw: bytes) -> dict[str, Any]:
@@ -76,9 +81,13 @@ def parse_canonicals(raws: list[bytes]) -> list[dict[str, Any]]:
 
 def _parsed(raws: list[bytes]) -> tuple[list[dict[str, Any]], set[str] | None]:
     """``parse_canonicals``, and the fields the bodies hold (``message_keys``)."""
-    items: list[Any] = list(map(orjson.loads, raws))
+    return (items := list(map(orjson.loads, raws))), _checked(items, raws)
+
+
+def _checked(items: list[Any], raws: list[bytes]) -> set[str] | None:
+    """``_parsed``'s tests of the bodies ``raws`` parsed as ``items``."""
     if not items:
-        return items, None
+        return None
     if set(map(type, items)) != {dict} or \
             set(map(type, map(dict.get, items, repeat("seq")))) != {int}:
         raise ValueError("not a stored message body")
@@ -94,17 +103,40 @@ def _parsed(raws: list[bytes]) -> tuple[list[dict[str, Any]], set[str] | None]:
     for i in odd:
         if orjson.dumps(items[i], option=orjson.OPT_SORT_KEYS) != raws[i]:
             raise ValueError("not a canonical body orjson reads back exactly")
-    return items, keys
+    return keys
 
 
 def stored_messages(rows: Iterable[tuple[bytes, str]]) -> list[Message]:
     """Messages from their stored canonical bodies and hashes: ``parse_canonical`` then
     ``validate_items`` (ValueError or TypeError for a body the exact path must decide)."""
     pairs = list(rows)
-    items, keys = _parsed(list(map(itemgetter(0), pairs)))
-    deque(map(dict.__setitem__, items, repeat("hash"), map(itemgetter(1), pairs)), maxlen=0)
-    every = Message.from_stored_list(items, keys | {"hash"}) if keys else None
-    return every if every is not None else validate_items(items)
+    return stored_chunk(list(map(itemgetter(0), pairs)), list(map(itemgetter(1), pairs)))
+
+
+def stored_chunk(raws: Sequence[bytes], hashes: Sequence[str]) -> list[Message]:
+    """``stored_messages`` of the bodies ``raws`` and their ``hashes``, given apart.
+
+    Plain messages (what chatstate writes) take one parse and one structural check
+    (``plain_free``), which also says which bodies hold free JSON, where a number
+    orjson reads otherwise can stand: only those are encoded again and compared."""
+    items: list[Any] = list(map(orjson.loads, raws))
+    free = plain_free(items)
+    if free is None or set(map(type, hashes)) != {str}:
+        return _stored_slowly(items, raws, hashes)
+    for i in free:
+        if orjson.dumps(items[i], option=orjson.OPT_SORT_KEYS) != raws[i]:
+            raise ValueError("not a canonical body orjson reads back exactly")
+    deque(map(dict.__setitem__, items, repeat("hash"), hashes), maxlen=0)
+    return Message.records(items)
+
+
+def _stored_slowly(items: list[Any], raws: Sequence[bytes], hashes: Sequence[str]
+                   ) -> list[Message]:
+    """``stored_chunk`` of bodies that are not all plain messages: ``parse_canonical``'s
+    tests of each, then ``validate_items`` (pydantic for those the fast check refuses)."""
+    _checked(items, list(raws))
+    deque(map(dict.__setitem__, items, repeat("hash"), hashes), maxlen=0)
+    return validate_items(items)
 
 
 def validate_items(items: list[Any]) -> list[Message]:
@@ -191,19 +223,8 @@ def _document_part(items: list[Any], prev: str | None) -> list[Message] | None:
         else None
 
 
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """The cyclic garbage collector held off while a load builds its records: the
-    hundreds of thousands of dicts and records a long transcript makes, none of them
-    in a cycle, would otherwise set off full collections that walk everything made so
-    far (a quarter of a 100,000-message load)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+no_gc = paused
+"""``chatstate._gcpause.paused``, by the name the loads first used."""
 
 
 def canonical(item: dict[str, Any]) -> bytes | None:

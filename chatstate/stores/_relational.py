@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from chatstate._gcpause import paused
 from chatstate.core.transcript import (
     Conversation,
     ConversationSummary,
@@ -42,7 +43,6 @@ from chatstate.errors import (
     CorruptTranscriptError,
     StoreUnavailable,
 )
-from chatstate.stores._fastload import no_gc
 from chatstate.stores._rows import decode_rows, row_message, row_text
 from chatstate.stores.base import (
     CheckReport,
@@ -166,7 +166,7 @@ class RelationalStore(ABC):
 
     def _chain(self, db: Any, cid: str, head: tuple[Any, ...]) -> list[Message]:
         """Every stored message, chain verified, and its tail checked against the head row."""
-        return self._decoded(cid, head, self._rows(db, cid), self._version(db))
+        return self._decoded(cid, head, self._rows(db, cid), self._version(db))[0]
 
     def _rows(self, db: Any, cid: str) -> list[Any]:
         body = self.dialect.message_body or self.dialect.body
@@ -177,11 +177,12 @@ class RelationalStore(ABC):
         return list(rows)
 
     def _decoded(self, cid: str, head: tuple[Any, ...], rows: list[Any], version: int
-                 ) -> list[Message]:
+                 ) -> tuple[list[Message], bool]:
         """The rows as messages, chain verified (no connection needed: run it outside the
-        snapshot, so decoding a long conversation holds no other reader or writer back)."""
+        snapshot, so decoding a long conversation holds no other reader or writer back),
+        and whether all their contents are strings (``decode_rows``: none names a blob)."""
         where = self._where(cid)
-        messages = decode_rows(rows, where)
+        messages, texts = decode_rows(rows, where)
         if len(messages) != head[5] or (messages[-1].hash if messages else None) != head[6]:
             # the chain cannot see its own tail cut off; the conversation row can
             position = min(head[5], len(messages))
@@ -190,7 +191,7 @@ class RelationalStore(ABC):
                 f"are stored (cut off or added by hand from seq {position}); the database "
                 "was left as it is", where=where, position=position)
         self._seen[cid] = (version, head[5], head[6])
-        return messages
+        return messages, texts
 
     def _verified_count(self, db: Any, cid: str, lock: str = "") -> int:
         """The stored message count, once the chain verifies: never write onto damage.
@@ -216,19 +217,20 @@ class RelationalStore(ABC):
 
     def load(self, conversation_id: str) -> Conversation:
         cid = conversation_id
-        with no_gc():  # the rows and records made are many, and none in a cycle
+        with paused():  # the rows and records made are many, and none in a cycle
             with self._load_snapshot() as db:  # one snapshot: header, messages, partial
                 head = self._header(db, cid)
                 rows, version = self._rows(db, cid), self._version(db)
                 row = self._partial_row(db, cid)
             # decoded after the snapshot: CPU in proportion to the conversation, lock-free
-            messages = self._decoded(cid, head, rows, version)
+            messages, texts = self._decoded(cid, head, rows, version)
             del rows
         partial = None
         if row is not None and row[0] == len(messages):  # not a stale row of an older seq
             partial = self._partial_message(cid, row, messages[-1].hash if messages else None)
         named = [*messages, *([partial] if partial else [])]
-        digests = list(named_blobs(named))
+        # (texts: no stored message names a blob; the partial reply still may)
+        digests = list(named_blobs(named if not texts else [partial] if partial else []))
         if digests:  # blobs are written before the messages naming them, and kept while named
             with self._snapshot("read") as db:
                 sizes = self._held_blob_sizes(db, digests)

@@ -9,15 +9,20 @@ the bad seq.
 from __future__ import annotations
 
 import json
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any
 
+from chatstate._gcpause import paused
 from chatstate.core.transcript import Message, brief, chain_hash, parse_message
 from chatstate.errors import CorruptTranscriptError
-from chatstate.stores._fastload import chain_intact, first_break, no_gc, stored_messages
+from chatstate.stores._fastload import chain_intact, first_break, stored_chunk
 
 
-def row_text(raw: bytes, where: str, seq: int) -> str:
+def row_text(raw: bytes | None, where: str, seq: int) -> str:
+    if raw is None:  # sqlite: a long body's row in long_bodies is gone
+        raise CorruptTranscriptError(f"{where}: message seq {seq} has no stored body (its "
+                                     "long body is missing); the database was left as it is",
+                                     where=where, position=seq)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -39,42 +44,57 @@ def row_message(body: str, hash_: str, where: str, seq: int) -> Message:
     return parse_message({**item, "hash": hash_}, where, seq)
 
 
-def decode_rows(rows: list[Any], where: str, chunk: int = 1024) -> list[Message]:
-    """Every row as a Message, the chain verified; damage is named by its seq.
+def decode_rows(rows: list[Any], where: str, chunk: int = 512
+                ) -> tuple[list[Message], bool]:
+    """Every row as a Message, the chain verified; damage is named by its seq. And
+    whether every message's content is a string (so none names a blob), found while
+    each chunk's records are fresh in the cache rather than in another pass over all.
 
     The fast path parses each body with orjson (kept only if it encodes back to the
     very bytes stored), checks it with the transcript's fast structural test
     (pydantic only for a body that test does not pass) and hashes those same bytes,
-    a chunk of rows at a time; anything odd falls back to the row-by-row path, which
-    names the first bad row.
+    a chunk of rows at a time; anything odd falls back to the row-by-row path from
+    that chunk on (the ones before it verified), which names the first bad row.
+
+    ``rows`` is consumed: each chunk's rows are let go once its messages are made, so
+    the memory of their bodies is reused for the next chunks' records instead of the
+    process taking (and the kernel zeroing) as much again.
     """
     messages: list[Message] = []
     prev: str | None = None
+    start = 0
+    texts = True
     try:
-        with no_gc():  # the rows and records made are many, and none in a cycle
+        with paused():  # the rows and records made are many, and none in a cycle
             for start in range(0, len(rows), chunk):
-                part = rows[start:start + chunk]
-                seqs = list(map(itemgetter(0), part))
-                if seqs != list(range(start, start + len(part))):
+                stop = min(start + chunk, len(rows))
+                seqs, raws, hashes = zip(*rows[start:stop], strict=True)
+                if seqs != tuple(range(start, stop)):
                     raise ValueError("a gap in the seqs")  # the slow path names it
-                raws, hashes = list(map(itemgetter(1), part)), list(map(itemgetter(2), part))
                 intact = chain_intact(raws, hashes, prev)  # while the chunk is in the cache
-                decoded = stored_messages(zip(raws, hashes, strict=True))
-                if not intact or list(map(attrgetter("seq"), decoded)) != seqs:
+                decoded = stored_chunk(raws, hashes)
+                if not intact or tuple(map(attrgetter("seq"), decoded)) != seqs:
                     bad = first_break(decoded, raws, prev, start, exact=True)
                     if bad is not None:
                         _broken(where, bad)
-                prev = hashes[-1] if hashes else prev
+                prev = hashes[-1]
                 messages.extend(decoded)
+                texts = texts and set(map(type, map(attrgetter("content"), decoded))) == {str}
+                rows[start:stop] = _NONE * (stop - start)
     except (ValueError, TypeError, AttributeError):  # invalid, not UTF-8, a gap: find the row
-        return _decode_rows_one_by_one(rows, where)
-    return messages
+        return messages + _decode_rows_one_by_one(rows[start:], where, start, prev), False
+    return messages, texts
 
 
-def _decode_rows_one_by_one(rows: list[Any], where: str) -> list[Message]:
+_NONE = [None]
+
+
+def _decode_rows_one_by_one(rows: list[Any], where: str, start: int = 0,
+                            prev: str | None = None) -> list[Message]:
+    """``decode_rows`` a row at a time, ``rows`` from seq ``start`` on (``prev``: the
+    hash before it)."""
     messages: list[Message] = []
-    prev: str | None = None
-    for position, (seq, raw, hash_) in enumerate(rows):
+    for position, (seq, raw, hash_) in enumerate(rows, start):
         body = row_text(raw, where, seq)
         msg = row_message(body, hash_, where, seq)
         if seq != position or msg.seq != seq or chain_hash(prev, body) != hash_:

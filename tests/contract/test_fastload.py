@@ -17,11 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chatstate.core.transcript import (
+    FREE_FIELDS,
     MESSAGE_FIELDS,
     Conversation,
     Message,
     _plain_message,
     _plain_messages,
+    plain_free,
 )
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores import open_store
@@ -148,13 +150,18 @@ def _each_plain(items: list[Any]) -> bool | None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_stored_dicts(), max_size=6))
+@given(st.one_of(st.lists(_stored_dicts(), max_size=6),
+                 st.builds(lambda d, n: [dict(d) for _ in range(n)], _stored_dicts(),
+                           st.integers(1, 3))))  # all holding the same fields, as stored
 def test_the_whole_list_check_gives_each_message_check_verdict(items: list[Any]) -> None:
     """``_plain_messages`` (a field at a time over the whole list) says True exactly when
     ``_plain_message`` says True for every one, and the records it makes are the ones
     ``Message.from_stored`` makes."""
     each = _each_plain(items)
     assert _plain_messages(items) is bool(each)
+    if each:  # and where free JSON stands, for the bodies to encode again
+        assert plain_free(items) == [i for i, d in enumerate(items) if type(
+            d["content"]) is not str or any(d.get(k) is not None for k in FREE_FIELDS)]
     made = Message.from_stored_list(items)
     if each:
         assert made is not None
@@ -198,3 +205,97 @@ def test_an_integer_past_64_bits_loads_exactly(tmp_path: Path, kind: str,
     loaded = open_store(url).load("c").messages
     assert loaded == msgs
     assert loaded[1].params == {"n": 2**70} and type(loaded[1].params["n"]) is int
+
+
+LONG = 1300  # past the load's first chunks of rows (decode_rows: 512 at a time)
+LATE_DAMAGE = {
+    "tampered": ("UPDATE messages SET body=replace(body, 'msg 1100\"', 'msg 1100, edited\"') "
+                 "WHERE seq=1100", 1100),
+    "removed-middle": ("DELETE FROM messages WHERE seq=900", 900),
+    "bad-json": ("UPDATE messages SET body='{not json' WHERE seq=700", 700),
+}
+
+
+def _long_sqlite(tmp_path: Path, extra: dict[int, dict[str, Any]] | None = None
+                 ) -> tuple[str, list[Message]]:
+    url = f"sqlite://{tmp_path}/s.db"
+    msgs = chain([(extra or {}).get(i, {"role": "user" if i % 2 else "assistant",
+                                        "content": f"msg {i}"}) for i in range(LONG)])
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", msgs)
+    store.close()
+    return url, msgs
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize("damage", LATE_DAMAGE.values(), ids=LATE_DAMAGE.keys())
+def test_damage_past_the_first_chunks_is_named_by_its_seq(tmp_path: Path,
+                                                          damage: tuple[str, int]) -> None:
+    """The chunks before the damage were verified and let go: the row-by-row path takes
+    over from the damaged chunk, and names the very row; the rows stay as they were."""
+    import sqlite3
+
+    url, _ = _long_sqlite(tmp_path)
+    sql, position = damage
+    con = sqlite3.connect(tmp_path / "s.db")
+    con.execute(sql)
+    con.commit()
+    before = con.execute("SELECT * FROM messages ORDER BY seq").fetchall()
+    con.close()
+    store = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c")
+    store.close()
+    assert info.value.position == position
+    assert f"seq {position}" in str(info.value)
+    con = sqlite3.connect(tmp_path / "s.db")
+    assert con.execute("SELECT * FROM messages ORDER BY seq").fetchall() == before
+    con.close()
+
+
+def test_a_late_body_the_fast_path_refuses_loads_exactly(tmp_path: Path) -> None:
+    """An integer past 64 bits at seq 800: the chunks before it load by the fast path,
+    the rest row by row, and the whole chain is the one stored."""
+    url, msgs = _long_sqlite(tmp_path, {800: {"role": "user", "content": "n",
+                                              "params": {"n": 2**70}}})
+    store = open_store(url)
+    loaded = store.load("c").messages
+    store.close()
+    assert loaded == msgs
+    assert loaded[800].params == {"n": 2**70}
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize(("gone", "position"), [("seq=0", 0), ("seq=1", 1), ("1", 0)],
+                         ids=["first", "second", "every"])
+def test_a_missing_long_body_is_named_by_its_seq(tmp_path: Path, gone: str,
+                                                 position: int) -> None:
+    """A long message's body lives in long_bodies (m009): with its row gone the load
+    names the message (it raised AttributeError before), and changes nothing."""
+    import sqlite3
+
+    from chatstate.core.transcript import LARGE_CONTENT
+
+    url = f"sqlite://{tmp_path}/s.db"
+    msgs = chain([{"role": "user", "content": "x" * LARGE_CONTENT},
+                  {"role": "assistant", "content": "y" * LARGE_CONTENT}])
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    store.append("c", msgs)
+    store.close()
+    con = sqlite3.connect(tmp_path / "s.db")
+    assert con.execute("SELECT count(*) FROM long_bodies").fetchone() == (2,)
+    con.execute(f"DELETE FROM long_bodies WHERE {gone}")
+    con.commit()
+    before = con.execute("SELECT * FROM messages ORDER BY seq").fetchall()
+    con.close()
+    store = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c")
+    store.close()
+    assert info.value.position == position
+    assert "'c'" in str(info.value)
+    con = sqlite3.connect(tmp_path / "s.db")
+    assert con.execute("SELECT * FROM messages ORDER BY seq").fetchall() == before
+    con.close()

@@ -51,7 +51,7 @@ def _imports(path: Path) -> Iterator[tuple[int, str]]:
 # lower rank: never one beside it (stores and the adapter know nothing of each other;
 # batch, serve and the integrations are separate front ends), never one above it.
 LAYERS = [
-    ["errors", "_moved", "_version"],
+    ["errors", "_moved", "_version", "_gcpause"],
     ["durable"],
     ["core"],
     ["stores", "adapter", "tools_mcp"],

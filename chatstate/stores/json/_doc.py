@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from chatstate._gcpause import paused
 from chatstate.core.transcript import (
     Conversation,
     Message,
@@ -36,7 +37,6 @@ from chatstate.stores._fastload import (
     canonical,
     document_chain,
     first_break,
-    no_gc,
     validate_items,
 )
 from chatstate.stores.json._log import DOC_END, Records, decode_records, split
@@ -134,7 +134,7 @@ def _decode_file(raw: bytes, where: str, loads: Callable[[bytes], Any]
                  ) -> tuple[dict[str, Any], list[Message], Records | None]:
     parts = None if raw.endswith(DOC_END) else split(raw)  # a document alone: no search
     records = None
-    with no_gc():  # a long document makes many dicts and records, none in a cycle
+    with paused():  # a long document makes many dicts and records, none in a cycle
         if parts is None or not parts[1].startswith(b'{"schema":'):
             header, messages, items = _decode_doc(raw, where, loads)
         else:
