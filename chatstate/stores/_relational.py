@@ -247,9 +247,7 @@ class RelationalStore(ABC):
         cid = conversation_id
         with self._snapshot("read") as db:
             head = self._header(db, cid)
-            body = self.dialect.message_body or self.dialect.body
-            rows = self._q(db, f"SELECT seq, {body}, hash FROM messages WHERE "
-                           "conversation_id=? ORDER BY seq", (cid,)).fetchall()
+            rows = self._rows(db, cid)  # sqlite's: no long-body test per row unless needed
             partial = self._partial_row(db, cid)
         if self.dialect.body == "body":  # a text column: the caller hashes bytes
             rows = [(int(seq), _raw(body), str(h)) for seq, body, h in rows]

@@ -446,7 +446,7 @@ class SealedStore(ForwardingStore):
         return bodies, hashes
 
     def _validate(self, cid: str, bodies: list[bytes], hashes: Sequence[bytes | str],
-                  chunk: int = 4096) -> list[Message]:
+                  chunk: int = 512) -> list[Message]:
         """The plaintext messages from their bodies and chain hashes (``_open_rows``),
         through the plain stores' fast path (orjson and the records' structural check),
         and what that path refuses validated in chunks by one pydantic-core call each."""
