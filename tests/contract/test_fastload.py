@@ -216,6 +216,26 @@ LATE_DAMAGE = {
 }
 
 
+def _refused_as_it_is(url: str, db_path: Path, damage: str) -> CorruptTranscriptError:
+    """Apply the SQL ``damage`` to the database, load conversation ``c``: the load's
+    error, once the message rows are shown to be as they were."""
+    import sqlite3
+
+    con = sqlite3.connect(db_path)
+    con.execute(damage)
+    con.commit()
+    before = con.execute("SELECT * FROM messages ORDER BY seq").fetchall()
+    con.close()
+    store = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c")
+    store.close()
+    con = sqlite3.connect(db_path)
+    assert con.execute("SELECT * FROM messages ORDER BY seq").fetchall() == before
+    con.close()
+    return info.value
+
+
 def _long_sqlite(tmp_path: Path, extra: dict[int, dict[str, Any]] | None = None
                  ) -> tuple[str, list[Message]]:
     url = f"sqlite://{tmp_path}/s.db"
@@ -234,24 +254,12 @@ def test_damage_past_the_first_chunks_is_named_by_its_seq(tmp_path: Path,
                                                           damage: tuple[str, int]) -> None:
     """The chunks before the damage were verified and let go: the row-by-row path takes
     over from the damaged chunk, and names the very row; the rows stay as they were."""
-    import sqlite3
 
     url, _ = _long_sqlite(tmp_path)
     sql, position = damage
-    con = sqlite3.connect(tmp_path / "s.db")
-    con.execute(sql)
-    con.commit()
-    before = con.execute("SELECT * FROM messages ORDER BY seq").fetchall()
-    con.close()
-    store = open_store(url)
-    with pytest.raises(CorruptTranscriptError) as info:
-        store.load("c")
-    store.close()
-    assert info.value.position == position
-    assert f"seq {position}" in str(info.value)
-    con = sqlite3.connect(tmp_path / "s.db")
-    assert con.execute("SELECT * FROM messages ORDER BY seq").fetchall() == before
-    con.close()
+    error = _refused_as_it_is(url, tmp_path / "s.db", sql)
+    assert error.position == position
+    assert f"seq {position}" in str(error)
 
 
 def test_a_late_body_the_fast_path_refuses_loads_exactly(tmp_path: Path) -> None:
@@ -286,16 +294,7 @@ def test_a_missing_long_body_is_named_by_its_seq(tmp_path: Path, gone: str,
     store.close()
     con = sqlite3.connect(tmp_path / "s.db")
     assert con.execute("SELECT count(*) FROM long_bodies").fetchone() == (2,)
-    con.execute(f"DELETE FROM long_bodies WHERE {gone}")
-    con.commit()
-    before = con.execute("SELECT * FROM messages ORDER BY seq").fetchall()
     con.close()
-    store = open_store(url)
-    with pytest.raises(CorruptTranscriptError) as info:
-        store.load("c")
-    store.close()
-    assert info.value.position == position
-    assert "'c'" in str(info.value)
-    con = sqlite3.connect(tmp_path / "s.db")
-    assert con.execute("SELECT * FROM messages ORDER BY seq").fetchall() == before
-    con.close()
+    error = _refused_as_it_is(url, tmp_path / "s.db", f"DELETE FROM long_bodies WHERE {gone}")
+    assert error.position == position
+    assert "'c'" in str(error)
