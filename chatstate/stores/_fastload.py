@@ -27,7 +27,6 @@ from typing import Any
 
 import orjson
 
-from chatstate._gcpause import paused
 from chatstate.core.transcript import (
     FREE_FIELDS,
     OPTIONAL_FIELDS,
@@ -221,10 +220,6 @@ def _document_part(items: list[Any], prev: str | None) -> list[Message] | None:
                     item["hash"] = hash_
     return Message.from_stored_list(items, present | {"hash"}) if intact and present \
         else None
-
-
-no_gc = paused
-"""``chatstate._gcpause.paused``, by the name the loads first used."""
 
 
 def canonical(item: dict[str, Any]) -> bytes | None:
