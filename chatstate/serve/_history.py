@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatstate.core.transcript import Conversation, Message, canonical_pieces
+from chatstate.core.canonical import canonical_pieces
+from chatstate.core.transcript import Conversation, Message
 from chatstate.serve._request_record import key_of
 
 # Message fields that a later request needs; the rest of a wire message goes to ``extra``.

@@ -18,7 +18,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from chatstate.core.transcript import canonical_json, validate_id
+from chatstate.core.canonical import canonical_json
+from chatstate.core.transcript import validate_id
 from chatstate.serve._auth import keyed_digest
 from chatstate.serve._wire import CONVERSATION_HEADER
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from chatstate._gcpause import paused
+from chatstate.core.canonical import chain_hash
 from chatstate.core.transcript import (
     Conversation,
     ConversationSummary,
     Message,
-    chain_hash,
     now_iso,
     validate_id,
 )

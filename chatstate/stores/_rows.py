@@ -13,7 +13,8 @@ from operator import attrgetter
 from typing import Any
 
 from chatstate._gcpause import paused
-from chatstate.core.transcript import Message, brief, chain_hash, parse_message
+from chatstate.core.canonical import chain_hash
+from chatstate.core.transcript import Message, brief, parse_message
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores._fastload import chain_intact, first_break, stored_chunk
 

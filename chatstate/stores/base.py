@@ -16,16 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
+from chatstate.core.canonical import chain_hash, chain_hash_pieces, long_text
 from chatstate.core.content import BlobStore as BlobStore  # below the stores: content uses it
-from chatstate.core.transcript import (
-    Conversation,
-    ConversationSummary,
-    Message,
-    chain_hash,
-    chain_hash_pieces,
-    long_text,
-    verify_chain,
-)
+from chatstate.core.transcript import Conversation, ConversationSummary, Message, verify_chain
 from chatstate.durable.guard import Report
 from chatstate.errors import (
     ConflictError,

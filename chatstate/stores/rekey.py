@@ -48,8 +48,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatstate.core.canonical import chain_hash
 from chatstate.core.content import blob_area
-from chatstate.core.transcript import Conversation, Message, chain_hash
+from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import (
     ConfigurationError,
     ConflictError,

@@ -40,14 +40,9 @@ from typing import Any, Literal
 
 import orjson
 
+from chatstate.core.canonical import canonical_json, chain_hash
 from chatstate.core.content import blob_area
-from chatstate.core.transcript import (
-    Conversation,
-    ConversationSummary,
-    Message,
-    canonical_json,
-    chain_hash,
-)
+from chatstate.core.transcript import Conversation, ConversationSummary, Message
 from chatstate.errors import (
     ConfigurationError,
     ConflictError,

@@ -47,8 +47,9 @@ from typing import Any, ClassVar
 
 import pytest
 
+from chatstate.core.canonical import LARGE_CONTENT
 from chatstate.core.content import image, inliner, store_parts, text
-from chatstate.core.transcript import LARGE_CONTENT, Conversation, Message, Role
+from chatstate.core.transcript import Conversation, Message, Role
 from chatstate.errors import (
     ChatstateError,
     ConflictError,

@@ -193,7 +193,7 @@ def test_ask_says_the_reply_was_cut_and_retry_continues(store_url: str,
 
 def test_old_messages_keep_their_hash() -> None:
     """A message sealed before finish_reason/requested_model existed hashes the same."""
-    from chatstate.core.transcript import canonical_json, chain_hash
+    from chatstate.core.canonical import canonical_json, chain_hash
 
     old = Message.seal(None, role="assistant", content="x", turn_id="t-1", model="m",
                        usage={"prompt_tokens": 1}, created_at="2025-01-01T00:00:00.000000Z")

@@ -18,8 +18,9 @@ from support.cli_helpers import invoke
 from support.sealed import KEY, OTHER_KEY, flip_sealed, keyless, open_raw
 from support.stores import local_path, scheme, snapshot, stored_state
 
+from chatstate.core.canonical import chain_hash
 from chatstate.core.content import image, store_parts, text
-from chatstate.core.transcript import Conversation, Message, chain_hash
+from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ConfigurationError, CorruptTranscriptError, Unsupported
 from chatstate.stores import open_store
 from chatstate.stores.codec import AeadCodec, new_key, parse_key

@@ -283,7 +283,7 @@ def test_a_missing_long_body_is_named_by_its_seq(tmp_path: Path, gone: str,
     names the message (it raised AttributeError before), and changes nothing."""
     import sqlite3
 
-    from chatstate.core.transcript import LARGE_CONTENT
+    from chatstate.core.canonical import LARGE_CONTENT
 
     url = f"sqlite://{tmp_path}/s.db"
     msgs = chain([{"role": "user", "content": "x" * LARGE_CONTENT},

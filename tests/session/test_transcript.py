@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from chatstate.core.canonical import canonical_json
 from chatstate.core.transcript import (
     SCHEMA_VERSION,
     Conversation,
     Message,
-    canonical_json,
     check_schema,
     new_id,
     validate_id,

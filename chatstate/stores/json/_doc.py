@@ -21,16 +21,13 @@ from typing import Any
 import orjson
 
 from chatstate._gcpause import paused
+from chatstate.core.canonical import json_with_text, long_text, split_around, text_json
 from chatstate.core.transcript import (
     Conversation,
     Message,
     check_schema,
-    json_with_text,
-    long_text,
     parse_message,
     schema_for,
-    split_around,
-    text_json,
 )
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores._fastload import (

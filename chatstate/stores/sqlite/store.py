@@ -21,7 +21,8 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from chatstate.core.transcript import Conversation, Message, long_text, now_iso, validate_id
+from chatstate.core.canonical import long_text
+from chatstate.core.transcript import Conversation, Message, now_iso, validate_id
 from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
