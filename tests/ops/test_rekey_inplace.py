@@ -72,20 +72,22 @@ def _fill(url: str, conversations: int = 10, messages: int = 120) -> None:
         store.close()
 
 
-def _content(url: str, key: bytes, old_keys: tuple[bytes, ...] = ()) -> dict[str, Any]:
-    """Every conversation as the caller sees it (hashes included)."""
+def _every(url: str, key: bytes, old_keys: tuple[bytes, ...],
+           view: Callable[[Any, Conversation], Any]) -> dict[str, Any]:
+    """``view(store, conversation)`` of every conversation, from a fresh keyed open."""
     with keyless():
         store = open_store(url, key=key, old_keys=old_keys)
         try:
-            out: dict[str, Any] = {}
-            for s in store.list_conversations():
-                conv = store.load(s.id)
-                out[s.id] = (conv.title, conv.metadata,
-                             [(m.seq, m.role, m.content, m.hash) for m in conv.messages],
-                             None if conv.partial is None else conv.partial.content)
-            return out
+            return {s.id: view(store, store.load(s.id)) for s in store.list_conversations()}
         finally:
             store.close()
+
+
+def _content(url: str, key: bytes, old_keys: tuple[bytes, ...] = ()) -> dict[str, Any]:
+    """Every conversation as the caller sees it (hashes included)."""
+    return _every(url, key, old_keys, lambda _, conv: (
+        conv.title, conv.metadata, [(m.seq, m.role, m.content, m.hash) for m in conv.messages],
+        None if conv.partial is None else conv.partial.content))
 
 
 def _fingerprints(url: str) -> dict[str, dict[str, str | None]]:
@@ -350,25 +352,19 @@ def _add_blobs(url: str) -> None:
 def _with_bytes(url: str, key: bytes, old_keys: tuple[bytes, ...] = ()) -> dict[str, Any]:
     """Every conversation as the caller sees it, each blob reference replaced by the bytes
     it names (its address is a keyed digest: it changes with the key); chains verified."""
-    with keyless():
-        store = open_store(url, key=key, old_keys=old_keys)
-        try:
-            out: dict[str, Any] = {}
-            for s in store.list_conversations():
-                conv = store.load(s.id)
-                assert conv.verify() is None, s.id
-                msgs = []
-                for m in conv.messages:
-                    content = m.content if isinstance(m.content, str) else [
-                        {**p, "blob": {**{k: v for k, v in p["blob"].items() if k != "sha256"},
-                                       "bytes": store.get_blob(p["blob"]["sha256"])}}
-                        if isinstance(p.get("blob"), dict) else p for p in m.content]
-                    msgs.append((m.seq, m.role, m.turn_id, content))
-                out[s.id] = (conv.title, conv.metadata, msgs,
-                             None if conv.partial is None else conv.partial.content)
-            return out
-        finally:
-            store.close()
+    def view(store: Any, conv: Conversation) -> Any:
+        assert conv.verify() is None, conv.id
+        msgs = []
+        for m in conv.messages:
+            content = m.content if isinstance(m.content, str) else [
+                {**p, "blob": {**{k: v for k, v in p["blob"].items() if k != "sha256"},
+                               "bytes": store.get_blob(p["blob"]["sha256"])}}
+                if isinstance(p.get("blob"), dict) else p for p in m.content]
+            msgs.append((m.seq, m.role, m.turn_id, content))
+        return (conv.title, conv.metadata, msgs,
+                None if conv.partial is None else conv.partial.content)
+
+    return _every(url, key, old_keys, view)
 
 
 def _blob_keys(url: str) -> dict[str, str | None]:
