@@ -12,8 +12,9 @@ A stream that fails after it began (the upstream connection breaks, or its body
 ends with no finish_reason and no ``[DONE]``, or it sends an ``{"error": ...}``
 event) is a failure, never a complete reply: the text so far is saved as the
 partial reply, the failure is recorded (``fail``) and only then does the client get
-the error events of its API (the upstream's own, or the proxy's: ``_stream_events``),
-so its SDK fails as it would have against the upstream directly.
+the error events of its API (the upstream's own, held from the error event on until
+the end of its body, or the proxy's: ``_stream_events``), so its SDK fails as it would
+have against the upstream directly.
 
 Tool calls are not text: the partial reply holds text only, so once a tool-call
 delta arrives, that event and every later one is held back and written after the
@@ -162,6 +163,7 @@ class StreamRelay:
         self.held: list[bytes] = []
         self.failed: str | None = None  # why the stream failed, once recorded
         self.upstream_error: tuple[int, str] | None = None  # an error event it relayed
+        self.after_error: list[bytes] = []  # events from it on, written after the record
         self.broke: BaseException | None = None  # the relay itself failed (the store)
 
     async def events(self) -> AsyncIterator[bytes]:
@@ -223,9 +225,12 @@ class StreamRelay:
                         done = True
                     else:
                         data = self._feed(name, data)
-                    if self.upstream_error is not None:  # an error event: the key stays out
-                        data = self._redact(data)
-                    if self.holding:
+                    if self.upstream_error is not None:
+                        # from the error event on, held until the failure is recorded (a
+                        # client's SDK raises on it and leaves); the key stays out
+                        self.after_error.append(_event(name, self._redact(data)))
+                        handed(size)
+                    elif self.holding:
                         self.held.append(_event(name, data))
                         handed(size)
                     else:
@@ -237,7 +242,8 @@ class StreamRelay:
                     and self.upstream_error is None
                 tail = b""
                 if (ended or done) and not finished and not self.committed:
-                    tail = await self._failure(broke)
+                    closing = await self._failure(broke)
+                    tail, self.after_error = b"".join(self.after_error) + closing, []
                     ended = True
                 elif finished and not self.committed:
                     await asyncio.to_thread(self._commit, self.reply())

@@ -287,6 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
                 error = _messages.error_body(act.status, message) if wire == "messages" \
                     else _responses.stream_error(act.status, message)
                 self._named_event("error", json.dumps(error))
+                self._pause(act.seconds)
                 self._end_chunks()
                 return
             if act is not None and act.kind == "error_event" and text:
@@ -394,6 +395,7 @@ class _Handler(BaseHTTPRequestHandler):
         assert fault is not None
         if fault.kind == "error_event":  # a provider failing mid-generation says so in-band
             self._event_raw(json.dumps(error_body(fault.status, _event_message(fault))))
+            self._pause(fault.seconds)
             self._end_chunks()
         elif fault.clean:  # a well-formed body that simply stops: no finish_reason, no [DONE]
             self._end_chunks()

@@ -28,8 +28,8 @@ class Fault:
     ``malformed`` (a reply that is not valid JSON/SSE), ``error_event`` (a stream that
     sends ``after_chunks`` content chunks, then an error event in the shape of the API
     it answers, for ``status`` and with ``message``, as a provider failing
-    mid-generation does, and ends), ``html`` (a 200 whose body is an HTML page, as a
-    captive portal or a misrouted proxy answers).
+    mid-generation does, and ends, ``seconds`` after it), ``html`` (a 200 whose body is
+    an HTML page, as a captive portal or a misrouted proxy answers).
     """
 
     kind: str
@@ -212,15 +212,18 @@ class Controls(ABC):
         self._command("malformed_next", {"times": times})
 
     def error_event_next(self, after_chunks: int = 1, *, status: int = 500, times: int = 1,
-                         message: str | None = None) -> None:
+                         message: str | None = None, linger: float = 0.0) -> None:
         """The next ``times`` streamed requests send ``after_chunks`` content chunks, then
         an error event in their API's shape, as a provider failing mid-generation does, and
         end the body (no finish, no [DONE]): chat completions ``data: {"error": {...}}``,
         Responses ``event: error`` (``code`` ``server_error``, or ``rate_limit_exceeded``
         for 429), Anthropic ``event: error`` (``overloaded_error`` for 529, ``api_error``
-        for another 5xx). ``message`` defaults to "Overloaded (fake)" for 503 and 529."""
+        for another 5xx). ``message`` defaults to "Overloaded (fake)" for 503 and 529.
+        ``linger``: seconds the body stays open after the error event before it ends (the
+        event and the end of the body reach a reader apart, as over a real network)."""
         self._command("error_event_next", {"after_chunks": after_chunks, "status": status,
-                                           "times": times, "message": message})
+                                           "times": times, "message": message,
+                                           "seconds": linger})
 
     def html_next(self, *, times: int = 1) -> None:
         """The next ``times`` chat requests get a 200 ``text/html`` page instead of a reply."""

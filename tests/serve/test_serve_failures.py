@@ -214,6 +214,20 @@ def test_an_error_event_mid_stream_is_relayed_once_and_recorded(proxy: ServeProc
     assert "bad key" in detail and CANARY not in detail
 
 
+def test_an_error_event_reaches_the_client_only_once_the_failure_is_recorded(
+        proxy: ServeProcess, fake: FakeModel) -> None:
+    # the upstream keeps its body open after the error event: a client whose SDK raises on
+    # the event and leaves at once must find the failure recorded (it was a race, CI stop 35)
+    fake.error_event_next(after_chunks=2, message="overloaded, lingering (fake)", linger=1.5)
+    with pytest.raises(openai.APIError, match="lingering"):
+        read_stream(sdk(proxy, "in-band-linger").chat.completions.create(
+            model="m", messages=user("fail and linger"), stream=True))  # type: ignore[arg-type]
+    conv = load(proxy, "in-band-linger")
+    no_complete_reply(conv)
+    assert conv.partial is not None and conv.partial.text
+    assert "lingering" in conv.metadata["last_upstream_error"]["detail"]
+
+
 def test_a_client_that_leaves_mid_stream_is_recorded_not_stored_complete(
         proxy: ServeProcess, fake: FakeModel) -> None:
     fake.configure(chunk_delay=0.1, reply_words=40)
