@@ -15,13 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from chatstate.core import fields
 from chatstate.core import transcript as t
+from chatstate.core.fields import REQUIRED
 
 
 def _fields(table: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, (kind, default) in table.items():
-        if default is t._REQUIRED:
+        if default is REQUIRED:
             out[name] = (kind, Field(ge=0) if name == "seq" else ...)
         elif default is t._NOW:
             out[name] = (kind, Field(default_factory=t.now_iso))
@@ -37,7 +39,7 @@ class _MessageChecks(BaseModel):
 
     @field_validator("content", check_fields=False)
     @classmethod
-    def _parts_are_typed(cls, value: t.Content) -> t.Content:
+    def _parts_are_typed(cls, value: fields.Content) -> fields.Content:
         if isinstance(value, list):
             for i, part in enumerate(value):
                 if not isinstance(part.get("type"), str):
@@ -63,7 +65,7 @@ def model(name: str) -> type[BaseModel]:
     ConversationSummary), named as it is so errors read as before."""
     if name == "Message":
         return create_model("Message", __base__=_MessageChecks,
-                            __module__=t.__name__, **_fields(t.MESSAGE_FIELDS))
+                            __module__=t.__name__, **_fields(fields.MESSAGE_FIELDS))
     if name == "Conversation":
         return create_model("Conversation", __config__=ConfigDict(extra="forbid"),
                             __module__=t.__name__, **_fields(t.CONVERSATION_FIELDS))

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from chatstate.core.events import shown
-from chatstate.core.transcript import Message, Role
+from chatstate.core.fields import Role
+from chatstate.core.transcript import Message
 from chatstate.errors import InvalidInput
 from chatstate.session.tool_loop import UNKNOWN
 

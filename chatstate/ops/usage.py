@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from chatstate.core.transcript import Usage
+from chatstate.core.fields import Usage
 from chatstate.errors import CorruptTranscriptError, InvalidInput, InvalidOption
 from chatstate.stores.base import Store
 

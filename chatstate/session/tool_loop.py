@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatstate.core.content import Part, store_parts
+from chatstate.core.fields import Status
 from chatstate.core.tools import _CALL_ID, Tool, ToolOutput, toolset
-from chatstate.core.transcript import Conversation, Message, Status
+from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ToolLoopError
 from chatstate.session.model_round import ModelCaller, model_round
 from chatstate.session.turn_writer import TurnWriter

@@ -27,13 +27,8 @@ from typing import Any
 
 import orjson
 
-from chatstate.core.transcript import (
-    FREE_FIELDS,
-    OPTIONAL_FIELDS,
-    Message,
-    message_keys,
-    plain_free,
-)
+from chatstate.core.fields import FREE_FIELDS, OPTIONAL_FIELDS, message_keys, plain_free
+from chatstate.core.transcript import Message
 
 
 @cache

@@ -49,7 +49,8 @@ import pytest
 
 from chatstate.core.canonical import LARGE_CONTENT
 from chatstate.core.content import image, inliner, store_parts, text
-from chatstate.core.transcript import Conversation, Message, Role
+from chatstate.core.fields import Role
+from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import (
     ChatstateError,
     ConflictError,

@@ -16,15 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chatstate.core.transcript import (
+from chatstate.core.fields import (
     FREE_FIELDS,
     MESSAGE_FIELDS,
-    Conversation,
-    Message,
-    _plain_message,
-    _plain_messages,
     plain_free,
+    plain_message,
+    plain_messages,
 )
+from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores import open_store
 from chatstate.stores._fastload import (
@@ -144,7 +143,7 @@ def _stored_dicts(draw: st.DrawFn) -> dict[str, Any]:
 
 def _each_plain(items: list[Any]) -> bool | None:
     try:
-        return all(_plain_message(item) for item in items)
+        return all(plain_message(item) for item in items)
     except TypeError:  # an unhashable role or status: no verdict either way
         return None
 
@@ -154,11 +153,11 @@ def _each_plain(items: list[Any]) -> bool | None:
                  st.builds(lambda d, n: [dict(d) for _ in range(n)], _stored_dicts(),
                            st.integers(1, 3))))  # all holding the same fields, as stored
 def test_the_whole_list_check_gives_each_message_check_verdict(items: list[Any]) -> None:
-    """``_plain_messages`` (a field at a time over the whole list) says True exactly when
-    ``_plain_message`` says True for every one, and the records it makes are the ones
+    """``plain_messages`` (a field at a time over the whole list) says True exactly when
+    ``plain_message`` says True for every one, and the records it makes are the ones
     ``Message.from_stored`` makes."""
     each = _each_plain(items)
-    assert _plain_messages(items) is bool(each)
+    assert plain_messages(items) is bool(each)
     if each:  # and where free JSON stands, for the bodies to encode again
         assert plain_free(items) == [i for i, d in enumerate(items) if type(
             d["content"]) is not str or any(d.get(k) is not None for k in FREE_FIELDS)]
