@@ -23,7 +23,7 @@ from chatstate.core.content import image, store_parts, text
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ConfigurationError, CorruptTranscriptError, Unsupported
 from chatstate.stores import open_store
-from chatstate.stores.codec import AeadCodec, new_key, parse_key
+from chatstate.stores.codec import AeadCodec, expand_row, new_key, parse_key
 from chatstate.stores.keys import load_key
 from chatstate.stores.sealed import SealedStore
 from chatstate.testing.store_contract import seal_chain
@@ -142,7 +142,7 @@ def _rechain(url: str, cid: str, bodies: dict[int, str]) -> None:
                           "seq", (cid,)).fetchall()
         prev = None
         for seq, body in rows:
-            body = bodies.get(seq, body.decode() if isinstance(body, bytes) else body)
+            body = bodies.get(seq, _text(seq, body))
             prev = chain_hash(prev, body)
             db.execute("UPDATE messages SET body=?, hash=? WHERE conversation_id=? AND seq=?",
                        (body, prev, cid, seq))
@@ -155,7 +155,14 @@ def _body(url: str, cid: str, seq: int) -> str:
     row = db.execute("SELECT body FROM messages WHERE conversation_id=? AND seq=?",
                      (cid, seq)).fetchone()
     db.close()
-    return row[0].decode() if isinstance(row[0], bytes) else str(row[0])
+    return _text(seq, row[0])
+
+
+def _text(seq: int, body: str | bytes) -> str:
+    """A stored body as the text it stands for (a sealed record's binary row expanded)."""
+    if isinstance(body, bytes):
+        return (expand_row(seq, body) if body[:1] == b"\0" else body).decode()
+    return body
 
 
 @pytest.mark.invariant(6)
