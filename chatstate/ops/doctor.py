@@ -166,13 +166,14 @@ def survived(opens: list[dict[str, Any]]) -> Survived:
 def check_conversations(store: Store, limit: int = DEFAULT_LIMIT) -> ConversationCheck:
     """Load and verify up to ``limit`` conversations, newest first; name every failure."""
     from chatstate.errors import ConversationNotFound
+    from chatstate.stores.sealed import verified_load
 
     result = ConversationCheck(limit=limit)
     summaries = store.list_conversations(limit=limit + 1)
     result.more = len(summaries) > limit
     for summary in summaries[:limit]:
         try:
-            conv = store.load(summary.id)
+            conv = verified_load(store, summary.id)  # with a key: both chains checked
             bad = conv.verify()
             if bad is not None:
                 raise ValueError(f"hash chain broken at seq {bad}")

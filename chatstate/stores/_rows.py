@@ -1,6 +1,7 @@
 """Decoding the message rows of the relational stores (sqlite, postgresql), chain verified.
 
-A body is the message's canonical JSON (what its hash covers), so verifying is
+A body is the message's canonical JSON (what its hash covers), or an encrypted
+store's binary row standing for one (``codec.binary_row``, expanded here), so verifying is
 one sha256 per row; the bodies are parsed by orjson and checked by the fast
 structural test in chunks, and only a damaged chunk is walked row by row to name
 the bad seq.
@@ -9,7 +10,7 @@ the bad seq.
 from __future__ import annotations
 
 import json
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from chatstate._gcpause import paused
@@ -17,6 +18,7 @@ from chatstate.core.canonical import chain_hash
 from chatstate.core.transcript import Message, brief, parse_message
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores._fastload import chain_intact, first_break, stored_chunk
+from chatstate.stores.codec import expand_row, is_binary_row
 
 
 def row_text(raw: bytes | None, where: str, seq: int) -> str:
@@ -45,8 +47,8 @@ def row_message(body: str, hash_: str, where: str, seq: int) -> Message:
     return parse_message({**item, "hash": hash_}, where, seq)
 
 
-def decode_rows(rows: list[Any], where: str, chunk: int = 512
-                ) -> tuple[list[Message], bool]:
+def decode_rows(rows: list[Any], where: str, chunk: int = 512, *, start: int = 0,
+                prev: str | None = None) -> tuple[list[Message], bool]:
     """Every row as a Message, the chain verified; damage is named by its seq. And
     whether every message's content is a string (so none names a blob), found while
     each chunk's records are fresh in the cache rather than in another pass over all.
@@ -62,14 +64,12 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512
     process taking (and the kernel zeroing) as much again.
     """
     messages: list[Message] = []
-    prev: str | None = None
-    start = 0
-    texts = True
+    first, texts = start, True
     try:
         with paused():  # the rows and records made are many, and none in a cycle
-            for start in range(0, len(rows), chunk):
-                stop = min(start + chunk, len(rows))
-                seqs, raws, hashes = zip(*rows[start:stop], strict=True)
+            for start in range(first, first + len(rows), chunk):
+                stop = min(start + chunk, first + len(rows))
+                seqs, raws, hashes = zip(*rows[start - first:stop - first], strict=True)
                 if seqs != tuple(range(start, stop)):
                     raise ValueError("a gap in the seqs")  # the slow path names it
                 intact = chain_intact(raws, hashes, prev)  # while the chunk is in the cache
@@ -81,10 +81,28 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512
                 prev = hashes[-1]
                 messages.extend(decoded)
                 texts = texts and set(map(type, map(attrgetter("content"), decoded))) == {str}
-                rows[start:stop] = _NONE * (stop - start)
+                rows[start - first:stop - first] = _NONE * (stop - start)
     except (ValueError, TypeError, AttributeError):  # invalid, not UTF-8, a gap: find the row
-        return messages + _decode_rows_one_by_one(rows[start:], where, start, prev), False
+        rest = rows[start - first:]
+        if any(map(is_binary_row, map(itemgetter(1), rest))):  # an encrypted store's binary
+            rest = list(map(_expanded, rest))  # rows, as the canonical bodies they stand for
+            if not any(map(is_binary_row, map(itemgetter(1), rest))):
+                done, _ = decode_rows(rest, where, chunk, start=start, prev=prev)
+                return messages + done, False
+        return messages + _decode_rows_one_by_one(rest, where, start, prev), False
     return messages, texts
+
+
+def _expanded(row: Any) -> Any:
+    """A row (seq, body, hash) with a binary row's body expanded (``codec.expand_row``);
+    any other row, or one that is not a binary row after all, as it is."""
+    seq, raw, hash_ = row
+    if is_binary_row(raw):
+        try:
+            return seq, expand_row(seq, raw), hash_
+        except ValueError:
+            pass
+    return row
 
 
 _NONE = [None]

@@ -32,10 +32,12 @@ hidden from callers here; a store with the mark refuses to open without a key.
 from __future__ import annotations
 
 import binascii
+import contextlib
 import hashlib
 import json
 import threading
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, Literal
 
 import orjson
@@ -65,13 +67,25 @@ from chatstate.stores.base import (
 from chatstate.stores.codec import (
     AEAD_GCM_SIV,
     AEAD_NAME,
+    BINARY_ROW,
     BLOB_OVERHEAD,
     CHAINED,
     FP_BYTES,
+    NONCE_BYTES,
+    ROW_END,
+    ROW_HEAD,
+    ROW_MID,
+    ROW_SEQ,
+    ROW_TAIL,
+    ROW_TAIL_V1,
     SEALED_BLOB_PART,
     SEALED_META,
     SEALED_PART,
     AeadCodec,
+    binary_row,
+    clear_fields,
+    expand_row,
+    is_binary_row,
 )
 from chatstate.stores.forwarding import ForwardingStore
 
@@ -85,22 +99,15 @@ _Tail = tuple[int, str | None, str | None]
 """(message count, stored hash of the last message, its plaintext chain hash)"""
 
 
-_SEALED_HEAD = b'{"content":[{"data":"'
-_SEALED_TAIL = b'","type":"' + SEALED_PART.encode() + b'"}],'
-_CHAINED_TAIL = b'","type":"' + SEALED_PART.encode() + b'","v":%d}],' % CHAINED
-"""How a stored row of a sealed message without blobs starts and where its sealed data
-ends (canonical JSON: sorted keys), so a load need not parse it: format 1 (the part has
-no ``v``) and format 2 (``"v":2``, the sealed plaintext carries its chain hash)."""
-
-
-_ROW_HEAD = _SEALED_HEAD.decode()
-_ROW_MID = _CHAINED_TAIL.decode() + '"created_at":'
-_ROW_SEQ = ',"model":null,"params":null,"role":"event","seq":'
-_ROW_END = ',"turn_id":"sealed","usage":null}'
-"""The canonical body of a sealed message without blobs, around its data, time, seq and
-status (``Message.body()`` of it, written out: see ``_seal``)."""
+_ROW_HEAD = ROW_HEAD.decode()
+_ROW_MID = ROW_MID.decode()
+_ROW_SEQ = ROW_SEQ.decode()
+_ROW_END = ROW_END.decode()
+"""``codec``'s row pieces as text, for ``_seal``, which makes the canonical body."""
 _json_str = json.JSONEncoder(ensure_ascii=False).encode
 """A string as ``canonical_json`` writes it."""
+_HEAD = FP_BYTES + NONCE_BYTES
+"""Where the ciphertext of a sealed record starts (after the key's fingerprint, nonce)."""
 
 
 def chain_of(prev: str | None, body: bytes) -> str:
@@ -137,10 +144,16 @@ class _Record(Message):
     ``_seal`` made already. A copy (``model_copy``) has no slot set, so it computes them
     again."""
 
-    __slots__ = ("_canonical",)  # beside the fields' __dict__: not a field, never copied
+    __slots__ = ("_binary", "_canonical")  # beside the fields' __dict__: not fields,
+    # never copied
 
     def _made(self) -> str | None:
         return getattr(self, "_canonical", None)
+
+    def binary(self) -> bytes | None:
+        """The binary row standing for this record's canonical body (``codec.binary_row``),
+        for a store that keeps rows as bytes (sqlite); None for a copy."""
+        return getattr(self, "_binary", None) if self._made() is not None else None
 
     def body(self) -> str:
         made = self._made()
@@ -194,23 +207,26 @@ class SealedStore(ForwardingStore):
         the chain hash of ``prev`` and the body (``check_append``), else it is made here."""
         text = msg.body() if body is None else body
         digest = msg.hash if checked else chain_hash(prev, text)
-        data = binascii.b2a_base64(self.codec.seal_chained(
-            "message", cid, msg.seq, text.encode("utf-8", "surrogatepass"), prev, digest),
-            newline=False).decode("ascii")
+        raw = self.codec.seal_chained("message", cid, msg.seq,
+                                      text.encode("utf-8", "surrogatepass"), prev, digest)
+        data = binascii.b2a_base64(raw, newline=False).decode("ascii")
         refs = msg.blob_refs()
         if not refs:  # the common record: its canonical body written out, not dumped
             # (the inner store checks the hash against ``body()`` again, so a mismatch
             # could only ever be refused, never stored)
-            stored = (_ROW_HEAD + data + _ROW_MID + _json_str(msg.created_at) +
-                      _ROW_SEQ + str(msg.seq) + ',"status":' + _json_str(msg.status) +
-                      _ROW_END)
+            created, status = _json_str(msg.created_at), _json_str(msg.status)
+            stored = (_ROW_HEAD + data + _ROW_MID + created + _ROW_SEQ + str(msg.seq) +
+                      ',"status":' + status + _ROW_END)
             values = dict(_FIELDS)  # the fields as ``Message`` checks them, all known good
             values.update(seq=msg.seq, content=[{"type": SEALED_PART, "data": data,
                                                  "v": CHAINED}],
                           created_at=msg.created_at, status=msg.status,
                           hash=chain_hash(prev_stored, stored))
             record = _Record._from_values(values)
-            object.__setattr__(record, "_canonical", stored)  # frozen: its one slot
+            object.__setattr__(record, "_canonical", stored)  # frozen: its slots
+            object.__setattr__(record, "_binary", binary_row(clear_fields(
+                created.encode("utf-8", "surrogatepass"),
+                status.encode("utf-8", "surrogatepass")), raw))
             return record
         parts: list[dict[str, Any]] = [{"type": SEALED_PART, "data": data, "v": CHAINED}]
         for ref in refs:
@@ -364,14 +380,23 @@ class SealedStore(ForwardingStore):
                 f"are stored (cut off or added by hand from seq {position}); the database "
                 "was left as it is", where=where, position=position)
         messages = self._validate(cid, bodies, hashes)
+        return self._finish(cid, head, messages, partial_row, rows[-1][2] if rows else None,
+                            named)
+
+    def _finish(self, cid: str, head: tuple[Any, ...], messages: list[Message],
+                partial_row: tuple[int, bytes] | None, stored_last: str | None,
+                named: dict[str, tuple[int, int]]) -> Conversation:
+        """A fast load's conversation from its opened messages: the partial reply opened,
+        the blobs named checked, the header opened, the tail noted."""
+        where = self._at(cid)
         last = messages[-1].hash if messages else None
         partial = None
-        if partial_row is not None and partial_row[0] == len(rows):
+        if partial_row is not None and partial_row[0] == len(messages):
             seq = partial_row[0]
             partial = self._partial_from(cid, seq, *self._open_parts(
                 cid, seq, self._parts(cid, seq, partial_row[1], named), last))
         if named:
-            held = sizes_of(list(named))
+            held = self.inner.blob_sizes(list(named))  # type: ignore[attr-defined]
             for sha, (size, seq) in named.items():
                 if held.get(sha) != size:
                     what = "is missing" if sha not in held else \
@@ -381,11 +406,90 @@ class SealedStore(ForwardingStore):
                         "nothing was changed. Restore the blob from a backup.",
                         where=f"blob {sha}", position=seq)
         with self._lock:
-            self._tails[cid] = (len(rows), rows[-1][2] if rows else None, last)
+            self._tails[cid] = (len(messages), stored_last, last)
         return Conversation.model_construct(
             id=head[0], title=self._open_title(cid, head[1]), created_at=head[2],
             updated_at=head[3], metadata=self._open_metadata(cid, orjson.loads(head[4])),
             messages=messages, partial=partial)
+
+    def _keyed_load(self, cid: str) -> Conversation | None:
+        """The load with the key of a store that keeps sealed records as binary rows
+        (``sealed_rows``: sqlite), when every row is one that opens: each record's tag
+        checked (bound to its conversation, its position and the plaintext chain hash
+        before it, so the tags alone fix content and order), the plaintext chain hash it
+        carries taken as the message's, and its fields in the clear (time, status) checked
+        against its plaintext (``_check_clear``). The chain over the stored bytes, which
+        covers the same sealed bytes and clear fields, is not hashed again (the costliest
+        part of a load, base64 included): ``verified_load`` does, as ``replay --verify``
+        and ``doctor`` do with the key, and every keyless check. None (the verified path
+        then decides, and names any damage) for anything else: a text row (written
+        before schema 10, or a record naming blobs), a record that does not open."""
+        rows_of = getattr(self.inner, "sealed_rows", None)
+        got = rows_of(cid) if rows_of is not None else None
+        if got is None:
+            return None
+        head, raws, partial_row = got
+        opened = self._open_binary(cid, raws)
+        if opened is None:
+            return None
+        bodies, hashes, clears = opened
+        messages = self._validate(cid, bodies, hashes)
+        self._check_clear(cid, clears, messages)
+        return self._finish(cid, head, messages, partial_row, head[6], {})
+
+    def _open_binary(self, cid: str, raws: list[bytes]
+                     ) -> tuple[list[bytes], list[bytes], list[bytes]] | None:
+        """Every binary row opened inline (the hot loop of a load): the plaintext bodies,
+        their chain hashes (ASCII) and each row's clear fields; None if a row is not a
+        binary row of a record that opens here."""
+        ciphers = self.codec.ciphers()
+        prefix = b"chatstate/v%d\0message\0%s\0" % (CHAINED, cid.encode())
+        bodies: list[bytes] = []
+        hashes: list[bytes] = []
+        clears: list[bytes] = []
+        add_body, add_hash, add_clear = bodies.append, hashes.append, clears.append
+        last = b""
+        try:
+            for position, raw in enumerate(raws):
+                at = raw[1] + 2
+                if raw[0] != BINARY_ROW:
+                    return None
+                plain = ciphers[raw[at:at + FP_BYTES]].decrypt(
+                    raw[at + FP_BYTES:at + _HEAD], raw[at + _HEAD:],
+                    prefix + b"%d\0%s" % (position, last))
+                if len(plain) <= 64:
+                    return None
+                last = plain[:64]
+                add_body(plain[64:])
+                add_hash(last)
+                add_clear(raw[2:at])
+        except Exception:  # a short row, another key or algorithm, InvalidTag: the
+            return None    # verified path opens it or names it
+        return bodies, hashes, clears
+
+    def _check_clear(self, cid: str, clears: list[bytes], messages: list[Message]) -> None:
+        """Each binary row's clear fields (``codec.clear_fields``: its time and status as
+        JSON strings) are those of its authenticated plaintext: what the stored chain covers
+        in the row besides the sealed bytes (whose tag was checked) and the seq (checked by
+        ``sealed_rows``). Compared all at once (orjson's spelling); a row that differs is
+        compared again as ``canonical_json`` spells a string, and refused if still not."""
+        dumps = orjson.dumps
+        expected = list(map(b"\n".join, zip(
+            map(dumps, map(attrgetter("created_at"), messages)),
+            map(dumps, map(attrgetter("status"), messages)), strict=True)))
+        if expected == clears:
+            return
+        for position, (clear, want, msg) in enumerate(zip(clears, expected, messages,
+                                                          strict=True)):
+            if clear == want or clear == clear_fields(
+                    _json_str(msg.created_at).encode("utf-8", "surrogatepass"),
+                    _json_str(msg.status).encode("utf-8", "surrogatepass")):
+                continue
+            where = self._at(cid, position)
+            raise CorruptTranscriptError(
+                f"{where}: the record's fields in the clear (its time or status) are not "
+                "those it was sealed with (the stored record was edited); nothing was "
+                "changed", where=where, position=position)
 
     def _open_rows(self, cid: str, rows: Sequence[tuple[int, bytes, str]],
                    named: dict[str, tuple[int, int]], checked: int = 0
@@ -397,13 +501,16 @@ class SealedStore(ForwardingStore):
         a format 1 record's body is hashed. The blobs rows name are noted in ``named``."""
         open1 = self.codec.opener("message", cid)
         open2 = self.codec.opener("message", cid, CHAINED)
-        sha256, a2b, start = hashlib.sha256, binascii.a2b_base64, len(_SEALED_HEAD)
+        sha256, a2b, start = hashlib.sha256, binascii.a2b_base64, len(ROW_HEAD)
         bodies: list[bytes] = []
         hashes: list[bytes] = []
         add_body, add_hash = bodies.append, hashes.append
         prev = rows[checked - 1][2].encode() if 0 < checked <= len(rows) else b""
         last = b""  # the stored and the plaintext chain hash before, as ASCII
         for position, (seq, raw, digest) in enumerate(rows):
+            if is_binary_row(raw):  # hashed and opened as the canonical body it stands for
+                with contextlib.suppress(ValueError):  # (not one: _parts names it)
+                    raw = expand_row(seq, raw)
             if position >= checked:
                 h = sha256(prev)
                 h.update(raw)
@@ -416,14 +523,14 @@ class SealedStore(ForwardingStore):
                 prev = digest.encode()
             end = raw.find(b'"', start)
             body = None
-            if raw.startswith(_CHAINED_TAIL, end) and raw.startswith(_SEALED_HEAD):
+            if raw.startswith(ROW_TAIL, end) and raw.startswith(ROW_HEAD):
                 try:  # one sealed part, no blob: the data is cut out, not parsed
                     plain = open2(seq, a2b(raw[start:end]), last)
                 except (binascii.Error, ValueError):
                     plain = None
                 if plain is not None and len(plain) > 64:
                     body, last = plain[64:], plain[:64]
-            elif raw.startswith(_SEALED_TAIL, end) and raw.startswith(_SEALED_HEAD):
+            elif raw.startswith(ROW_TAIL_V1, end) and raw.startswith(ROW_HEAD):
                 try:  # format 1: the body is hashed here
                     body = open1(seq, a2b(raw[start:end]), last)
                 except (binascii.Error, ValueError):
@@ -494,8 +601,20 @@ class SealedStore(ForwardingStore):
         return content
 
     def load(self, conversation_id: str) -> Conversation:
-        cid = self._own(conversation_id)
-        fast = self._fast_load(cid)
+        """The conversation opened: every record's tag checked (the chain over the stored
+        bytes is not hashed again where ``_keyed_load`` can open every row; see there).
+        ``verified_load`` verifies that chain too."""
+        return self._load(self._own(conversation_id), stored_chain=False)
+
+    def verified_load(self, conversation_id: str) -> Conversation:
+        """``load``, the chain over the stored bytes verified too (as a keyless check does):
+        ``replay --verify`` and ``doctor`` with the key."""
+        return self._load(self._own(conversation_id), stored_chain=True)
+
+    def _load(self, cid: str, stored_chain: bool) -> Conversation:
+        fast = None if stored_chain else self._keyed_load(cid)
+        if fast is None:
+            fast = self._fast_load(cid)
         if fast is not None:
             return fast
         stored = self.inner.load(cid)
@@ -646,6 +765,17 @@ class SealedStore(ForwardingStore):
         if not isinstance(self.inner, CollectsBlobs):
             raise Unsupported(f"{self.inner.url}: this store cannot list or remove blobs")
         return self.inner
+
+
+def verified_load(store: Store, conversation_id: str) -> Conversation:
+    """``store.load``, and where an encrypted store opened with its key is found under the
+    wrappers, its ``verified_load``: both chains and every tag checked."""
+    inner: object = store
+    while not isinstance(inner, SealedStore) and isinstance(inner, ForwardingStore):
+        inner = inner.inner
+    if isinstance(inner, SealedStore):
+        return inner.verified_load(conversation_id)
+    return store.load(conversation_id)
 
 
 def is_sealed(conversation: Conversation) -> bool:

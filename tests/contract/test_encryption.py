@@ -23,7 +23,7 @@ from chatstate.core.content import image, store_parts, text
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import ConfigurationError, CorruptTranscriptError, Unsupported
 from chatstate.stores import open_store
-from chatstate.stores.codec import AeadCodec, new_key, parse_key
+from chatstate.stores.codec import AeadCodec, expand_row, new_key, parse_key
 from chatstate.stores.keys import load_key
 from chatstate.stores.sealed import SealedStore
 from chatstate.testing.store_contract import seal_chain
@@ -142,7 +142,7 @@ def _rechain(url: str, cid: str, bodies: dict[int, str]) -> None:
                           "seq", (cid,)).fetchall()
         prev = None
         for seq, body in rows:
-            body = bodies.get(seq, body.decode() if isinstance(body, bytes) else body)
+            body = bodies.get(seq, _text(seq, body))
             prev = chain_hash(prev, body)
             db.execute("UPDATE messages SET body=?, hash=? WHERE conversation_id=? AND seq=?",
                        (body, prev, cid, seq))
@@ -155,7 +155,14 @@ def _body(url: str, cid: str, seq: int) -> str:
     row = db.execute("SELECT body FROM messages WHERE conversation_id=? AND seq=?",
                      (cid, seq)).fetchone()
     db.close()
-    return row[0].decode() if isinstance(row[0], bytes) else str(row[0])
+    return _text(seq, row[0])
+
+
+def _text(seq: int, body: str | bytes) -> str:
+    """A stored body as the text it stands for (a sealed record's binary row expanded)."""
+    if isinstance(body, bytes):
+        return (expand_row(seq, body) if body[:1] == b"\0" else body).decode()
+    return body
 
 
 @pytest.mark.invariant(6)
@@ -581,3 +588,35 @@ def test_the_synthetic_nonce_is_the_hmac_it_always_was(key: str) -> None:
     blob = codec.seal_blob(PNG)
     assert blob[12:24] == hmac.digest(primary.nonce_key,
                                       b"chatstate/v1\0blob\0\0\0\0" + PNG, "sha256")[:12]
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize("field", ["time", "status"])
+def test_a_binary_row_edited_in_the_clear_is_refused_by_the_load_with_the_key(
+        tmp_path: Path, key: str, field: str) -> None:
+    """The load with the key does not hash the stored chain again: it compares each
+    binary row's clear fields with the record's authenticated plaintext instead."""
+    from chatstate.stores.codec import binary_row, clear_fields
+
+    url = f"sqlite://{tmp_path}/s.db"
+    _fill(url)
+    db = sqlite3.connect(local_path(url))
+    with db:
+        (raw,) = db.execute("SELECT body FROM messages WHERE conversation_id='c2' AND "
+                            "seq=1").fetchone()
+        assert isinstance(raw, bytes) and raw[:1] == b"\0"  # a binary row
+        created, _, status = raw[2:2 + raw[1]].partition(b"\n")
+        if field == "time":
+            created = b'"2001-01-01T00:00:00+00:00"'
+        else:
+            status = b'"partial"'
+        db.execute("UPDATE messages SET body=? WHERE conversation_id='c2' AND seq=1",
+                   (binary_row(clear_fields(created, status), raw[2 + raw[1]:]),))
+    db.close()
+    store = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        store.load("c2")
+    assert "conversation 'c2' seq 1" in str(info.value)
+    assert "fields in the clear" in str(info.value)  # the skip-rehash path caught it
+    assert info.value.position == 1
+    store.close()

@@ -92,8 +92,8 @@ def test_old_transcripts_load_and_verify_unchanged(old_store: Any, old_store_url
         try:
             from chatstate.stores.sqlite._schema import MIGRATIONS
 
-            # every migration ran, m004_blobs to m009_long_bodies included
-            assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 9
+            # every migration ran, m004_blobs to m010_sealed_binary_rows included
+            assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 10
         finally:
             db.close()
 

@@ -91,7 +91,13 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool,
     from chatstate.ops.transfer import render
 
     try:
-        conv = env.store(writes=False, keyless=verify).load(conversation_id)
+        store = env.store(writes=False, keyless=verify)
+        if verify:  # with the key: the chain over the stored bytes checked too
+            from chatstate.stores.sealed import verified_load
+
+            conv = verified_load(store, conversation_id)
+        else:
+            conv = store.load(conversation_id)
     except CorruptTranscriptError as exc:
         where = f" at seq {exc.position}" if exc.position is not None else ""
         fail(f"verification failed{where}: {exc}")

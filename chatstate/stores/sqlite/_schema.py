@@ -120,6 +120,16 @@ def m009_long_bodies(db: sqlite3.Connection) -> None:
         UNIQUE (conversation_id, seq))""")
 
 
+def m010_sealed_binary_rows(db: sqlite3.Connection) -> None:
+    # No table changes: from this version on, the body of an encrypted store's sealed
+    # message may be a binary row (``stores.codec.binary_row``: a NUL byte, its clear
+    # fields, the sealed bytes) standing for its canonical body, which the hash covers as
+    # before. Counted so that an older chatstate, which would read such a row as damage
+    # ("not valid UTF-8"), refuses the database instead: "schema version 10 is newer than
+    # this chatstate knows (9); upgrade chatstate".
+    return
+
+
 LONG_BODY = "{}"
 """What the messages row of a long message holds as its body (no message's body is that)."""
 MESSAGE_BODY = ("CAST(CASE WHEN body = '{}' THEN (SELECT l.body FROM long_bodies l WHERE "
@@ -129,4 +139,5 @@ MESSAGE_BODY = ("CAST(CASE WHEN body = '{}' THEN (SELECT l.body FROM long_bodies
 
 MIGRATIONS: History[sqlite3.Connection] = history(
     m001_initial, m002_search, m003_search_lazily, m004_blobs, m005_append_at_the_floor,
-    m006_leases, m007_blob_age, m008_lease_stamps, m009_long_bodies)
+    m006_leases, m007_blob_age, m008_lease_stamps, m009_long_bodies,
+    m010_sealed_binary_rows)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
 from chatstate.stores.base import Location, PreparedBatch, local_path
+from chatstate.stores.codec import expand_row, is_binary_row
 from chatstate.stores.leases import Holder, Lease
 from chatstate.stores.sqlite._blobs import SqliteBlobs
 from chatstate.stores.sqlite._lease import SqliteLease
@@ -41,6 +42,23 @@ BLOB_SLICE = 1 << 20
 def _size(msg: Message) -> int:
     """Bytes of ``msg``'s body, made a slice at a time (``Message.body_pieces``)."""
     return sum(len(piece) for piece in msg.body_pieces())
+
+
+def _row(msg: Message, body: str) -> str | bytes:
+    """What a messages row holds: the body, or the binary row an encrypted store's sealed
+    record offers for it (``codec.binary_row``: the same body, hash and chain, without
+    base64; the relational core's reads expand it where they need the text)."""
+    binary = getattr(msg, "binary", None)
+    row = binary() if binary is not None and body != LONG_BODY else None
+    return row if isinstance(row, bytes) else body
+
+
+def _text(seq: int, body: bytes) -> str:
+    """A stored body as text (a binary row as the body it stands for), for a dump."""
+    if is_binary_row(body):
+        with suppress(ValueError):
+            body = expand_row(seq, body)
+    return body.decode("utf-8", "replace")
 
 
 def _write_blob(db: sqlite3.Connection, table: str, rowid: int, msg: Message) -> None:
@@ -117,6 +135,34 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         return db.execute("SELECT seq, CAST(body AS BLOB), hash FROM messages WHERE "
                           "conversation_id=? ORDER BY seq", (cid,)).fetchall()
 
+    def sealed_rows(self, conversation_id: str) -> tuple[
+            tuple[Any, ...], list[bytes], tuple[int, bytes] | None] | None:
+        """For the encrypted store's load with the key (``sealed``): the head row, the
+        body of every message row in seq order (bytes, as stored) and the partial row, read
+        in one snapshot; the seqs are checked to be 0 .. n-1 by the index (not fetched),
+        and the last row's hash to be the head row's. None when a row must be read
+        otherwise (a long body) or the seqs or the last hash do not fit (the caller's
+        verified path, ``stored_rows``, then names what is wrong)."""
+        cid = conversation_id
+        with self._load_snapshot() as db:
+            head = self._header(db, cid)
+            if db.execute("SELECT 1 FROM long_bodies WHERE conversation_id=? LIMIT 1",
+                          (cid,)).fetchone() is not None:
+                return None
+            low, high, last = db.execute(
+                "SELECT (SELECT min(seq) FROM messages WHERE conversation_id=?1), "
+                "(SELECT max(seq) FROM messages WHERE conversation_id=?1), "
+                "(SELECT hash FROM messages WHERE conversation_id=?1 ORDER BY seq DESC "
+                "LIMIT 1)", (cid,)).fetchone()
+            rows = db.execute("SELECT CAST(body AS BLOB) FROM messages WHERE "
+                              "conversation_id=? ORDER BY seq", (cid,)).fetchall()
+            partial = self._partial_row(db, cid)
+        count = len(rows)
+        if count != head[5] or last != head[6] or \
+                (count and (low != 0 or high != count - 1)):
+            return None  # (seq is the primary key's: n distinct from 0 to n - 1 is 0 .. n-1)
+        return head, [row[0] for row in rows], partial
+
     def _where(self, cid: str) -> str:
         return f"{self.path} conversation {cid!r}"
 
@@ -134,7 +180,7 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
                          fresh: Sequence[Message], bodies: Sequence[str]) -> None:
         try:
             db.executemany("INSERT INTO messages (conversation_id, seq, body, hash) "
-                           "VALUES (?, ?, ?, ?)", [(cid, m.seq, body, m.hash)
+                           "VALUES (?, ?, ?, ?)", [(cid, m.seq, _row(m, body), m.hash)
                                                    for m, body in zip(fresh, bodies, strict=True)])
         except sqlite3.IntegrityError:
             raise ConflictError(f"{self._where(cid)}: another writer took seq {fresh[0].seq}; "
@@ -238,9 +284,9 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
             head = db.execute("SELECT * FROM conversations WHERE id=?", (cid,)).fetchone()
             if head is None:
                 raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
-            rows = db.execute("SELECT seq, CAST(" + MESSAGE_BODY + " AS TEXT), hash FROM "
-                              "messages WHERE conversation_id=? "
-                              "ORDER BY seq", (cid,)).fetchall()
+            rows = [(seq, _text(seq, body), hash_) for seq, body, hash_ in db.execute(
+                "SELECT seq, " + MESSAGE_BODY + ", hash FROM messages WHERE "
+                "conversation_id=? ORDER BY seq", (cid,)).fetchall()]
             partial = db.execute("SELECT seq, CAST(body AS TEXT) FROM partials WHERE "
                                  "conversation_id=?",
                                  (cid,)).fetchone()
