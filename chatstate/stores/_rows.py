@@ -18,7 +18,6 @@ from chatstate.core.canonical import chain_hash
 from chatstate.core.transcript import Message, brief, parse_message
 from chatstate.errors import CorruptTranscriptError
 from chatstate.stores._fastload import chain_intact, first_break, stored_chunk
-from chatstate.stores.codec import expand_row, is_binary_row
 
 
 def row_text(raw: bytes | None, where: str, seq: int) -> str:
@@ -83,6 +82,8 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512, *, start: int = 0
                 texts = texts and set(map(type, map(attrgetter("content"), decoded))) == {str}
                 rows[start - first:stop - first] = _NONE * (stop - start)
     except (ValueError, TypeError, AttributeError):  # invalid, not UTF-8, a gap: find the row
+        from chatstate.stores.codec import is_binary_row  # not at start-up: ``ask`` stays light
+
         rest = rows[start - first:]
         if any(map(is_binary_row, map(itemgetter(1), rest))):  # an encrypted store's binary
             rest = list(map(_expanded, rest))  # rows, as the canonical bodies they stand for
@@ -96,6 +97,8 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512, *, start: int = 0
 def _expanded(row: Any) -> Any:
     """A row (seq, body, hash) with a binary row's body expanded (``codec.expand_row``);
     any other row, or one that is not a binary row after all, as it is."""
+    from chatstate.stores.codec import expand_row, is_binary_row
+
     seq, raw, hash_ = row
     if is_binary_row(raw):
         try:

@@ -27,7 +27,6 @@ from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
 from chatstate.stores.base import Location, PreparedBatch, local_path
-from chatstate.stores.codec import expand_row, is_binary_row
 from chatstate.stores.leases import Holder, Lease
 from chatstate.stores.sqlite._blobs import SqliteBlobs
 from chatstate.stores.sqlite._lease import SqliteLease
@@ -55,6 +54,8 @@ def _row(msg: Message, body: str) -> str | bytes:
 
 def _text(seq: int, body: bytes) -> str:
     """A stored body as text (a binary row as the body it stands for), for a dump."""
+    from chatstate.stores.codec import expand_row, is_binary_row  # only encrypted stores
+
     if is_binary_row(body):
         with suppress(ValueError):
             body = expand_row(seq, body)
