@@ -283,6 +283,7 @@ def test_appends_while_rekey_runs_are_kept_and_end_under_the_new_key(
                     continue  # lost a race with the rekey's rewrite: not acknowledged
                 acked.append((cid, text))
                 n += 1
+                time.sleep(0.002)  # a live writer, not a loop that never lets a rewrite land
         except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
