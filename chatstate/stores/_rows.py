@@ -97,15 +97,10 @@ def decode_rows(rows: list[Any], where: str, chunk: int = 512, *, start: int = 0
 def _expanded(row: Any) -> Any:
     """A row (seq, body, hash) with a binary row's body expanded (``codec.expand_row``);
     any other row, or one that is not a binary row after all, as it is."""
-    from chatstate.stores.codec import expand_row, is_binary_row
+    from chatstate.stores.codec import row_body
 
     seq, raw, hash_ = row
-    if is_binary_row(raw):
-        try:
-            return seq, expand_row(seq, raw), hash_
-        except ValueError:
-            pass
-    return row
+    return seq, row_body(seq, raw), hash_
 
 
 _NONE = [None]

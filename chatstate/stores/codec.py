@@ -416,6 +416,17 @@ def expand_row(seq: int, raw: bytes) -> bytes:
             created + ROW_SEQ + b"%d" % seq + ROW_STATUS + status + ROW_END)
 
 
+def row_body(seq: int, raw: bytes) -> bytes:
+    """The canonical body a stored row stands for: a binary row expanded, any other row
+    (or one that only looks like a binary row) as it is."""
+    if is_binary_row(raw):
+        try:
+            return expand_row(seq, raw)
+        except ValueError:
+            pass
+    return raw
+
+
 def is_binary_row(raw: object) -> bool:
     """Is this stored body a binary row (``binary_row``)?"""
     return isinstance(raw, bytes) and raw[:1] == b"\0"

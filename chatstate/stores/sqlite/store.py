@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +54,9 @@ def _row(msg: Message, body: str) -> str | bytes:
 
 def _text(seq: int, body: bytes) -> str:
     """A stored body as text (a binary row as the body it stands for), for a dump."""
-    from chatstate.stores.codec import expand_row, is_binary_row  # only encrypted stores
+    from chatstate.stores.codec import row_body  # only encrypted stores hold binary rows
 
-    if is_binary_row(body):
-        with suppress(ValueError):
-            body = expand_row(seq, body)
-    return body.decode("utf-8", "replace")
+    return row_body(seq, body).decode("utf-8", "replace")
 
 
 def _write_blob(db: sqlite3.Connection, table: str, rowid: int, msg: Message) -> None:
