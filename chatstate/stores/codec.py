@@ -367,7 +367,7 @@ class AeadCodec:
 
 
 
-# the stored row of a sealed message without blobs (one definition: sealed.py and the
+# the stored row of a sealed message without blobs (one definition: chatstate.stores.sealed and the
 # stores that keep it as a binary row use these) --------------------------------------
 ROW_HEAD = b'{"content":[{"data":"'
 """How the canonical body of a sealed message starts; its base64 data follows."""
