@@ -21,7 +21,12 @@ from support.stores import local_path, scheme, snapshot, stored_state
 from chatstate.core.canonical import chain_hash
 from chatstate.core.content import image, store_parts, text
 from chatstate.core.transcript import Conversation, Message
-from chatstate.errors import ConfigurationError, CorruptTranscriptError, Unsupported
+from chatstate.errors import (
+    ConfigurationError,
+    CorruptTranscriptError,
+    SchemaVersionError,
+    Unsupported,
+)
 from chatstate.stores import open_store
 from chatstate.stores.codec import AeadCodec, expand_row, new_key, parse_key
 from chatstate.stores.keys import load_key
@@ -620,3 +625,29 @@ def test_a_binary_row_edited_in_the_clear_is_refused_by_the_load_with_the_key(
     assert "fields in the clear" in str(info.value)  # the skip-rehash path caught it
     assert info.value.position == 1
     store.close()
+
+
+def test_a_build_before_binary_rows_refuses_the_database_untouched(
+        tmp_path: Path, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An encrypted sqlite store written now holds binary rows (schema 10); a chatstate
+    that knows 9 steps would read them as damage, so it refuses the database instead,
+    saying to upgrade, and changes nothing."""
+    from chatstate.stores.sqlite import _conn, _schema
+
+    url = f"sqlite://{tmp_path}/s.db"
+    _fill(url)
+    path = Path(local_path(url))
+    db = sqlite3.connect(path)
+    binary = db.execute("SELECT count(*) FROM messages WHERE substr(body, 1, 1) = x'00'"
+                        ).fetchone()[0]
+    db.close()
+    assert binary > 0
+    before = path.read_bytes()
+    assert _schema.MIGRATIONS[9].name == "m010_sealed_binary_rows"
+    monkeypatch.setattr(_conn, "MIGRATIONS", _schema.MIGRATIONS[:9])  # the build before
+    with pytest.raises(SchemaVersionError) as info:
+        open_store(url).load("c2")
+    said = str(info.value)
+    assert "schema version 10 is newer than this chatstate knows (9)" in said
+    assert "upgrade chatstate" in said and str(path) in said
+    assert path.read_bytes() == before
