@@ -1,7 +1,7 @@
 """A burst of new conversations through ``chatstate serve``, two builds side by side.
 
     python bench/serve_burst.py [--conversations 200] [--stores sqlite json] [--reps 3]
-                                [--before /path/to/a/checkout/of/main]
+                                [--before /path/to/a/checkout/of/main] [--after CHECKOUT]
 
 The last row of issue 26: N header-less streams at once (each a first turn, so a
 new conversation), the first-chunk p50 that ``serve`` adds over the upstream alone,
@@ -44,13 +44,15 @@ def main() -> None:
     parser.add_argument("--stores", nargs="+", default=["sqlite", "json"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--before", help="a checkout whose chatstate to measure first")
+    parser.add_argument("--after", help="a checkout to measure as this build (by PYTHONPATH, "
+                        "as --before is: the same way in, so only the code differs)")
     parser.add_argument("--dir", default="bench/work/burst")
     args = parser.parse_args()
     work = Path(args.dir).resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHATSTATE_", "OPENAI_"))}
-    builds = ([("before", args.before)] if args.before else []) + [("this", None)]
+    builds = ([("before", args.before)] if args.before else []) + [("this", args.after)]
     fake, base = sl.start([sl.CHATSTATE, "fake-server", "--reply-words", "40",
                            "--chunk-delay", "0.02"], r"(http://\S+/v1)", env)
     print("| rep | run | first chunk p50 ms | added ms | ÷ relay's | p90 ms | added ms | "
