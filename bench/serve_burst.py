@@ -72,7 +72,8 @@ def main() -> None:
                         "relay_floor.py")), "--upstream", base], r"serving on (http://\S+/v1)",
                         env)
                 elif kind is not None:
-                    tag = f"{kind}-{'before' if path else 'this'}-{rep}"
+                    # a store of its own per build (named by its label)
+                    tag = "-".join(label.replace("(", "").replace(")", "").split()) + f"-{rep}"
                     store_url = (f"sqlite://{work}/{tag}.db" if kind == "sqlite"
                                  else f"json://{work}/{tag}")
                     penv = dict(env, PYTHONPATH=path) if path else env
