@@ -47,7 +47,6 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -107,15 +106,6 @@ async def sse_named(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None
             data.append(line[5:].removeprefix(" "))
     if data:
         yield name, "\n".join(data)
-
-
-def _loads(data: str) -> Any:
-    """An event's JSON: orjson (every event of every stream is parsed), else the standard
-    parser, which also reads what orjson refuses (NaN, integers past 64 bits)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
 
 
 def _size(item: object) -> int:
@@ -326,7 +316,7 @@ class StreamRelay:
         """Fold one event into the reply (holding events from a tool call's first on);
         return its data as relayed."""
         try:
-            chunk = _loads(data)
+            chunk = json.loads(data)
         except ValueError:
             log.warning("serve: relaying an upstream event that is not JSON: %.80s", data)
             return data

@@ -11,7 +11,6 @@ proxy can still answer in JSON, with the conversation header, and record.
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import AsyncIterator
 
 import httpx2
@@ -28,7 +27,7 @@ async def event_stream(resp: httpx2.Response, *secrets: str | None
 
     When it is not one, ``resp`` is closed and the reason is redacted (it quotes the body).
     """
-    lines = sse_lines(resp.aiter_bytes())
+    lines = resp.aiter_lines()
     seen: list[str] = []
     first = None
     try:
@@ -59,31 +58,3 @@ async def event_stream(resp: httpx2.Response, *secrets: str | None
             yield line
 
     return again(), None
-
-
-async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """The lines of an event stream's body (UTF-8, bad bytes replaced), split at ``\\n``,
-    ``\\r\\n`` or ``\\r`` as the SSE spec says, and nowhere else (``str.splitlines``
-    would also split inside a JSON string holding U+2028). What httpx2's ``aiter_lines``
-    yields, in one generator over the decoded bytes instead of three: a proxy reads every
-    line of every stream it relays."""
-    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
-    pending = ""  # the text after the last line break
-    skip_lf = False  # the last text ended in "\r": a "\n" first in the next is its pair
-    async for chunk in chunks:
-        text = decode(chunk)
-        if skip_lf and text.startswith("\n"):
-            text = text[1:]
-            skip_lf = False
-        if not text:
-            continue
-        skip_lf = text.endswith("\r")
-        if "\r" in text:
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
-        lines = (pending + text).split("\n")
-        pending = lines.pop()
-        for line in lines:
-            yield line
-    pending += decode(b"", True)
-    if pending:
-        yield pending
