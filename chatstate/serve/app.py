@@ -15,32 +15,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx2
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from chatstate.core.redact import scrub
-from chatstate.durable.guard import boot_id
 from chatstate.errors import (
     ChatstateError,
     ConflictError,
     ConversationInUse,
     InvalidConversationId,
 )
-from chatstate.serve._auth import Auth, BrowserGuard
-from chatstate.serve._conversations import Conversations
+from chatstate.serve._auth import BrowserGuard
+from chatstate.serve._config import ServeConfig as ServeConfig  # the CLI's import
 from chatstate.serve._dialect_routes import dialect_routes
 from chatstate.serve._errors import EXCEPTION_HANDLERS
-from chatstate.serve._headers import forwarded, relayed_headers
 from chatstate.serve._history import Ambiguous
 from chatstate.serve._identity import (
     IDEMPOTENCY_HEADER,
@@ -49,159 +42,34 @@ from chatstate.serve._identity import (
     forward_body,
     request_key,
 )
-from chatstate.serve._index import StoreIndex
-from chatstate.serve._limits import ConversationLocks, NamespaceLimits, namespace_of
-from chatstate.serve._metrics import CountRequests, Metrics, clock, first_chunk_timed
+from chatstate.serve._limits import namespace_of
+from chatstate.serve._metrics import CountRequests, clock
 from chatstate.serve._nolog import no_log_refusal
 from chatstate.serve._offload import (
-    JSON,
-    MAX_DEPTH,
-    MAX_MESSAGES,
     Refusal,
     encode_json,
     parse_request,
 )
 from chatstate.serve._passthrough import PassThrough
-from chatstate.serve._readiness import Readiness
-from chatstate.serve._relay import RelayResponse, StreamRelay, chat_holds, client_failure
-from chatstate.serve._request_record import RESPONSE, outcome, request_record
-from chatstate.serve._stream_check import event_stream
-from chatstate.serve._turns import ForeignConversation, Replay, Turn, Writer
+from chatstate.serve._probes import Probes
+from chatstate.serve._request_record import request_record
+from chatstate.serve._turns import ForeignConversation, Replay
 from chatstate.serve._ui import ui_routes
+from chatstate.serve._upstream import Prepared, UpstreamTurns, _TurnEnd
 from chatstate.serve._wire import (
     CONVERSATION_HEADER,
-    bearer,
     check_request,
     one_choice,
     openai_error,
-    passthrough,
     read_body,
-    upstream_error,
 )
 from chatstate.serve._wires import CHAT, Wire
-from chatstate.stores.base import Store
-
-log = logging.getLogger("chatstate.serve")
 
 
+class Proxy(UpstreamTurns, Probes):
+    """The proxy: a turn's request checked, placed and begun (``_chat``), then sent
+    upstream (``UpstreamTurns``); the other endpoints are ``Probes``'."""
 
-@dataclass
-class ServeConfig:
-    store: Store
-    upstream: str
-    api_key: str | None = None
-    tokens: list[str] = field(default_factory=list)
-    pass_client_key: bool = False
-    max_body: int = 32 * 1024 * 1024
-    ready_upstream: bool = False
-    timeout: float | None = 60.0
-    connect_timeout: float = 10.0
-    lease_wait: float = 0.0  # seconds a turn waits for another live writer, then 409
-    max_messages: int = MAX_MESSAGES  # more in one request: 413
-    max_depth: int = MAX_DEPTH  # JSON nested deeper: 400
-    max_concurrent: int | None = None  # turns in flight per namespace, then 429
-    rate: float | None = None  # requests per second per namespace, then 429
-    ready_cache: float = 1.0  # seconds /readyz reuses its last store probe
-    allowed_hosts: list[str] = field(default_factory=list)  # beyond loopback and IP literals
-    worker_threads: int = 64
-    """Threads for blocking work (store calls, parsing): a burst's writers share commits."""
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A request checked and placed, before anything of it is written (``_prepare``)."""
-
-    data: Any  # the request as parsed
-    messages: list[dict[str, Any]]  # its messages in the stored form
-    cid: str | None  # the conversation it names
-    forward: dict[str, Any]  # the body to forward
-    key: str  # what knows the same request again (``request_key``)
-    target: str | None  # the stored conversation it continues (None: a new one)
-    content: bytes  # ``forward`` encoded
-
-
-class _TurnEnd:
-    """Ends a turn once: its writer lease goes, then the next request on it may begin."""
-
-    def __init__(self, writer: Writer, turn: Turn, release: Callable[[], None]) -> None:
-        self.writer, self.turn, self.release = writer, turn, release
-        self.done = False
-
-    async def __call__(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        try:
-            await asyncio.to_thread(self.writer.end, self.turn)
-        finally:
-            self.release()
-
-
-class Proxy:
-    def __init__(self, config: ServeConfig) -> None:
-        self.config = config
-        self.upstream = config.upstream.rstrip("/")
-        self.metrics = Metrics()
-        self.index = StoreIndex(config.store)
-        self.writer = Writer(self.metrics.store(config.store), self.index,
-                             lease_wait=config.lease_wait)
-        self.auth = Auth(config.tokens, config.pass_client_key)
-        self.listing = Conversations(config.store, self.index)
-        self.locks = ConversationLocks()
-        self.limits = NamespaceLimits(config.max_concurrent, config.rate)
-        self.readiness = Readiness(config.store, config.ready_cache, self.metrics.probes.inc)
-        self.client: httpx2.AsyncClient | None = None
-        self.indexing: asyncio.Future[int] | None = None
-
-    # -- lifecycle ---------------------------------------------------------------------
-    async def startup(self) -> None:
-        timeout = self.config.timeout
-        connect = self.config.connect_timeout if timeout is None else min(
-            self.config.connect_timeout, timeout)
-        # the openai SDK's limits: httpx2's default pool (100) would hold stream 101 back
-        # until another one ended
-        limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
-        self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout, connect=connect),
-                                         limits=limits)
-        # Store calls wait on the disk and on the store's lock, not on the CPU: with the
-        # default pool (CPUs + 4 threads) a burst of new conversations queued behind a
-        # handful of them, and sqlite's group commit could only group that many writers.
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
-            max_workers=self.config.worker_threads, thread_name_prefix="chatstate-serve"))
-        # The store's summaries, in the background: serving starts at once, and only a
-        # request that may continue a stored conversation without naming it waits.
-        self.indexing = asyncio.ensure_future(asyncio.to_thread(self.index.start))
-        self.indexing.add_done_callback(_indexed)
-
-    async def shutdown(self) -> None:
-        if self.indexing is not None:
-            self.indexing.cancel()
-        if self.client is not None:
-            await self.client.aclose()
-
-    def _http(self) -> httpx2.AsyncClient:
-        assert self.client is not None, "the app's lifespan has not started"
-        return self.client
-
-    # -- auth ------------------------------------------------------------------------------
-    def namespace(self, request: Request) -> str | None:
-        """The caller's namespace ("": the default one); None: not authorized."""
-        return self.auth.namespace(request)
-
-    def upstream_headers(self, request: Request, wire: Wire = CHAT) -> dict[str, str]:
-        headers = {"User-Agent": "chatstate-serve", **forwarded(request.headers)}
-        headers.update({k: request.headers[k] for k in wire.passed_headers
-                        if k in request.headers})
-        if self.config.pass_client_key:
-            for name in ("authorization", "x-api-key"):
-                if name in request.headers:
-                    headers[name] = request.headers[name]
-        elif self.config.api_key:
-            headers.update(wire.key_headers(self.config.api_key) if wire.key_headers
-                           else {"Authorization": f"Bearer {self.config.api_key}"})
-        return headers
-
-    # -- endpoints ---------------------------------------------------------------------------
     async def chat_completions(self, request: Request, wire: Wire = CHAT) -> Response:
         """A turn of any wire API (``_wires``): chat completions, Responses, Messages."""
         request.state.started = clock()
@@ -372,186 +240,6 @@ class Proxy:
             return False
 
         return await self.locks.acquire(key, request.is_disconnected if wait_gone else never)
-
-    def _committed(self, turn: Turn, reply: Mapping[str, Any], namespace: str,
-                   found: dict[str, Any]) -> Any:
-        message = self.writer.commit(turn, {**reply, "params": {RESPONSE: found}})
-        self.metrics.reply(reply, namespace)
-        return message
-
-    async def _plain(self, request: Request, turn: Turn, prepared: Prepared,
-                     headers: dict[str, str], namespace: str, wire: Wire = CHAT) -> Response:
-        """``prepared``: the request as ``_prepare`` read it (the body to forward, encoded)."""
-        content, forward = prepared.content, prepared.forward
-        openai_error = wire.error
-        try:
-            started = clock()
-            resp = await self._http().post(self.upstream + wire.upstream_path,
-                                           content=content, headers={
-                                               **self.upstream_headers(request, wire), **JSON})
-            self.metrics.upstream.labels("/v1" + wire.upstream_path).observe(clock() - started)
-        except httpx2.HTTPError as exc:
-            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
-            return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
-                                "upstream_error", headers=headers)
-        if resp.status_code >= 400:
-            stored, relayed = upstream_error(resp.content, resp.status_code, headers,
-                                             resp.headers, self.config.api_key,
-                                             bearer(request.headers.get("authorization", "")))
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored,
-                                    outcome(resp.status_code, clock() - started, resp.headers))
-            return relayed
-        try:
-            reply = wire.settle(wire.reply_fields(resp.json()), forward)
-        except ValueError as exc:
-            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc),
-                                    outcome(resp.status_code, clock() - started, resp.headers))
-            return openai_error(502, f"the upstream reply is not a {wire.name} reply: {exc}",
-                                "upstream_error", headers=headers)
-        await asyncio.to_thread(self._committed, turn, reply, namespace,
-                                outcome(resp.status_code, clock() - started, resp.headers))
-        return passthrough(resp, headers)
-
-    async def _stream(self, request: Request, turn: Turn, prepared: Prepared,
-                      headers: dict[str, str], end: _TurnEnd, namespace: str,
-                      wire: Wire = CHAT) -> Response:
-        """``prepared``: the request as ``_prepare`` read it (the body to forward, encoded)."""
-        content, forward = prepared.content, prepared.forward
-        openai_error = wire.error
-        http = self._http()
-        try:
-            upstream_request = http.build_request(
-                "POST", self.upstream + wire.upstream_path, content=content,
-                headers={**self.upstream_headers(request, wire), **JSON,
-                         "Accept": "text/event-stream"})
-            started = clock()
-            resp = await http.send(upstream_request, stream=True)
-            self.metrics.upstream.labels("/v1" + wire.upstream_path).observe(clock() - started)
-        except httpx2.HTTPError as exc:
-            await asyncio.to_thread(self.writer.note_failure, turn, 502, str(exc))
-            await end()
-            return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
-                                "upstream_error", headers=headers)
-        if resp.status_code >= 400:
-            try:
-                content = await resp.aread()
-            finally:
-                await resp.aclose()
-            stored, relayed = upstream_error(content, resp.status_code, headers,
-                                             resp.headers, self.config.api_key,
-                                             bearer(request.headers.get("authorization", "")))
-            await asyncio.to_thread(self.writer.note_failure, turn, resp.status_code, stored,
-                                    outcome(resp.status_code, clock() - started, resp.headers))
-            await end()
-            return relayed
-        lines, problem = await event_stream(resp, self.config.api_key,
-                                            bearer(request.headers.get("authorization", "")))
-        if problem is not None:  # an HTML page, JSON, nothing: not a stream to relay
-            await asyncio.to_thread(self.writer.note_failure, turn, 502, problem)
-            await end()
-            return openai_error(502, problem, "upstream_error", headers=headers)
-        writer = self.writer
-        relay = StreamRelay(
-            lines,
-            save_partial=lambda text, model: writer.save_partial(turn, text, model),
-            commit=lambda reply: self._committed(
-                turn, wire.settle(reply, forward), namespace,
-                outcome(resp.status_code, clock() - started, resp.headers)),
-            fail=lambda status, detail: writer.note_failure(
-                turn, status, detail, outcome(status, clock() - started, resp.headers)),
-            redact=lambda text: scrub(text, self.config.api_key, bearer(
-                request.headers.get("authorization", "")), limit=None),
-            decoder=wire.decoder() if wire.decoder else None, named=wire.named,
-            holds=wire.holds or chat_holds, rewrite=wire.rewrite() if wire.rewrite else None,
-            failures=wire.failures())
-
-        async def cleanup() -> None:
-            try:
-                await resp.aclose()
-                if turn.writer.lost is not None:  # another writer has it: write nothing
-                    log.warning("serve: %s", turn.writer.lost)
-                elif not relay.committed:  # the client went away, or the upstream did
-                    await asyncio.to_thread(relay.save_now)
-                    log.info("serve: %s: turn %s left as partial (%d chars)", turn.id,
-                             turn.turn_id, relay.saved_chars)
-                    if relay.failed is None:  # the upstream's failure is recorded already
-                        await asyncio.to_thread(self.writer.note_failure, turn,
-                                                *client_failure(relay))
-            finally:
-                await end()
-
-        events = first_chunk_timed(relay.events(), request.state.started,
-                                   self.metrics.first_chunk)
-        return RelayResponse(events, cleanup,
-                             headers={**relayed_headers(resp.headers), **headers},
-                             media_type="text/event-stream")
-
-    async def models(self, request: Request) -> Response:
-        try:
-            resp = await self._http().get(self.upstream + "/models",
-                                          headers=self.upstream_headers(request))
-        except httpx2.HTTPError as exc:
-            return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
-                                "upstream_error")
-        return passthrough(resp, {})
-
-    async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "boot_id": boot_id(),
-                             "durability": self._verdict()})
-
-    async def readyz(self, request: Request) -> Response:
-        report = await self.readiness.check()
-        if self.config.tokens and self.namespace(request) is None:
-            # no token, no details (the store's path, its probe, the pid): the status only
-            ok = report.ok and (not self.config.ready_upstream
-                                or (await self._upstream_ready(request))["ok"])
-            return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
-        body: dict[str, Any] = {"ready": report.ok, "boot_id": boot_id(),
-                                "store": {"durability": self._verdict(),
-                                          "check": report.to_dict()}}
-        if not report.ok:
-            body["reason"] = f"store check failed: {report.error}"
-        if self.config.ready_upstream:
-            upstream = await self._upstream_ready(request)
-            body["upstream"] = upstream
-            if not upstream["ok"]:
-                body["ready"] = False
-                body.setdefault("reason", f"upstream not ready: {upstream['detail']}")
-        return JSONResponse(body, status_code=200 if body["ready"] else 503)
-
-    async def _upstream_ready(self, request: Request) -> dict[str, Any]:
-        try:
-            resp = await self._http().get(self.upstream + "/models", timeout=3.0,
-                                          headers=self.upstream_headers(request))
-        except httpx2.HTTPError as exc:
-            return {"ok": False, "detail": f"unreachable ({type(exc).__name__})"}
-        ok = resp.status_code < 400
-        return {"ok": ok, "status": resp.status_code,
-                "detail": "GET /models answered" if ok else f"HTTP {resp.status_code}"}
-
-    def _verdict(self) -> str | None:
-        report = getattr(self.config.store, "guard_report", None)
-        return getattr(report, "verdict", None)
-
-    async def conversations(self, request: Request) -> Response:
-        return await self.listing.page(request)
-
-    async def conversation(self, request: Request) -> Response:
-        return await self.listing.one(request)
-
-    async def metrics_text(self, request: Request) -> Response:
-        content, media_type = self.metrics.render()
-        return Response(content, headers={"Content-Type": media_type})
-
-
-def _indexed(task: asyncio.Future[int]) -> None:
-    if task.cancelled():
-        return
-    if task.exception() is not None:
-        log.error("serve: indexing the stored conversations failed: %s", task.exception())
-    else:
-        log.info("serve: %d stored conversations, indexed as requests need them",
-                 task.result())
 
 
 def create_app(config: ServeConfig) -> Starlette:
