@@ -219,8 +219,10 @@ class SqliteConnection:
                 self._group = _Group(action)
             group = self._group
             shared = group.members > 0
-            if shared:  # named per member: undoing one member leaves the earlier ones
-                db.execute(f"SAVEPOINT chatstate_write{group.members}")
+            if shared:  # one name for all: ROLLBACK TO and RELEASE take the latest of
+                # that name, this member's, and leave the earlier members' (one cached
+                # statement, not one per member)
+                db.execute("SAVEPOINT chatstate_write")
             mine = True
             self._writing = threading.get_ident()
             try:
@@ -257,10 +259,9 @@ class SqliteConnection:
         if not mine:
             return
         if shared and db.in_transaction:
-            name = f"chatstate_write{group.members}"  # this member's (it was not counted)
-            try:
-                db.execute(f"ROLLBACK TO {name}")
-                db.execute(f"RELEASE {name}")
+            try:  # the latest savepoint of the name: this member's
+                db.execute("ROLLBACK TO chatstate_write")
+                db.execute("RELEASE chatstate_write")
                 return
             except sqlite3.Error as undo:
                 exc = undo
