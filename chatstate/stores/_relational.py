@@ -93,6 +93,10 @@ class RelationalStore(ABC):
     """The store writes a long reply's body in pieces (``PreparedBatch``'s ``pieces``,
     ``Message.body_pieces``; sqlite's incremental blob writes), not bound whole."""
 
+    sees_commits: ClassVar[bool] = False
+    """``_version`` moves whenever another connection commits (sqlite's data_version):
+    a chain verified at a version is unchanged while the version is."""
+
     _seen: dict[str, tuple[int, int, str | None]]
     """Per conversation: (version, count, last hash) when its chain last verified (each
     store's ``__init__`` sets it to {})."""
@@ -365,6 +369,11 @@ class RelationalStore(ABC):
         count = self._verified_count(db, cid, head=head)
 
         def hash_at(seq: int) -> str:
+            if self.sees_commits and seq == count - 1 and head[6] is not None:
+                # the head row's last hash: the tail of the chain ``_verified_count`` has
+                # verified against it, unchanged since (no other connection committed), so
+                # no read of the message row
+                return str(head[6])
             row = self._q(db, "SELECT hash FROM messages WHERE conversation_id=? AND seq=?",
                           (cid, seq)).fetchone()
             return str(row[0]) if row else ""

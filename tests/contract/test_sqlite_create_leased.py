@@ -171,9 +171,15 @@ def test_the_fenced_head_read_keeps_its_order(url: str) -> None:
     store.release_lease(lease)
 
 
-def test_an_edit_by_another_connection_is_still_seen(url: str) -> None:
-    """The group reads ``data_version`` once; a commit by another connection between two
-    groups still makes the next write verify the chain again (and find the damage)."""
+@pytest.mark.parametrize("edit", [
+    "UPDATE messages SET body = replace(body, 'msg 0', 'msg X') WHERE seq=0",
+    "UPDATE messages SET hash = 'f' || substr(hash, 2) WHERE seq=2"],
+    ids=["first-body", "tail-hash"])
+def test_an_edit_by_another_connection_is_still_seen(url: str, edit: str) -> None:
+    """The group reads ``data_version`` once, and an append takes the hash it chains from
+    from the head row; a commit by another connection between two groups (a body, or
+    the tail row's hash, edited by hand) still makes the next write verify the chain
+    again and refuse to write onto the damage."""
     store = open_store(url)
     msgs = seal_chain(2)
     lease = create_leased(store, Conversation(id="c1"), msgs)
@@ -182,10 +188,10 @@ def test_an_edit_by_another_connection_is_still_seen(url: str) -> None:
     path = url.removeprefix("sqlite://")
     subprocess.run([sys.executable, "-c", (
         "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); "
-        "db.execute(\"UPDATE messages SET body = replace(body, 'msg 0', 'msg X') "
-        "WHERE conversation_id='c1' AND seq=0\"); db.commit()"), path], check=True)
+        "db.execute(sys.argv[2]); db.commit()"), path, edit], check=True)
     with pytest.raises(CorruptTranscriptError):
         store.append("c1", seal_chain(1, more[-1]), fence=lease.owner)
+    assert len(open_store(url).stored_rows("c1")[1]) == 3  # nothing written
     store.release_lease(lease)
 
 

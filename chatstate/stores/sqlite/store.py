@@ -83,6 +83,7 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
                       message_body=MESSAGE_BODY)
     writes_pieces = hasattr(sqlite3.Connection, "blobopen")  # Python 3.11+
     check_errors = (ChatstateError, sqlite3.Error, OSError)
+    sees_commits = True  # PRAGMA data_version
 
     def __init__(self, path: Path, url: str | None = None) -> None:
         super().__init__(path, url or f"sqlite://{path}")
