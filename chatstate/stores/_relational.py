@@ -93,6 +93,10 @@ class RelationalStore(ABC):
     """The store writes a long reply's body in pieces (``PreparedBatch``'s ``pieces``,
     ``Message.body_pieces``; sqlite's incremental blob writes), not bound whole."""
 
+    sees_commits: ClassVar[bool] = False
+    """``_version`` moves whenever another connection commits (sqlite's data_version):
+    a chain verified at a version is unchanged while the version is."""
+
     _seen: dict[str, tuple[int, int, str | None]]
     """Per conversation: (version, count, last hash) when its chain last verified (each
     store's ``__init__`` sets it to {})."""
@@ -141,11 +145,19 @@ class RelationalStore(ABC):
         """Every message row of ``cid`` (``rewrite``)."""
         self._q(db, "DELETE FROM messages WHERE conversation_id=?", (cid,))
 
-    def _put_partial(self, db: Any, cid: str, partial: Message) -> None:
-        """Write ``partial`` as the conversation's one partial row."""
+    def _partial_body(self, partial: Message) -> str | None:
+        """``partial``'s body, made before the write lock is taken (CPU in proportion to
+        the reply: it must not hold the other writers back); None when the store writes
+        it in pieces itself (sqlite's long bodies)."""
+        return partial.body()
+
+    def _put_partial(self, db: Any, cid: str, partial: Message, body: str | None) -> None:
+        """Write ``partial`` (its body ``body``, from ``_partial_body``) as the
+        conversation's one partial row."""
         self._q(db, "INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, ?) "
                 "ON CONFLICT (conversation_id) DO UPDATE SET seq=excluded.seq, "
-                "body=excluded.body", (cid, partial.seq, partial.body()))
+                "body=excluded.body", (cid, partial.seq, partial.body() if body is None
+                                       else body))
 
     def _version(self, db: Any) -> int:
         """A number that changes when another connection commits (0: not known)."""
@@ -193,13 +205,16 @@ class RelationalStore(ABC):
         self._seen[cid] = (version, head[5], head[6])
         return messages, texts
 
-    def _verified_count(self, db: Any, cid: str, lock: str = "") -> int:
+    def _verified_count(self, db: Any, cid: str, lock: str = "",
+                        head: tuple[Any, ...] | None = None) -> int:
         """The stored message count, once the chain verifies: never write onto damage.
 
         The full check is skipped while the head is the one this process last
         verified (and, on sqlite, no other connection has committed since).
+        ``head``: the head row, when the caller has read it (``_fenced_head``).
         """
-        head = self._header(db, cid, lock)
+        if head is None:
+            head = self._header(db, cid, lock)
         if self._seen.get(cid) != (self._version(db), head[5], head[6]):
             self._chain(db, cid, head)
         return int(head[5])
@@ -279,6 +294,14 @@ class RelationalStore(ABC):
         record = dict(zip(("owner", "host", "pid"), row, strict=True)) if row else None
         check_fence(self._shown(), cid, fence, record)
 
+    def _fenced_head(self, db: Any, cid: str, fence: str | None, lock: str = ""
+                     ) -> tuple[Any, ...]:
+        """The head row, once ``fence`` is checked (``_check_fence``), in the write's
+        transaction: LeaseLost before ConversationNotFound. Two queries here; a store
+        may read both rows in one."""
+        self._check_fence(db, cid, fence)
+        return self._header(db, cid, lock)
+
     def _insert_head(self, db: Any, conversation: Conversation) -> None:
         cid = validate_id(conversation.id)
         added = self._q(db, "INSERT INTO conversations (id, title, created_at, updated_at, "
@@ -305,7 +328,14 @@ class RelationalStore(ABC):
         the writers queued with it)."""
         cid = validate_id(conversation.id)
         prepared = PreparedBatch(messages, pieces=self.writes_pieces) if messages else None
+        # before the lock: whether the batch can start a conversation as it is (then the
+        # store may write it without reading anything back, ``_create_new``)
+        plain = prepared is None or (
+            prepared.first_break(None, 0) is None and prepared.messages[0].status != "partial"
+            and not any(True for _ in named_blobs(prepared.messages)))
         with self._write("start a conversation in") as db:
+            if plain and self._create_new(db, lease, conversation, prepared):
+                return None
             holder = self._lease_in(db, lease)
             if holder is not None:
                 return holder
@@ -313,6 +343,16 @@ class RelationalStore(ABC):
             if prepared is not None:
                 self._append_in(db, cid, prepared, lease.owner)
         return None
+
+    def _create_new(self, db: Any, lease: Lease, conversation: Conversation,
+                    prepared: PreparedBatch | None) -> bool:
+        """``create_leased``'s write for a conversation no lease row names yet, inside the
+        write transaction ``db``: True when written; False, with nothing written, when
+        a lease row is there (``_create_leased_once`` then judges it, the long way).
+        ``prepared`` chains from nothing, names no blob and is not a partial reply
+        (checked before the lock). Here always False; a store may do it in fewer
+        statements (sqlite)."""
+        return False
 
     def append(self, conversation_id: str, messages: Sequence[Message], *,
                fence: str | None = None) -> None:
@@ -325,10 +365,15 @@ class RelationalStore(ABC):
                    fence: str | None) -> None:
         """The compare-and-append inside the write transaction ``db``."""
         where = self._where(cid)
-        self._check_fence(db, cid, fence)
-        count = self._verified_count(db, cid, self.dialect.for_update)
+        head = self._fenced_head(db, cid, fence, self.dialect.for_update)
+        count = self._verified_count(db, cid, head=head)
 
         def hash_at(seq: int) -> str:
+            if self.sees_commits and seq == count - 1 and head[6] is not None:
+                # the head row's last hash: the tail of the chain ``_verified_count`` has
+                # verified against it, unchanged since (no other connection committed), so
+                # no read of the message row
+                return str(head[6])
             row = self._q(db, "SELECT hash FROM messages WHERE conversation_id=? AND seq=?",
                           (cid, seq)).fetchone()
             return str(row[0]) if row else ""
@@ -372,14 +417,15 @@ class RelationalStore(ABC):
     def save_partial(self, conversation_id: str, partial: Message, *,
                      fence: str | None = None) -> None:
         cid = conversation_id
+        body = self._partial_body(partial)  # before the lock
         with self._write("save the partial reply in") as db:
-            self._check_fence(db, cid, fence)
-            count = self._verified_count(db, cid, self.dialect.for_share)
+            head = self._fenced_head(db, cid, fence, self.dialect.for_share)
+            count = self._verified_count(db, cid, head=head)
             if partial.seq != count:
                 raise ConflictError(f"{self._where(cid)}: partial reply for seq {partial.seq}, "
                                     f"but the next seq is {count}",
                                     expected_seq=partial.seq - 1, actual_seq=count - 1)
-            self._put_partial(db, cid, partial)
+            self._put_partial(db, cid, partial, body)
 
     def clear_partial(self, conversation_id: str, *, fence: str | None = None) -> None:
         cid = validate_id(conversation_id)
@@ -391,8 +437,8 @@ class RelationalStore(ABC):
                    metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
         cid = conversation_id
         with self._write("update") as db:
-            self._check_fence(db, cid, fence)
-            self._verified_count(db, cid, self.dialect.for_update)
+            head = self._fenced_head(db, cid, fence, self.dialect.for_update)
+            self._verified_count(db, cid, head=head)
             self._q(db, "UPDATE conversations SET title=coalesce(?, title), "
                     "metadata=coalesce(?, metadata), updated_at=? WHERE id=?",
                     (title, None if metadata is None else json.dumps(metadata), now_iso(), cid))

@@ -45,6 +45,10 @@ class _Group:
         self.opened = time.monotonic()
         self.committer: int | None = None
         self.error: BaseException | None = None
+        self.version: int | None = None
+        """``PRAGMA data_version`` as read inside this group's transaction: it holds the
+        write lock from BEGIN IMMEDIATE to COMMIT, so no other connection can commit
+        meanwhile and the number cannot move (read once, not once per member)."""
         # members wait on this, not on the connection's lock: a member woken by the
         # commit must not compete with the writers queued for the next group
         self.settled = threading.Event()
@@ -162,9 +166,11 @@ class SqliteConnection:
         """One write, returned from only once COMMIT made it durable (synchronous=FULL).
 
         Group commit: writes from threads that queue up while one is in progress join
-        its open transaction, each in a savepoint (a failed one is undone alone), and
-        the last in the queue commits them all with one fsync; the others wait for it,
-        at most about as long as a commit takes (on a fast disk groups stay small).
+        its open transaction, each in a savepoint of its own (a failed one is rolled
+        back to it alone; one that succeeded is left open, and the group's COMMIT
+        releases them all), and the last in the queue commits them all with one fsync;
+        the others wait for it, at most about as long as a commit takes (on a fast disk
+        groups stay small).
         Alone, a write is BEGIN IMMEDIATE ... COMMIT as before. From BEGIN until the
         commit is settled Ctrl-C is held back (see ``uninterruptible``). Never call it
         with the connection lock already held (inside ``_reading`` or another
@@ -213,7 +219,9 @@ class SqliteConnection:
                 self._group = _Group(action)
             group = self._group
             shared = group.members > 0
-            if shared:
+            if shared:  # one name for all: ROLLBACK TO and RELEASE take the latest of
+                # that name, this member's, and leave the earlier members' (one cached
+                # statement, not one per member)
                 db.execute("SAVEPOINT chatstate_write")
             mine = True
             self._writing = threading.get_ident()
@@ -221,13 +229,22 @@ class SqliteConnection:
                 yield db
             finally:
                 self._writing = None
-            if shared:
-                db.execute("RELEASE chatstate_write")
+            # (no RELEASE: the savepoint stays open until the group's COMMIT ends them all)
             group.members += 1
         except BaseException as exc:
             self._undo(db, exc, mine=mine, shared=shared)
             raise
         return group
+
+    def _group_version(self) -> int | None:
+        """``PRAGMA data_version`` for a write inside the open group (read once per
+        group, see ``_Group.version``); None outside one."""
+        group = self._group
+        if group is None or self._writing != threading.get_ident():
+            return None
+        if group.version is None:
+            group.version = int(self.db.execute("PRAGMA data_version").fetchone()[0])
+        return group.version
 
     def _undo(self, db: sqlite3.Connection, exc: BaseException, *, mine: bool,
               shared: bool) -> None:
@@ -242,7 +259,7 @@ class SqliteConnection:
         if not mine:
             return
         if shared and db.in_transaction:
-            try:
+            try:  # the latest savepoint of the name: this member's
                 db.execute("ROLLBACK TO chatstate_write")
                 db.execute("RELEASE chatstate_write")
                 return

@@ -27,8 +27,9 @@ from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
 from chatstate.stores.base import Location, PreparedBatch, local_path
-from chatstate.stores.leases import Holder, Lease
+from chatstate.stores.leases import Holder, Lease, check_fence, lease_record
 from chatstate.stores.sqlite._blobs import SqliteBlobs
+from chatstate.stores.sqlite._lease import COLUMNS as LEASE_COLUMNS
 from chatstate.stores.sqlite._lease import SqliteLease
 from chatstate.stores.sqlite._schema import LONG_BODY, MESSAGE_BODY
 
@@ -36,6 +37,12 @@ LOAD_MMAP = 1 << 30
 """The most of the database file a load maps (SQLite caps it lower where it must)."""
 BLOB_SLICE = 1 << 20
 """Bytes written into a blob at a time."""
+FENCED_HEAD = ("SELECT l.owner, l.host, l.pid, c.id, c.title, c.created_at, c.updated_at, "
+               "c.metadata, c.message_count, c.last_hash FROM (SELECT ? AS k) q "
+               "LEFT JOIN leases l ON l.conversation_id = q.k "
+               "LEFT JOIN conversations c ON c.id = q.k")
+"""A fenced write's two reads, the lease row's holder and the head row (``HEAD``'s
+columns), as one (``SqliteStore._fenced_head``)."""
 
 
 def _size(msg: Message) -> int:
@@ -76,6 +83,7 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
                       message_body=MESSAGE_BODY)
     writes_pieces = hasattr(sqlite3.Connection, "blobopen")  # Python 3.11+
     check_errors = (ChatstateError, sqlite3.Error, OSError)
+    sees_commits = True  # PRAGMA data_version
 
     def __init__(self, path: Path, url: str | None = None) -> None:
         super().__init__(path, url or f"sqlite://{path}")
@@ -92,6 +100,55 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
     def _try_create_leased(self, lease: Lease, conversation: Conversation,
                            messages: list[Message]) -> Holder | None:
         return self._create_leased_once(lease, conversation, messages)  # one transaction
+
+    def _create_new(self, db: sqlite3.Connection, lease: Lease, conversation: Conversation,
+                    prepared: PreparedBatch | None) -> bool:
+        """A new conversation in three statements: the lease row, the head row as it will
+        stand after the batch, the message rows.
+
+        The lease row first, a plain insert: when one is there already (the leases table
+        has no foreign key, so a row can outlive its conversation or precede it: a lease
+        taken on an id never created, a conversation deleted under a lease), nothing is
+        written and the caller takes the long way, which judges that row as ever. With
+        the lease row ours, a head row that exists already is the ConflictError of
+        ``_insert_head`` (the exception undoes the lease row with the rest). A head
+        row just inserted has no messages: message rows, long bodies and the partial
+        row all reference it (foreign keys on, deletes cascading), so the batch, checked
+        to chain from nothing before the lock, needs no count, fence or chain read back.
+        """
+        cid = validate_id(conversation.id)
+        rec = lease_record(lease)
+        if not db.execute(f"INSERT INTO leases (conversation_id, {', '.join(LEASE_COLUMNS)}) "
+                          f"VALUES (?{', ?' * len(LEASE_COLUMNS)}) ON CONFLICT DO NOTHING",
+                          (cid, *(rec[c] for c in LEASE_COLUMNS))).rowcount:
+            return False
+        last = prepared.messages[-1] if prepared is not None else None
+        if not db.execute(
+                "INSERT INTO conversations (id, title, created_at, updated_at, metadata, "
+                "message_count, last_hash) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (cid, conversation.title, conversation.created_at,
+                 conversation.updated_at if last is None else now_iso(),
+                 json.dumps(conversation.metadata), 0 if last is None else last.seq + 1,
+                 None if last is None else last.hash)).rowcount:
+            raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
+        if prepared is not None and last is not None:
+            self._insert_prepared(db, cid, prepared, 0)
+            self._seen[cid] = (self._version(db), last.seq + 1, last.hash)
+        return True
+
+    def _fenced_head(self, db: sqlite3.Connection, cid: str, fence: str | None,
+                     lock: str = "") -> tuple[Any, ...]:
+        """The lease row's owner and the head row in one query (one row, either side
+        absent), checked in the order of the two queries it replaces."""
+        if fence is None:
+            return self._header(db, cid, lock)
+        row = db.execute(FENCED_HEAD, (validate_id(cid),)).fetchone()
+        record = dict(zip(("owner", "host", "pid"), row[:3], strict=True)) \
+            if row[0] is not None else None  # (owner is NOT NULL in a lease row)
+        check_fence(self._shown(), cid, fence, record)
+        if row[3] is None:
+            raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+        return tuple(row[3:])
 
     def _write(self, action: str) -> AbstractContextManager[sqlite3.Connection]:
         return self._tx(action)
@@ -168,7 +225,11 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         return str(self.path)
 
     def _version(self, db: sqlite3.Connection) -> int:
-        """``PRAGMA data_version``: it moves when another connection commits."""
+        """``PRAGMA data_version``: it moves when another connection commits (inside a
+        write, read once per commit group: ``_group_version``)."""
+        version = self._group_version()
+        if version is not None:
+            return version
         return int(db.execute("PRAGMA data_version").fetchone()[0])
 
     def _held_blob_sizes(self, db: sqlite3.Connection, digests: list[str]) -> dict[str, int]:
@@ -190,9 +251,15 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
     # reply bound whole cost 150 MB more. A long body (``long_text``) is written a slice
     # at a time into a zeroblob instead, by incremental blob I/O, which needs a rowid
     # table: the partial row (partials), or its row of long_bodies for a message.
-    def _put_partial(self, db: sqlite3.Connection, cid: str, partial: Message) -> None:
+    def _partial_body(self, partial: Message) -> str | None:
+        if self.writes_pieces and long_text(partial.content):
+            return None  # written in pieces under the lock, never built whole
+        return partial.body()
+
+    def _put_partial(self, db: sqlite3.Connection, cid: str, partial: Message,
+                     body: str | None) -> None:
         if not (self.writes_pieces and long_text(partial.content)):
-            super()._put_partial(db, cid, partial)
+            super()._put_partial(db, cid, partial, body)
             return
         db.execute("INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, "
                    "zeroblob(?)) ON CONFLICT (conversation_id) DO UPDATE SET "
