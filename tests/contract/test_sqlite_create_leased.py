@@ -15,15 +15,15 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import SUPPORT
 from support.stores import fresh_load, seal_chain
+from support.threads import run_together
 
 from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import (
@@ -195,25 +195,6 @@ def test_an_edit_by_another_connection_is_still_seen(url: str, edit: str) -> Non
     store.release_lease(lease)
 
 
-def run_threads(n: int, work: Callable[[int], None]) -> dict[int, BaseException]:
-    start = threading.Barrier(n)
-    errors: dict[int, BaseException] = {}
-
-    def body(i: int) -> None:
-        start.wait()
-        try:
-            work(i)
-        except BaseException as exc:  # collected, asserted by the test
-            errors[i] = exc
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
-
-
 @pytest.fixture
 def live_holders(url: str) -> Iterator[list[subprocess.Popen[str]]]:
     procs: list[subprocess.Popen[str]] = []
@@ -247,7 +228,7 @@ def test_a_group_of_starts_where_some_fail_commits_the_others(
             leases[i] = create_leased(store, Conversation(id=ids[i], title="new"), msgs,
                                       owner=f"owner-{ids[i]}")
 
-        errors = run_threads(threads, work)
+        errors = run_together(threads, work)
         store.db.set_trace_callback(None)
         for i in range(threads):
             kind = i % 4 if i != 1 else 1

@@ -15,14 +15,14 @@ queue up behind it, and grouping is what the design promises.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.stores import fresh_load, seal_chain
+from support.threads import run_together
 
 from chatstate.core.transcript import Conversation
 from chatstate.errors import ConflictError
@@ -50,25 +50,6 @@ def traced(tmp_path: Path) -> Iterator[tuple[Any, list[str], str]]:
         store.close()
 
 
-def run_threads(n: int, work: Callable[[int], None]) -> list[BaseException]:
-    start = threading.Barrier(n)
-    errors: list[BaseException] = []
-
-    def body(i: int) -> None:
-        start.wait()
-        try:
-            work(i)
-        except BaseException as exc:  # collected, asserted by the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
-
-
 def test_concurrent_writes_share_commits_and_all_land(
         traced: tuple[Any, list[str], str]) -> None:
     store, statements, url = traced
@@ -81,7 +62,7 @@ def test_concurrent_writes_share_commits_and_all_land(
         for msg in seal_chain(each, prefix=f"t{i}"):
             store.append(f"c{i}", [msg])
 
-    assert run_threads(threads, work) == []
+    assert run_together(threads, work) == {}
     commits = sum(1 for s in statements if s.strip().upper() == "COMMIT")
     writes = threads * each
     # grouped, not one fsync per write (about 25 here; 320 with no grouping, and ~190 when
@@ -113,7 +94,7 @@ def test_a_failed_write_in_a_group_is_undone_alone(
                 return
             store.append(f"c{i}", seal_chain(1, conv.messages[-1], prefix=f"r{round_}"))
 
-        errors = run_threads(threads, work)
+        errors = list(run_together(threads, work).values())
         rounds += 1
         assert len(errors) == threads // 3, errors  # exactly the stale writers failed
         assert all(isinstance(e, ConflictError) for e in errors), errors
