@@ -302,13 +302,22 @@ class RelationalStore(ABC):
         self._check_fence(db, cid, fence)
         return self._header(db, cid, lock)
 
-    def _insert_head(self, db: Any, conversation: Conversation) -> None:
+    def _insert_head(self, db: Any, conversation: Conversation,
+                     last: Message | None = None) -> None:
+        """A new conversation's head row (ConflictError if the id is taken). ``last``: the
+        last of the messages written with it in the same transaction (``_create_new``),
+        so the row stands as it will after them."""
         cid = validate_id(conversation.id)
-        added = self._q(db, "INSERT INTO conversations (id, title, created_at, updated_at, "
-                        "metadata) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                        (cid, conversation.title, conversation.created_at,
-                         conversation.updated_at, json.dumps(conversation.metadata))
-                        ).rowcount
+        columns = "id, title, created_at, updated_at, metadata"
+        values: list[Any] = [cid, conversation.title, conversation.created_at,
+                             conversation.updated_at, json.dumps(conversation.metadata)]
+        if last is not None:
+            columns += ", message_count, last_hash"
+            values[3] = now_iso()
+            values += [last.seq + 1, last.hash]
+        added = self._q(db, f"INSERT INTO conversations ({columns}) VALUES "
+                        f"({', '.join('?' * len(values))}) ON CONFLICT DO NOTHING",
+                        values).rowcount
         if not added:
             raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
 

@@ -8,12 +8,22 @@ so it is read, judged and written under the write lock instead of in one upsert.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from chatstate.core.transcript import validate_id
 from chatstate.stores.leases import Holder, Lease, LeaseMethods, holder_of, lease_record
 from chatstate.stores.sqlite._conn import SqliteConnection
 
 COLUMNS = ("owner", "host", "pid", "until", "stamp", "boot", "mono", "term")
+LEASE_ROW = (f"INTO leases (conversation_id, {', '.join(COLUMNS)}) "
+             f"VALUES (?{', ?' * len(COLUMNS)})")
+"""A lease row's insert, after ``INSERT`` or ``INSERT OR REPLACE`` (``lease_values``)."""
+
+
+def lease_values(cid: str, lease: Lease) -> tuple[Any, ...]:
+    """``LEASE_ROW``'s values for ``lease`` on conversation ``cid``."""
+    rec = lease_record(lease)
+    return (cid, *(rec[c] for c in COLUMNS))
 
 
 class SqliteLease(LeaseMethods, SqliteConnection):
@@ -28,10 +38,7 @@ class SqliteLease(LeaseMethods, SqliteConnection):
                          "conversation_id=?", (cid,)).fetchone()
         holder = holder_of(dict(zip(COLUMNS, row, strict=True)) if row else None, lease)
         if holder is None:
-            rec = lease_record(lease)
-            db.execute(f"INSERT OR REPLACE INTO leases (conversation_id, {', '.join(COLUMNS)}) "
-                       f"VALUES (?{', ?' * len(COLUMNS)})",
-                       (cid, *(rec[c] for c in COLUMNS)))
+            db.execute("INSERT OR REPLACE " + LEASE_ROW, lease_values(cid, lease))
         return holder
 
     def _drop_lease(self, lease: Lease) -> None:

@@ -27,10 +27,9 @@ from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
 from chatstate.stores.base import Location, PreparedBatch, local_path
-from chatstate.stores.leases import Holder, Lease, check_fence, lease_record
+from chatstate.stores.leases import Holder, Lease, check_fence
 from chatstate.stores.sqlite._blobs import SqliteBlobs
-from chatstate.stores.sqlite._lease import COLUMNS as LEASE_COLUMNS
-from chatstate.stores.sqlite._lease import SqliteLease
+from chatstate.stores.sqlite._lease import LEASE_ROW, SqliteLease, lease_values
 from chatstate.stores.sqlite._schema import LONG_BODY, MESSAGE_BODY
 
 LOAD_MMAP = 1 << 30
@@ -117,20 +116,11 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         to chain from nothing before the lock, needs no count, fence or chain read back.
         """
         cid = validate_id(conversation.id)
-        rec = lease_record(lease)
-        if not db.execute(f"INSERT INTO leases (conversation_id, {', '.join(LEASE_COLUMNS)}) "
-                          f"VALUES (?{', ?' * len(LEASE_COLUMNS)}) ON CONFLICT DO NOTHING",
-                          (cid, *(rec[c] for c in LEASE_COLUMNS))).rowcount:
+        if not db.execute("INSERT " + LEASE_ROW + " ON CONFLICT DO NOTHING",
+                          lease_values(cid, lease)).rowcount:
             return False
         last = prepared.messages[-1] if prepared is not None else None
-        if not db.execute(
-                "INSERT INTO conversations (id, title, created_at, updated_at, metadata, "
-                "message_count, last_hash) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (cid, conversation.title, conversation.created_at,
-                 conversation.updated_at if last is None else now_iso(),
-                 json.dumps(conversation.metadata), 0 if last is None else last.seq + 1,
-                 None if last is None else last.hash)).rowcount:
-            raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
+        self._insert_head(db, conversation, last)
         if prepared is not None and last is not None:
             self._insert_prepared(db, cid, prepared, 0)
             self._seen[cid] = (self._version(db), last.seq + 1, last.hash)
@@ -258,7 +248,7 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
 
     def _put_partial(self, db: sqlite3.Connection, cid: str, partial: Message,
                      body: str | None) -> None:
-        if not (self.writes_pieces and long_text(partial.content)):
+        if body is not None:  # (None: ``_partial_body`` left a long one to the pieces)
             super()._put_partial(db, cid, partial, body)
             return
         db.execute("INSERT INTO partials (conversation_id, seq, body) VALUES (?, ?, "
