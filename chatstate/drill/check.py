@@ -18,6 +18,7 @@ recovery. For every drill conversation:
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,9 +27,19 @@ from typing import Any, Literal
 from chatstate.core.transcript import Conversation
 from chatstate.drill._common import reopen
 from chatstate.drill.leftovers import leftovers
-from chatstate.errors import ChatstateError, ConversationNotFound, CorruptTranscriptError
+from chatstate.errors import (
+    ChatstateError,
+    ConflictError,
+    ConversationNotFound,
+    CorruptTranscriptError,
+)
 from chatstate.stores.base import Store
 from chatstate.stores.forwarding import ForwardingStore
+
+LATE_WRITE_RETRIES = 3
+LATE_WRITE_PAUSE = 0.2
+"""How often, and after how long, the checker's retry of an interrupted turn is tried
+again when the store says another writer changed it since the load (seconds)."""
 
 
 @dataclass
@@ -192,12 +203,28 @@ class Checker:
                        f"interrupted (interrupted: {turn.turn_id if turn else None})")
         if turn is None:
             return
-        try:
-            chat.retry()
-            again = chat.reload()
-        except ChatstateError as exc:
-            self._flag(tally, "", f"{cid}: retry() of turn {turn.turn_id} failed: {exc}")
-            return
+        for attempt in range(LATE_WRITE_RETRIES + 1):
+            try:
+                chat.retry()
+                again = chat.reload()
+                break
+            except ConflictError as exc:
+                # a write the killed writer sent before its kill can land after the fresh
+                # load (s3: the server finishes a request whose client is gone): reload and
+                # retry, as the error says; a conflict that stays is a writer still alive
+                if attempt == LATE_WRITE_RETRIES:
+                    self._flag(tally, "", f"{cid}: retry() of turn {turn.turn_id} failed "
+                               f"{attempt + 1} times: {exc}")
+                    return
+                time.sleep(LATE_WRITE_PAUSE)
+                chat = Chat(store, conversation_id=cid, adapter=self.adapter,
+                            flush_interval=0.0)
+                if chat.interrupted is None:  # the late write ended it? then it is checked
+                    again = chat.reload()
+                    break
+            except ChatstateError as exc:
+                self._flag(tally, "", f"{cid}: retry() of turn {turn.turn_id} failed: {exc}")
+                return
         for msg in again.messages[len(conv.messages):]:
             self.acked[cid].add((msg.seq, msg.hash))
         if self._verify(again, tally) and chat.interrupted is None and \

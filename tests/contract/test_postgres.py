@@ -347,7 +347,7 @@ def test_drill_on_postgresql(pg_url: str) -> None:
     from support.drill_runs import assert_clean, drill
 
     code, doc, err = drill(pg_url, "--trials", "12", "--seed", "3")
-    assert code == 0, (doc, err)
+    assert code == 0, f"exit {code}: {doc}\n{err}"
     assert_clean(doc, 12)
     assert pg_server_password_absent(pg_url, json.dumps(doc) + err)
 

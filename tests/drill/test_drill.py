@@ -64,7 +64,7 @@ def test_drill_kills_in_every_phase_and_loses_nothing(local_store_url: str) -> N
     seed_user_conversation(local_store_url)
     before = user_state(local_store_url)
     code, doc, err = drill(local_store_url, "--trials", "20", "--seed", "1")
-    assert code == 0, (doc, err)
+    assert code == 0, f"exit {code}: {doc}\n{err}"
     assert_clean(doc, 20)
     assert all(doc["kills"][phase] > 0 for phase in PHASES), doc["kills"]
     assert doc["seed"] == 1
@@ -83,7 +83,7 @@ def test_drill_on_s3(request: pytest.FixtureRequest) -> None:
     seed_user_conversation(url)
     before = user_state(url)
     code, doc, err = drill(url, "--trials", "8", "--seed", "2")
-    assert code == 0, (doc, err)
+    assert code == 0, f"exit {code}: {doc}\n{err}"
     assert_clean(doc, 8)
     assert doc["kills"]["in_store_write"] > 0, doc["kills"]
     assert user_state(url) == before
@@ -134,7 +134,7 @@ def test_drill_detects_a_store_that_loses_acknowledged_messages(
     url = f"lossyjson://{tmp_path}/lossy"
     code, doc, err = drill(url, "--trials", "12", "--seed", "3",
                            env={"PYTHONPATH": str(plugin)})
-    assert code == 1, (doc, err)
+    assert code == 1, f"exit {code}: {doc}\n{err}"
     assert doc["ok"] is False, doc
     assert doc["lost"] > 0, doc
     assert any("acknowledged seq" in p and "missing" in p for p in doc["problems"]), doc
@@ -209,7 +209,7 @@ def test_drill_asks_a_third_party_store_for_its_own_leftovers(
     monkeypatch.syspath_prepend(str(plugin))
     code, doc, err = drill(f"reporting://{tmp_path}/store", "--trials", "2", "--seed", "5",
                            env={"PYTHONPATH": str(plugin)})
-    assert code == 1, (doc, err)
+    assert code == 1, f"exit {code}: {doc}\n{err}"
     assert any(p.startswith("reporting store: debris of drill-") for p in doc["problems"]), doc
     forgotten = json.loads((tmp_path / "forgotten.json").read_text())
     assert forgotten

@@ -96,7 +96,7 @@ def _assert_rekey_drill(url: str) -> None:
     """The rekey drill on ``url``: kills reached, nothing lost, back under the drill's key."""
     code, doc, err = drill(url, "--encrypted", "--rekey", "--trials", "4",
                            "--rekey-kills", "4", env={"CHATSTATE_ENCRYPTION_KEY": KEY})
-    assert code == 0, (doc, err)
+    assert code == 0, f"exit {code}: {doc}\n{err}"
     assert doc["ok"] is True and doc["problems"] == [] and doc["problem_count"] == 0, doc
     assert (doc["lost"], doc["corrupt"], doc["duplicated"]) == (0, 0, 0), doc
     rekey = doc["rekey"]
