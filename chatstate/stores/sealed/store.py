@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from chatstate._gcpause import paused
 from chatstate.core.canonical import canonical_json, chain_hash
 from chatstate.core.content import blob_area
 from chatstate.core.transcript import Conversation, ConversationSummary, Message
@@ -169,6 +170,10 @@ class SealedStore(FastReading, ForwardingStore):
         return self._load(self._own(conversation_id), stored_chain=True)
 
     def _load(self, cid: str, stored_chain: bool) -> Conversation:
+        with paused():  # the records opened and made are many, and none in a cycle
+            return self._opened(cid, stored_chain)
+
+    def _opened(self, cid: str, stored_chain: bool) -> Conversation:
         fast = None if stored_chain else self._keyed_load(cid)
         if fast is None:
             fast = self._fast_load(cid)
