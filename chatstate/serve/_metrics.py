@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from chatstate.serve._gc import CollectorPauses
 from chatstate.stores.base import Store
 from chatstate.stores.forwarding import ForwardingStore
 
@@ -60,6 +61,8 @@ class Metrics:
         self.probes = prom.Counter("chatstate_serve_readiness_probes", "Store probes run by "
                                    "/readyz", registry=r)
         self.lease_conflicts.labels("default")  # present (at 0) before the first conflict
+        self.collector = CollectorPauses()
+        r.register(self.collector)
 
     def render(self) -> tuple[bytes, str]:
         return self._prom.generate_latest(self.registry), self._prom.CONTENT_TYPE_LATEST

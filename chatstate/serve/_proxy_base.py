@@ -44,6 +44,7 @@ class ProxyBase:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def startup(self) -> None:
+        self.metrics.collector.start()
         timeout = self.config.timeout
         connect = self.config.connect_timeout if timeout is None else min(
             self.config.connect_timeout, timeout)
@@ -63,6 +64,7 @@ class ProxyBase:
         self.indexing.add_done_callback(_indexed)
 
     async def shutdown(self) -> None:
+        self.metrics.collector.stop()
         if self.indexing is not None:
             self.indexing.cancel()
         if self.client is not None:

@@ -138,6 +138,9 @@ def serve(env: Env, host: str, port: int, upstream: str | None, tokens: tuple[st
     shown_host = f"[{host}]" if ":" in host else host
     click.echo(f"serving on http://{shown_host}:{bound}/v1 (upstream {_shown(base)})",
                err=True)
+    from chatstate.serve._gc import steady
+
+    steady()  # the process's own collector setting: everything above lives until exit
     try:
         server.run(sockets=[sock])
     finally:
