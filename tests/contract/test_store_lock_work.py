@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import chatstate.stores._relational as relational
+import chatstate.stores._relational._reads as relational  # where a load decodes its rows
 from chatstate.core.transcript import Conversation, Message, new_turn_id
 from chatstate.stores.sqlite.store import SqliteStore
 
