@@ -45,6 +45,7 @@ class Prepared:
     key: str  # what knows the same request again (``request_key``)
     target: str | None  # the stored conversation it continues (None: a new one)
     content: bytes  # ``forward`` encoded
+    record: dict[str, Any]  # what it asked for, as stored (``request_record``)
 
 
 class _TurnEnd:

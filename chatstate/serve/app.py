@@ -128,7 +128,9 @@ class Proxy(UpstreamTurns, Probes):
         """Everything about a request that comes before its first write, in one
         worker-thread hop (blocking: CPU in proportion to the body): the checked request
         (``_parse``), the conversation it names, the body to forward (and its bytes),
-        the digest that knows it again, and the stored conversation it continues, if any
+        the digest that knows it again, what it asked for as stored (its record: scrubbed
+        for secrets, CPU the event loop need not spend), and the stored conversation it
+        continues, if any
         (None: a new one, or a history more than one conversation has: it starts a new
         one). Under a burst every hop waits its turn behind every other request's, so
         one hop instead of four brings the first chunk forward."""
@@ -150,7 +152,8 @@ class Proxy(UpstreamTurns, Probes):
                 target = self.index.find(space, messages)
             except Ambiguous:
                 target = None
-        return Prepared(data, messages, cid, forward, rkey, target, encode_json(forward))
+        return Prepared(data, messages, cid, forward, rkey, target, encode_json(forward),
+                        request_record(forward, None))
 
     async def _chat(self, request: Request, namespace: str, slot: list[bool],
                     wire: Wire = CHAT) -> Response:
@@ -166,8 +169,8 @@ class Proxy(UpstreamTurns, Probes):
         prepared = await asyncio.to_thread(self._prepare, request, body, wire, space)
         if isinstance(prepared, Refusal):
             return openai_error(prepared.status, prepared.message, param=prepared.param)
-        data, messages, cid, forward, rkey = (prepared.data, prepared.messages, prepared.cid,
-                                              prepared.forward, prepared.key)
+        data, messages, cid, rkey = (prepared.data, prepared.messages, prepared.cid,
+                                     prepared.key)
         # Only turns of one stored conversation wait for each other (the lock key: the
         # namespace and the conversation); a new conversation waits for nobody. A client
         # that left while waiting is not sent upstream.
@@ -180,7 +183,7 @@ class Proxy(UpstreamTurns, Probes):
             turn = await asyncio.to_thread(functools.partial(
                 self.writer.begin, cid, messages, namespace=space, key=rkey,
                 keyed=IDEMPOTENCY_HEADER in request.headers,
-                record=request_record(forward, None)))
+                record=prepared.record))
             if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
