@@ -24,8 +24,9 @@ YOUNG_PASS = 50_000
 
 def steady() -> None:
     """What start-up made lives as long as the process: frozen, so no pass walks it
-    again; the young pass made rarer (``YOUNG_PASS``), each older one as often as before
-    relative to it. Cyclic garbage is still collected, in fewer, larger passes."""
+    again; the young pass made rarer (``YOUNG_PASS``), a middle pass every 20 young ones
+    and a full one every 20 middle ones (CPython: 10 and 10). Cyclic garbage is still
+    collected, in fewer, larger passes."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_PASS, 20, 20)
