@@ -35,7 +35,6 @@ key with HMAC-SHA256 under distinct labels; the master key never leaves this mod
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import secrets
@@ -49,6 +48,7 @@ from chatstate.errors import (
     CorruptTranscriptError,
     MissingExtra,
 )
+from chatstate.stores import _b64 as b64
 
 Where = str | Callable[[], str]
 """How an error names the record: the text, or a function making it (only on failure)."""
@@ -343,7 +343,7 @@ class AeadCodec:
     def seal_text(self, kind: str, cid: str, seq: int | None, plaintext: str,
                   prev: str | None = None) -> str:
         sealed = self.seal(kind, cid, seq, plaintext.encode("utf-8", "surrogatepass"), prev)
-        return binascii.b2a_base64(sealed, newline=False).decode("ascii")
+        return b64.encode_text(sealed)
 
     def open_text(self, kind: str, cid: str, seq: int | None, stored: object,
                   where: str) -> str:
@@ -412,7 +412,7 @@ def expand_row(seq: int, raw: bytes) -> bytes:
     created, sep, status = raw[2:2 + raw[1]].partition(b"\n")
     if not sep:
         raise ValueError("not a binary sealed row")
-    return (ROW_HEAD + binascii.b2a_base64(raw[2 + raw[1]:], newline=False) + ROW_MID +
+    return (ROW_HEAD + b64.encode(raw[2 + raw[1]:]) + ROW_MID +
             created + ROW_SEQ + b"%d" % seq + ROW_STATUS + status + ROW_END)
 
 

@@ -17,6 +17,7 @@ from chatstate.core.transcript import Conversation, Message
 from chatstate.errors import (
     CorruptTranscriptError,
 )
+from chatstate.stores import _b64 as b64
 from chatstate.stores._mark import marker as marker  # the mark's reader, for the drill and tools
 from chatstate.stores.codec import (
     BINARY_ROW,
@@ -188,7 +189,7 @@ class FastReading(Reading):
         a format 1 record's body is hashed. The blobs rows name are noted in ``named``."""
         open1 = self.codec.opener("message", cid)
         open2 = self.codec.opener("message", cid, CHAINED)
-        sha256, a2b, start = hashlib.sha256, binascii.a2b_base64, len(ROW_HEAD)
+        sha256, a2b, start = hashlib.sha256, b64.decode, len(ROW_HEAD)
         bodies: list[bytes] = []
         hashes: list[bytes] = []
         add_body, add_hash = bodies.append, hashes.append

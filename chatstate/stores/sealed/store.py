@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import binascii
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +15,7 @@ from chatstate.errors import (
     ConversationNotFound,
     Unsupported,
 )
+from chatstate.stores import _b64 as b64
 from chatstate.stores._mark import MARKER_ID
 from chatstate.stores._mark import marker as marker  # the mark's reader, for the drill and tools
 from chatstate.stores.base import (
@@ -90,7 +90,7 @@ class SealedStore(FastReading, ForwardingStore):
         digest = msg.hash if checked else chain_hash(prev, text)
         raw = self.codec.seal_chained("message", cid, msg.seq,
                                       text.encode("utf-8", "surrogatepass"), prev, digest)
-        data = binascii.b2a_base64(raw, newline=False).decode("ascii")
+        data = b64.encode_text(raw)
         refs = msg.blob_refs()
         if not refs:  # the common record: its canonical body written out, not dumped
             # (the inner store checks the hash against ``body()`` again, so a mismatch
