@@ -30,7 +30,7 @@ def append_record(path: Path, record: Data, key: tuple[int, int, int],
     as newer rather than guessing at it.
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)  # read: _raise_schema
     except OSError as exc:
         raise os_error(exc, "write", path) from exc
     try:
@@ -38,7 +38,7 @@ def append_record(path: Path, record: Data, key: tuple[int, int, int],
         try:
             write_all(fd, record)
             if schema > 1:
-                _raise_schema(path, schema)
+                _raise_schema(fd, path, schema)
             os.fsync(fd)
             return os.fstat(fd)
         except OSError as exc:
@@ -75,12 +75,17 @@ def last_summary(path: Path) -> tuple[int, str] | tuple[()] | None:
     return seq + 1, found["at"]
 
 
-def _raise_schema(path: Path, schema: int) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # not O_APPEND: pwrite would append
+def _raise_schema(appending: int, path: Path, schema: int) -> None:
+    """The document's schema digit raised to ``schema`` if it says less. Read on the
+    append's own descriptor (pread ignores O_APPEND); a second one, opened only when the
+    digit must change, writes it (pwrite on an O_APPEND descriptor would append): an
+    encrypted store's every append needs schema 2, which its document says already."""
+    head = os.pread(appending, SCHEMA_AT + 2, 0)
+    digit = head[SCHEMA_AT:SCHEMA_AT + 1]
+    if head[SCHEMA_AT + 1:] != b"," or not digit.isdigit() or not int(digit) < schema < 10:
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
-        head = os.pread(fd, SCHEMA_AT + 2, 0)
-        digit = head[SCHEMA_AT:SCHEMA_AT + 1]
-        if head[SCHEMA_AT + 1:] == b"," and digit.isdigit() and int(digit) < schema < 10:
-            os.pwrite(fd, b"%d" % schema, SCHEMA_AT)
+        os.pwrite(fd, b"%d" % schema, SCHEMA_AT)
     finally:
         os.close(fd)
