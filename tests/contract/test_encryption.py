@@ -651,3 +651,53 @@ def test_a_build_before_binary_rows_refuses_the_database_untouched(
     assert "schema version 10 is newer than this chatstate knows (9)" in said
     assert "upgrade chatstate" in said and str(path) in said
     assert path.read_bytes() == before
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize("where", ["document", "log"])
+@pytest.mark.parametrize("field", ["time", "status"])
+def test_a_json_record_edited_in_the_clear_is_refused_by_the_load_with_the_key(
+        tmp_path: Path, key: str, field: str, where: str) -> None:
+    """As sqlite's binary rows: the json store's load with the key takes each sealed
+    record's clear fields from its document line or its log record without hashing the
+    stored chain, and compares them with the authenticated plaintext. An edit someone
+    without the key can make (the log record's checksum recomputed) is refused, named."""
+    import zlib
+
+    url = f"json://{tmp_path}/s"
+    _fill(url)  # closed: c2's two messages are document lines
+    store = open_store(url)
+    store.append("c2", [Message.seal(store.load("c2").messages[-1], role="user",
+                                     content=f"third {SECRET}", turn_id="t-3")])
+    path = Path(local_path(url)) / "c2.json"
+    raw = path.read_bytes()
+    doc_end = raw.index(b"\n]}\n") + 4
+    old = b'"status":"complete"'
+    new = b'"created_at":"2001-01-01T00:00:00Z"' if field == "time" else b'"status":"partial"'
+    if field == "time":
+        import re
+        old = re.findall(rb'"created_at":"[^"]+"', raw[doc_end:] if where == "log" else
+                         raw[:doc_end].split(b"\n")[2])[0]
+    if where == "document":
+        lines = raw[:doc_end].split(b"\n")
+        assert lines[2].count(old) == 1  # seq 1
+        lines[2] = lines[2].replace(old, new)
+        edited = b"\n".join(lines) + raw[doc_end:]
+    else:
+        record, crc = raw[doc_end:].rstrip(b"\n").rsplit(b"\t", 1)
+        assert record.count(old) == 1 and int(crc, 16) == zlib.crc32(record)
+        record = record.replace(old, new)
+        edited = raw[:doc_end] + record + b"\t%08x\n" % zlib.crc32(record)
+    path.write_bytes(edited)
+    reader = open_store(url)
+    with pytest.raises(CorruptTranscriptError) as info:
+        reader.load("c2")
+    seq = 1 if where == "document" else 2
+    assert f"conversation 'c2' seq {seq}" in str(info.value)
+    assert "fields in the clear" in str(info.value)  # the keyed path caught it
+    assert info.value.position == seq
+    with pytest.raises(CorruptTranscriptError):  # and the stored chain says so as well
+        reader.verified_load("c2")
+    assert path.read_bytes() == edited
+    reader.close()
+    store.close()

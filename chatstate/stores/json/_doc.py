@@ -185,6 +185,45 @@ def checked_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[Row], int
     The count returned: how many rows from the first were cut so, their stored chain
     verified (a caller checking the chain need not hash them again).
     """
+    laid = laid_out(raw, where)
+    if laid is None:
+        return None
+    header, body, log = laid
+    rows: list[Row] = []
+    prev = b""
+    checked = -1
+    for position, line in enumerate(body):
+        if position < len(body) - 1:
+            if not line.endswith(b","):
+                return None
+            line = line[:-1]
+        row = _cut(line, prev, position)
+        if row is None:
+            if checked < 0:
+                checked = position
+            row = _parsed_line(line)
+            if row is None:
+                return None
+        rows.append(row)
+        prev = row[2].encode()
+    if checked < 0:
+        checked = len(rows)
+    if log is not None:
+        records = decode_records(log, where, len(rows), validate=False)
+        for item in records.items:
+            row = _parsed_row(item)
+            if row is None:
+                return None
+            rows.append(row)
+        if records.updated_at is not None:
+            header["updated_at"] = records.updated_at
+    return header, rows, checked
+
+
+def laid_out(raw: bytes, where: str) -> tuple[dict[str, Any], list[bytes], bytes | None] | None:
+    """A conversation file as ``encode`` lays it out: (the header, each document line
+    of a message, a trailing comma and all, the log records after the document, if any);
+    None when it is not laid out so. Neither the lines nor the records are checked."""
     parts = None if raw.endswith(DOC_END) else split(raw)
     if parts is not None and not parts[1].startswith(b'{"schema":'):
         return None
@@ -205,35 +244,7 @@ def checked_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[Row], int
     if any(not isinstance(header[k], t) for k, t in types.items()) or \
             head.get("message_count") != len(body):
         return None
-    rows: list[Row] = []
-    prev = b""
-    checked = -1
-    for position, line in enumerate(body):
-        if position < len(body) - 1:
-            if not line.endswith(b","):
-                return None
-            line = line[:-1]
-        row = _cut(line, prev, position)
-        if row is None:
-            if checked < 0:
-                checked = position
-            row = _parsed_line(line)
-            if row is None:
-                return None
-        rows.append(row)
-        prev = row[2].encode()
-    if checked < 0:
-        checked = len(rows)
-    if parts is not None:
-        records = decode_records(parts[1], where, len(rows), validate=False)
-        for item in records.items:
-            row = _parsed_row(item)
-            if row is None:
-                return None
-            rows.append(row)
-        if records.updated_at is not None:
-            header["updated_at"] = records.updated_at
-    return header, rows, checked
+    return header, body, None if parts is None else parts[1]
 
 
 def _cut(line: bytes, prev: bytes, position: int) -> Row | None:

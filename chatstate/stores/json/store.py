@@ -70,6 +70,7 @@ from chatstate.stores.json._blobs import JsonBlobs
 from chatstate.stores.json._lease import JsonLease
 from chatstate.stores.json._log import Records, encode_record
 from chatstate.stores.json._log_io import append_record, last_summary
+from chatstate.stores.json._sealed_rows import sealed_rows
 from chatstate.stores.json._sidecar import SidecarLog
 from chatstate.stores.leases import Holder, Lease, holder_of, lease_record
 
@@ -235,15 +236,41 @@ class JsonStore(JsonLease, JsonBlobs):
         if got is None:
             return None
         header, rows, checked = got
-        partial = None
-        sidecar = read_bytes(self._partial(conversation_id))
-        if sidecar is not None:
-            held = doc.decode_partial(sidecar, str(self._partial(conversation_id)))
-            if held.seq == len(rows):
-                partial = (held.seq, held.body().encode("utf-8", "surrogatepass"))
-        head = (header["id"], header["title"], header["created_at"], header["updated_at"],
-                orjson.dumps(header["metadata"]), len(rows), rows[-1][2] if rows else None)
-        return head, rows, partial, checked
+        return (self._head_of(header, len(rows), rows[-1][2] if rows else None), rows,
+                self._partial_row(conversation_id, len(rows)), checked)
+
+    def sealed_rows(self, conversation_id: str) -> tuple[
+            tuple[Any, ...], list[bytes], tuple[int, bytes] | None] | None:
+        """For the encrypted store's load with the key (``sealed``), as sqlite's: the
+        head, every message as the binary row it stands for (``_sealed_rows``), the
+        partial reply. None when a message is not one (a record naming blobs) or the
+        file is not laid out as written: ``checked_rows`` then reads it."""
+        path = self._file(conversation_id)
+        raw = read_bytes(path)
+        if raw is None:
+            raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
+        got = sealed_rows(raw, str(path))
+        if got is None:
+            return None
+        header, rows, last = got
+        del raw
+        return (self._head_of(header, len(rows), last), rows,
+                self._partial_row(conversation_id, len(rows)))
+
+    @staticmethod
+    def _head_of(header: dict[str, Any], count: int, last: str | None) -> tuple[Any, ...]:
+        """The head row the encrypted store's fast loads take (the relational stores')."""
+        return (header["id"], header["title"], header["created_at"], header["updated_at"],
+                orjson.dumps(header["metadata"]), count, last)
+
+    def _partial_row(self, cid: str, count: int) -> tuple[int, bytes] | None:
+        """(seq, body) of the partial reply that continues ``count`` messages, if any."""
+        sidecar = read_bytes(self._partial(cid))
+        if sidecar is None:
+            return None
+        held = doc.decode_partial(sidecar, str(self._partial(cid)))
+        return (held.seq, held.body().encode("utf-8", "surrogatepass")) \
+            if held.seq == count else None
 
     def blob_sizes(self, digests: list[str]) -> dict[str, int]:
         """Stored sizes of these blobs (absent ones left out)."""
