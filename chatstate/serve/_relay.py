@@ -190,6 +190,7 @@ class StreamRelay:
             except Exception as exc:  # the upstream connection broke mid-stream
                 end = exc
             queue.put_nowait(end)
+            full.set()  # nothing more comes: a paced save waits no longer for it
 
         def handed(size: int) -> None:
             held[0] -= size

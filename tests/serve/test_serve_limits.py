@@ -159,6 +159,51 @@ def test_the_relay_reads_the_upstream_no_faster_than_the_client_takes_it() -> No
     assert asyncio.run(slow_client()) < 1000  # of 10,000 lines (~300 KB): bounded, not all
 
 
+def test_a_paced_save_does_not_wait_once_the_upstream_has_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``SMALL_REPLY`` a partial save waits for as much new text as it rewrites, or
+    ``PACE_MAX``; a reply whose rest is shorter than that, and whose upstream has ended,
+    is committed at once, not after the pause (a 50 MB reply through serve waited 0.5 s
+    for nothing). Here the pause would be a minute: the relay must end long before."""
+    from chatstate.serve import _relay
+
+    monkeypatch.setattr(_relay, "PACE_MAX", 60.0)
+    saved: list[int] = []
+    committed: list[str] = []
+    piece = "x" * 2000
+
+    def chunk(text: str, finish: str | None = None) -> str:
+        delta = {"content": text} if text else {}
+        return "data: " + json.dumps({"choices": [{"index": 0, "delta": delta,
+                                                   "finish_reason": finish}]})
+
+    async def upstream() -> AsyncIterator[str]:
+        for _ in range(50):  # 100,000 characters: past SMALL_REPLY
+            yield chunk(piece)
+            yield ""
+        while not saved or saved[-1] < 100_000:  # the save of all of it has been made
+            await asyncio.sleep(0.01)
+        for _ in range(10):  # the rest: shorter than what the save rewrote
+            yield chunk(piece)
+            yield ""
+        yield chunk("", "stop")
+        yield ""
+        yield "data: [DONE]"
+        yield ""
+
+    async def client() -> bytes:
+        relay = StreamRelay(upstream(), save_partial=lambda text, model: saved.append(
+                                len(text)),
+                            commit=lambda reply: committed.append(reply["content"]),
+                            fail=lambda status, detail: None)
+        return b"".join([part async for part in relay.events()])
+
+    assert _relay.SMALL_REPLY < 100_000
+    got = asyncio.run(asyncio.wait_for(client(), 30))
+    assert committed == ["x" * 120_000]
+    assert got.count(b'"content": "x') == 60 and got.endswith(b"data: [DONE]\n\n")
+
+
 # -- item 8: idle and slowloris connections ---------------------------------------------------
 def _connect(proxy: ServeProcess) -> socket.socket:
     host, port = proxy.root.removeprefix("http://").rsplit(":", 1)
