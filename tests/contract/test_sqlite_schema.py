@@ -137,3 +137,28 @@ def test_a_new_database_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: P
     for path, size in ((tmp_path / "new.db", PAGE_SIZE), (old, 4096)):
         with sqlite3.connect(path) as check:
             assert check.execute("PRAGMA page_size").fetchone()[0] == size
+
+
+def test_replacing_a_long_partial_reply_writes_its_new_pages_only(tmp_path: Path) -> None:
+    """A partial save replaces the one before it; the old one's freed pages are not
+    written over with zeros first (Debian's SQLite does that by default: a long reply's
+    saves wrote about twice its size). Counted in WAL bytes: the WAL is emptied before
+    the second save, so what it holds after is what that save wrote."""
+    url = f"sqlite://{tmp_path}/s.db"
+    store = open_store(url)
+    store.create(Conversation(id="c"))
+    (user,) = seal_turns(None, "go")
+    store.append("c", [user])
+    size = 1_000_000
+    for n in (size, size + 1):
+        partial = Message.seal(user, role="assistant", status="partial", turn_id="t",
+                               content="y" * n)
+        if n > size:
+            with sqlite3.connect(tmp_path / "s.db") as other:  # the first save's frames
+                assert other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+            assert (tmp_path / "s.db-wal").stat().st_size == 0
+        store.save_partial("c", partial)
+    written = (tmp_path / "s.db-wal").stat().st_size
+    assert size < written < 1.3 * size, written  # zero-filled first, it was over 2x
+    assert store.load("c").partial == partial
+    store.close()
