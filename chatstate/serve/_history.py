@@ -109,16 +109,21 @@ class HistoryIndex:
         self._namespaces: dict[str, str] = {}
         self._follows: dict[str, tuple[str, str]] = {}  # source -> (created_at, fork id)
         self._requests: dict[tuple[str, str], tuple[str, str]] = {}
+        # conversation id -> (messages digested, the last one's chain hash, the digest of
+        # the visible ones among them): a turn's add digests its new messages only
+        self._digested: dict[str, tuple[int, str | None, str]] = {}
         self._lock = threading.Lock()
 
     def add(self, conv: Conversation) -> None:
         namespace = namespace_of(conv)
-        forms = [stored_form(m) for m in visible(conv)]
+        count, digest = self._digest(conv)
         source = (conv.metadata.get("forked_from") or {}).get("id")
         with self._lock:
             self._namespaces[conv.id] = namespace
-            if forms:
-                ids = self._ids.setdefault((namespace, history_digest(forms)), [])
+            self._digested[conv.id] = (count, conv.messages[count - 1].hash if count else None,
+                                       digest)
+            if digest:
+                ids = self._ids.setdefault((namespace, digest), [])
                 if conv.id not in ids:
                     ids.append(conv.id)
             if isinstance(source, str) and (source not in self._follows or
@@ -130,9 +135,25 @@ class HistoryIndex:
                                              or (namespace, key) not in self._requests):
                     self._requests[(namespace, key)] = (conv.id, m.turn_id)
 
+    def _digest(self, conv: Conversation) -> tuple[int, str]:
+        """(messages digested, ``history_digest`` of the visible ones), carried on from
+        the last add of this conversation when its messages still begin with those (the
+        chain hash of the last one digested is the same, and it covers all before it), so
+        a long conversation, or a long reply, is not digested again at every turn."""
+        messages = conv.messages
+        with self._lock:
+            start, last, digest = self._digested.get(conv.id, (0, None, ""))
+        if start > len(messages) or (start and messages[start - 1].hash != last):
+            start, digest = 0, ""  # rewritten meanwhile (a rekey, another writer)
+        for m in messages[start:]:
+            if m.status != "partial" and m.role != "event":  # what ``visible`` keeps
+                digest = _step(digest, stored_form(m))
+        return len(messages), digest
+
     def forget(self, conversation_id: str) -> None:
         with self._lock:
             self._namespaces.pop(conversation_id, None)
+            self._digested.pop(conversation_id, None)
             for ids in self._ids.values():
                 if conversation_id in ids:
                     ids.remove(conversation_id)
