@@ -337,6 +337,10 @@ class Message(_Record):
             return chain_hash_pieces(prev_hash, self.body_pieces())
         return chain_hash(prev_hash, self.body())
 
+    def hash_after(self, prev_hash: str | None, body: str) -> str:
+        """``expected_hash(prev_hash)``, ``body`` being this message's ``body()``."""
+        return chain_hash(prev_hash, body)
+
     @classmethod
     def seal(cls, prev: Message | None, *, role: Role, content: Content, turn_id: str,
              status: Status = "complete", model: str | None = None,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
-from chatstate.core.canonical import chain_hash, chain_hash_pieces, long_text
+from chatstate.core.canonical import chain_hash_pieces, long_text
 from chatstate.core.content import BlobStore as BlobStore  # below the stores: content uses it
 from chatstate.core.transcript import Conversation, ConversationSummary, Message, verify_chain
 from chatstate.durable.guard import Report
@@ -432,7 +432,7 @@ class PreparedBatch:
     def _hash(self, i: int, prev_hash: str | None) -> str:
         if i in self.pieces:
             return chain_hash_pieces(prev_hash, self.messages[i].body_pieces())
-        return chain_hash(prev_hash, self.bodies[i])
+        return self.messages[i].hash_after(prev_hash, self.bodies[i])
 
     def first_break(self, prev_hash: str | None, first: int) -> int | None:
         """Like ``verify_chain(messages, prev_hash, first)``, from the prepared bodies."""

@@ -58,11 +58,25 @@ class _Record(Message):
     ``_seal`` made already. A copy (``model_copy``) has no slot set, so it computes them
     again."""
 
-    __slots__ = ("_binary", "_canonical")  # beside the fields' __dict__: not fields,
-    # never copied
+    __slots__ = ("_after", "_binary", "_canonical")  # beside the fields' __dict__: not
+    # fields, never copied
 
     def _made(self) -> str | None:
         return getattr(self, "_canonical", None)
+
+    def _chained(self, prev_hash: str | None) -> bool:
+        """Whether ``_seal`` made this record's hash as the chain hash of its canonical
+        body after ``prev_hash`` (the stored hash before it): then a store's check of
+        that link need not hash the body again."""
+        return self._made() is not None and getattr(self, "_after", False) == prev_hash
+
+    def expected_hash(self, prev_hash: str | None) -> str:
+        return self.hash if self._chained(prev_hash) else super().expected_hash(prev_hash)
+
+    def hash_after(self, prev_hash: str | None, body: str) -> str:
+        if body is self._made() and self._chained(prev_hash):
+            return self.hash
+        return super().hash_after(prev_hash, body)
 
     def binary(self) -> bytes | None:
         """The binary row standing for this record's canonical body (``codec.binary_row``),

@@ -105,6 +105,7 @@ class SealedStore(FastReading, ForwardingStore):
                           hash=chain_hash(prev_stored, stored))
             record = _Record._from_values(values)
             object.__setattr__(record, "_canonical", stored)  # frozen: its slots
+            object.__setattr__(record, "_after", prev_stored)  # its hash's link, made here
             object.__setattr__(record, "_binary", binary_row(clear_fields(
                 created.encode("utf-8", "surrogatepass"),
                 status.encode("utf-8", "surrogatepass")), raw))
