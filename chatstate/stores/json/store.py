@@ -188,10 +188,8 @@ class JsonStore(JsonLease, JsonBlobs):
         hit = self._cache.get(cid)
         if hit and hit[0] == key:
             return hit[1]
-        raw = read_bytes(path)
-        if raw is None:
-            raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
-        header, messages, records = doc.decode_file(raw, str(path))
+        raw, where = self._raw(cid)
+        header, messages, records = doc.decode_file(raw, where)
         logged = len(records.messages) if records is not None else 0
         docraw = raw[:len(raw) - len(records.torn) - records.clean] if records else raw
         snap = (header, doc.Lines(raw=docraw, in_doc=len(messages) - logged,
@@ -201,12 +199,7 @@ class JsonStore(JsonLease, JsonBlobs):
 
     def load(self, conversation_id: str) -> Conversation:
         header, _, messages, _ = self._read(conversation_id)
-        partial = None
-        raw = read_bytes(self._partial(conversation_id))
-        if raw is not None:
-            candidate = doc.decode_partial(raw, str(self._partial(conversation_id)))
-            if candidate.seq == (messages[-1].seq + 1 if messages else 0):
-                partial = candidate
+        partial = self._partial_after(conversation_id, messages[-1].seq + 1 if messages else 0)
         check_stored_blobs(str(self._file(conversation_id)),
                            [*messages, *([partial] if partial else [])],
                            self._blob_size, self._blob_where)
@@ -228,11 +221,7 @@ class JsonStore(JsonLease, JsonBlobs):
         """``stored_rows``, and how many rows from the first had their stored chain
         verified as they were read (``doc.checked_rows``): the encrypted store's fast
         load does not hash those again."""
-        path = self._file(conversation_id)
-        raw = read_bytes(path)
-        if raw is None:
-            raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
-        got = doc.checked_rows(raw, str(path))
+        got = doc.checked_rows(*self._raw(conversation_id))
         if got is None:
             return None
         header, rows, checked = got
@@ -245,15 +234,10 @@ class JsonStore(JsonLease, JsonBlobs):
         head, every message as the binary row it stands for (``_sealed_rows``), the
         partial reply. None when a message is not one (a record naming blobs) or the
         file is not laid out as written: ``checked_rows`` then reads it."""
-        path = self._file(conversation_id)
-        raw = read_bytes(path)
-        if raw is None:
-            raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
-        got = sealed_rows(raw, str(path))
+        got = sealed_rows(*self._raw(conversation_id))
         if got is None:
             return None
         header, rows, last = got
-        del raw
         return (self._head_of(header, len(rows), last), rows,
                 self._partial_row(conversation_id, len(rows)))
 
@@ -263,14 +247,27 @@ class JsonStore(JsonLease, JsonBlobs):
         return (header["id"], header["title"], header["created_at"], header["updated_at"],
                 orjson.dumps(header["metadata"]), count, last)
 
-    def _partial_row(self, cid: str, count: int) -> tuple[int, bytes] | None:
-        """(seq, body) of the partial reply that continues ``count`` messages, if any."""
+    def _raw(self, cid: str) -> tuple[bytes, str]:
+        """The conversation file's bytes and its path (as error messages name it)."""
+        path = self._file(cid)
+        raw = read_bytes(path)
+        if raw is None:
+            raise ConversationNotFound(f"no conversation {cid!r} in {self.url}")
+        return raw, str(path)
+
+    def _partial_after(self, cid: str, count: int) -> Message | None:
+        """The partial reply that continues ``count`` messages, if any."""
         sidecar = read_bytes(self._partial(cid))
         if sidecar is None:
             return None
         held = doc.decode_partial(sidecar, str(self._partial(cid)))
-        return (held.seq, held.body().encode("utf-8", "surrogatepass")) \
-            if held.seq == count else None
+        return held if held.seq == count else None
+
+    def _partial_row(self, cid: str, count: int) -> tuple[int, bytes] | None:
+        """(seq, body) of the partial reply that continues ``count`` messages, if any."""
+        held = self._partial_after(cid, count)
+        return None if held is None else (held.seq,
+                                          held.body().encode("utf-8", "surrogatepass"))
 
     def blob_sizes(self, digests: list[str]) -> dict[str, int]:
         """Stored sizes of these blobs (absent ones left out)."""
