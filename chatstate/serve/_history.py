@@ -67,9 +67,15 @@ def stored_form(message: Message) -> dict[str, Any]:
     return wire_form({**message.to_openai(blob=lambda part: part), "role": role})
 
 
+def shown(message: Message) -> bool:
+    """Whether a client's history holds this stored message (cut-off replies and events
+    it does not)."""
+    return message.status != "partial" and message.role != "event"
+
+
 def visible(conv: Conversation) -> list[Message]:
     """What a client's history holds of a conversation: cut-off replies left out."""
-    return [m for m in conv.messages if m.status != "partial" and m.role != "event"]
+    return [m for m in conv.messages if shown(m)]
 
 
 def _step(digest: str, message: Mapping[str, Any]) -> str:
@@ -79,8 +85,8 @@ def _step(digest: str, message: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
-def history_digest(forms: Sequence[Mapping[str, Any]]) -> str:
-    digest = ""
+def history_digest(forms: Sequence[Mapping[str, Any]], digest: str = "") -> str:
+    """The digest of a history (``digest``: that of the history before ``forms``)."""
     for form in forms:
         digest = _step(digest, form)
     return digest
@@ -145,10 +151,8 @@ class HistoryIndex:
             start, last, digest = self._digested.get(conv.id, (0, None, ""))
         if start > len(messages) or (start and messages[start - 1].hash != last):
             start, digest = 0, ""  # rewritten meanwhile (a rekey, another writer)
-        for m in messages[start:]:
-            if m.status != "partial" and m.role != "event":  # what ``visible`` keeps
-                digest = _step(digest, stored_form(m))
-        return len(messages), digest
+        return len(messages), history_digest(
+            [stored_form(m) for m in messages[start:] if shown(m)], digest)
 
     def forget(self, conversation_id: str) -> None:
         with self._lock:
