@@ -390,6 +390,10 @@ for the canonical body above (``expand_row``: base64 and the fixed text put back
 hash the stored chain covers, so the chain and every keyless check are those of the text
 row; a load with the key reads the sealed bytes straight out (no base64, a row ~40 %
 smaller). No JSON text starts with a NUL."""
+ROWS_PER_TAKE = 512
+"""How many binary rows a store's ``sealed_rows`` hands over at a time: each chunk is
+opened before the next is read, so the memory a long load touches is one chunk's rows,
+not the whole conversation's again (fresh pages cost more than the copy into them)."""
 
 
 def binary_row(clear: bytes, sealed: bytes) -> bytes | None:
@@ -398,6 +402,20 @@ def binary_row(clear: bytes, sealed: bytes) -> bytes | None:
     if len(clear) > 255:
         return None
     return bytes((BINARY_ROW, len(clear))) + clear + sealed
+
+
+def unpacked(rows: list[bytes]) -> tuple[list[bytes], list[bytes]] | None:
+    """(the sealed bytes, the clear fields) of binary rows; None if one is not one."""
+    sealed: list[bytes] = []
+    clears: list[bytes] = []
+    add, add_clear = sealed.append, clears.append
+    for raw in rows:
+        if len(raw) < 2 or raw[0] != BINARY_ROW or len(raw) < 2 + raw[1]:
+            return None
+        at = raw[1] + 2
+        add(raw[at:])
+        add_clear(raw[2:at])
+    return sealed, clears
 
 
 def clear_fields(created_at: bytes, status: bytes) -> bytes:

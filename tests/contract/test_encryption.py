@@ -701,3 +701,53 @@ def test_a_json_record_edited_in_the_clear_is_refused_by_the_load_with_the_key(
     assert path.read_bytes() == edited
     reader.close()
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["json", "sqlite"])
+def test_a_long_conversation_is_opened_a_chunk_at_a_time(
+        tmp_path: Path, key: str, kind: str) -> None:
+    """The load with the key takes a long conversation's rows from the store a chunk
+    (``ROWS_PER_TAKE``) at a time, each opened before the next is read: the position
+    and the plaintext chain hash carry over from chunk to chunk, so every message loads
+    as ``verified_load`` reads it, and a record edited in the clear in the third chunk
+    is refused, named by its own seq."""
+    from chatstate.stores.codec import ROWS_PER_TAKE
+
+    url = f"sqlite://{tmp_path}/s.db" if kind == "sqlite" else f"json://{tmp_path}/s"
+    count = 2 * ROWS_PER_TAKE + 7
+    store = open_store(url)
+    assert isinstance(store, SealedStore)
+    store.create(Conversation(id="long"))
+    msgs = seal_chain(count, prefix=f"msg {SECRET}")
+    store.append("long", msgs)
+    store.close()
+    reader = open_store(url)
+    assert isinstance(reader, SealedStore)
+    fast = reader._keyed_load("long")  # the chunked path, not the verified one
+    assert fast is not None
+    assert [m.hash for m in fast.messages] == [m.hash for m in msgs]
+    assert fast.messages == reader.verified_load("long").messages
+    assert [m.content for m in fast.messages] == [m.content for m in msgs]
+
+    seq = 2 * ROWS_PER_TAKE + 3
+    old, new = b'"complete"', b'"xomplete"'  # same length: a binary row's stays right
+    if kind == "sqlite":
+        db = sqlite3.connect(local_path(url))
+        (body,) = db.execute("SELECT body FROM messages WHERE conversation_id='long' AND "
+                             "seq=?", (seq,)).fetchone()
+        assert body.count(old) == 1
+        db.execute("UPDATE messages SET body=? WHERE conversation_id='long' AND seq=?",
+                   (body.replace(old, new), seq))
+        db.commit()
+        db.close()
+    else:
+        path = Path(local_path(url)) / "long.json"
+        lines = path.read_bytes().split(b"\n")
+        assert lines[1 + seq].count(old) == 1
+        lines[1 + seq] = lines[1 + seq].replace(old, new)
+        path.write_bytes(b"\n".join(lines))
+    with pytest.raises(CorruptTranscriptError) as info:
+        open_store(url).load("long")
+    assert f"conversation 'long' seq {seq}" in str(info.value)
+    assert "fields in the clear" in str(info.value)
+    assert info.value.position == seq

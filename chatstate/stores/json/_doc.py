@@ -225,14 +225,30 @@ def laid_out(raw: bytes, where: str) -> tuple[dict[str, Any], list[bytes], bytes
     of a message, a trailing comma and all, the log records after the document, if any);
     None when it is not laid out so. Neither the lines nor the records are checked."""
     parts = None if raw.endswith(DOC_END) else split(raw)
-    if parts is not None and not parts[1].startswith(b'{"schema":'):
+    if parts is not None and not parts[1].startswith(LOG_START):
         return None
     lines = (raw if parts is None else parts[0]).split(b"\n")
-    mark = b',"messages":['
-    if len(lines) < 3 or not lines[0].endswith(mark) or lines[-2:] != [b"]}", b""]:
+    if len(lines) < 3 or lines[-2:] != [b"]}", b""]:
+        return None
+    got = header_line(lines[0], where)
+    if got is None or got[1] != len(lines) - 3:
+        return None
+    return got[0], lines[1:-2], None if parts is None else parts[1]
+
+
+LOG_START = b'{"schema":'
+"""How the first log record after a document starts."""
+_MARK = b',"messages":['
+
+
+def header_line(line: bytes, where: str) -> tuple[dict[str, Any], int] | None:
+    """(the header, the message count it records) of a document's first line as
+    ``encode`` writes it; None when it is not one (its schema is checked: a newer one
+    raises, as everywhere)."""
+    if not line.endswith(_MARK):
         return None
     try:
-        head = orjson.loads(lines[0][:-len(mark)] + b"}")
+        head = orjson.loads(line[:-len(_MARK)] + b"}")
     except orjson.JSONDecodeError:
         return None
     if not isinstance(head, dict):
@@ -240,11 +256,11 @@ def laid_out(raw: bytes, where: str) -> tuple[dict[str, Any], list[bytes], bytes
     check_schema(head.get("schema"), where)
     header = {k: head.get(k) for k in HEADER_KEYS}
     types = {"id": str, "title": str, "created_at": str, "updated_at": str, "metadata": dict}
-    body = lines[1:-2]
+    count = head.get("message_count")
     if any(not isinstance(header[k], t) for k, t in types.items()) or \
-            head.get("message_count") != len(body):
+            type(count) is not int or count < 0:
         return None
-    return header, body, None if parts is None else parts[1]
+    return header, count
 
 
 def _cut(line: bytes, prev: bytes, position: int) -> Row | None:

@@ -1,12 +1,16 @@
 """The json store's side of the encrypted store's load with the key: every stored
-sealed message as the binary row it stands for (``codec.binary_row``: its clear fields
-and its sealed bytes), cut out of its document line, or taken from its log record as
-parsed. The chain over the stored bytes is not hashed here: ``SealedStore._keyed_load``
-checks every record's tag and its clear fields against its plaintext instead, and leaves
-that chain to ``verified_load``, as it does for sqlite's rows."""
+sealed message's sealed bytes and clear fields (what a ``codec.binary_row`` holds), cut
+out of its document line, or taken from its log record as parsed, and handed over a
+chunk at a time (``codec.ROWS_PER_TAKE``) as the file is scanned: the lines are found in
+the bytes read, not split out, and each chunk is opened before the next is cut, so a
+long conversation's rows never all exist at once. The chain over the stored bytes is not
+hashed here: ``SealedStore._keyed_load`` checks every record's tag and its clear fields
+against its plaintext instead, and leaves that chain to ``verified_load``, as it does
+for sqlite's rows."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -19,10 +23,11 @@ from chatstate.stores.codec import (
     ROW_MID,
     ROW_SEQ,
     ROW_STATUS,
+    ROWS_PER_TAKE,
     SEALED_PART,
-    binary_row,
+    clear_fields,
 )
-from chatstate.stores.json._doc import laid_out
+from chatstate.stores.json._doc import LOG_START, header_line
 from chatstate.stores.json._log import decode_records
 
 _END = ROW_END[:-1] + b',"hash":"'
@@ -31,63 +36,80 @@ _TAIL = len(_END) + 66
 _KEYS = {"content", "created_at", "hash", "model", "params", "role", "seq", "status",
          "turn_id", "usage"}
 
+Take = Callable[[list[bytes], list[bytes]], bool]
+"""Where the rows go, a chunk at a time in seq order, as two lists: each row's sealed
+bytes, and its clear fields (``codec.clear_fields``); False: stop, the load goes the
+verified way."""
 
-def sealed_rows(raw: bytes, where: str) -> tuple[dict[str, Any], list[bytes], str | None] | None:
-    """(the header, each message's binary row in seq order, the last stored hash) of a
-    conversation file; None when any message is not a sealed record without blobs laid
-    out as ``SealedStore._seal`` writes it, or the file is not laid out as written (the
-    verified path then reads it, and names what is wrong)."""
-    laid = laid_out(raw, where)
-    if laid is None:
+
+def sealed_rows(raw: bytes, where: str, take: Take
+                ) -> tuple[dict[str, Any], int, str | None] | None:
+    """(the header, how many rows were taken, the last stored hash) of a conversation
+    file whose rows all went to ``take``; None when any message is not a sealed record
+    without blobs laid out as ``SealedStore._seal`` writes it, the file is not laid out
+    as written (the verified path then reads it, and names what is wrong), or ``take``
+    said stop."""
+    first = raw.find(b"\n")
+    got = header_line(raw[:first], where) if first > 0 else None
+    if got is None:
         return None
-    header, body, log = laid
-    rows: list[bytes] = []
-    add = rows.append
+    header, count = got
+    sealed: list[bytes] = []
+    clears: list[bytes] = []
+    add, add_clear = sealed.append, clears.append
+    find, starts, decode = raw.find, raw.startswith, b64.decode
     head, mid, seq_at, status_at = len(ROW_HEAD), len(ROW_MID), len(ROW_SEQ), len(ROW_STATUS)
-    decode = b64.decode
-    last_line = len(body) - 1
-    last: str | None = None
+    pos, last_line, stop = first + 1, count - 1, 0
     try:
-        for position, line in enumerate(body):
-            if position < last_line:
-                if not line.endswith(b","):
-                    return None
-                line = line[:-1]
-            end = line.find(b'"', head)
+        for position in range(count):
+            newline = find(b"\n", pos)
+            stop = newline - 1 if position < last_line else newline  # the comma between
+            end = find(b'"', pos + head, stop)
             created = end + mid
-            seq = line.find(ROW_SEQ, created)
-            status = line.find(ROW_STATUS, seq)
-            stop = len(line) - _TAIL
-            if end < 0 or seq < 0 or status < 0 or not (
-                    line.startswith(ROW_HEAD) and line.startswith(ROW_MID, end)
-                    and line.startswith(_END, stop) and line.endswith(b'"}')
-                    and line[seq + seq_at:status] == b"%d" % position):
+            seq = find(ROW_SEQ, created, stop)
+            status = find(ROW_STATUS, seq, stop)
+            tail = stop - _TAIL
+            if newline < 0 or end < 0 or seq < 0 or status < 0 or not (
+                    starts(ROW_HEAD, pos) and starts(ROW_MID, end) and starts(_END, tail)
+                    and starts(b'"},\n' if position < last_line else b'"}\n', stop - 2)
+                    and raw[seq + seq_at:status] == b"%d" % position):
                 return None
-            row = binary_row(line[created:seq] + b"\n" + line[status + status_at:stop],
-                             decode(line[head:end]))
-            if row is None:
+            add(decode(raw[pos + head:end]))
+            add_clear(raw[created:seq] + b"\n" + raw[status + status_at:tail])
+            if len(sealed) == ROWS_PER_TAKE:
+                if not take(sealed, clears):
+                    return None
+                sealed, clears = [], []
+                add, add_clear = sealed.append, clears.append
+            pos = newline + 1
+        if not starts(b"]}\n", pos):
+            return None
+        last = raw[stop - 66:stop - 2].decode("ascii") if count else None
+        if pos + 3 < len(raw):  # log records after the document
+            log = raw[pos + 3:]
+            if not log.startswith(LOG_START):
                 return None
-            add(row)
-        if body:
-            last = body[-1][-66:-2].decode("ascii")
-        if log is not None:
-            records = decode_records(log, where, len(rows), validate=False)
+            records = decode_records(log, where, count, validate=False)
             for item in records.items:
-                row = _logged_row(item, len(rows))
+                row = _logged_row(item, count)
                 if row is None:
                     return None
-                add(row)
+                add(row[1])
+                add_clear(row[0])
+                count += 1
                 last = item["hash"]
             if records.updated_at is not None:
                 header["updated_at"] = records.updated_at
     except ValueError:  # not base64, not ASCII
         return None
-    return header, rows, last
+    if sealed and not take(sealed, clears):
+        return None
+    return header, count, last
 
 
-def _logged_row(item: Any, position: int) -> bytes | None:
-    """The binary row of a log record's message as parsed, if it is a sealed record
-    without blobs at ``position``."""
+def _logged_row(item: Any, position: int) -> tuple[bytes, bytes] | None:
+    """(the clear fields, the sealed bytes) of a log record's message as parsed, if it
+    is a sealed record without blobs at ``position``."""
     if type(item) is not dict or item.keys() != _KEYS or type(item["seq"]) is not int or \
             item["seq"] != position or item["role"] != "event" or \
             item["turn_id"] != "sealed" or not isinstance(item["hash"], str) or \
@@ -101,5 +123,5 @@ def _logged_row(item: Any, position: int) -> bytes | None:
             not isinstance(content[0]["data"], str) or not isinstance(created, str) or \
             not isinstance(status, str):
         return None
-    return binary_row(orjson.dumps(created) + b"\n" + orjson.dumps(status),
-                      b64.decode(content[0]["data"]))
+    return (clear_fields(orjson.dumps(created), orjson.dumps(status)),
+            b64.decode(content[0]["data"]))

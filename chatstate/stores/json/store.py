@@ -70,7 +70,7 @@ from chatstate.stores.json._blobs import JsonBlobs
 from chatstate.stores.json._lease import JsonLease
 from chatstate.stores.json._log import Records, encode_record
 from chatstate.stores.json._log_io import append_record, last_summary
-from chatstate.stores.json._sealed_rows import sealed_rows
+from chatstate.stores.json._sealed_rows import Take, sealed_rows
 from chatstate.stores.json._sidecar import SidecarLog
 from chatstate.stores.leases import Holder, Lease, holder_of, lease_record
 
@@ -228,18 +228,19 @@ class JsonStore(JsonLease, JsonBlobs):
         return (self._head_of(header, len(rows), rows[-1][2] if rows else None), rows,
                 self._partial_row(conversation_id, len(rows)), checked)
 
-    def sealed_rows(self, conversation_id: str) -> tuple[
-            tuple[Any, ...], list[bytes], tuple[int, bytes] | None] | None:
-        """For the encrypted store's load with the key (``sealed``), as sqlite's: the
-        head, every message as the binary row it stands for (``_sealed_rows``), the
-        partial reply. None when a message is not one (a record naming blobs) or the
-        file is not laid out as written: ``checked_rows`` then reads it."""
-        got = sealed_rows(*self._raw(conversation_id))
+    def sealed_rows(self, conversation_id: str, take: Take
+                    ) -> tuple[tuple[Any, ...], tuple[int, bytes] | None] | None:
+        """For the encrypted store's load with the key (``sealed``), as sqlite's: every
+        message as the binary row it stands for, handed to ``take`` a chunk at a time
+        (``_sealed_rows``), then the head and the partial reply. None when a message is
+        not one (a record naming blobs), the file is not laid out as written
+        (``checked_rows`` then reads it) or ``take`` said stop."""
+        got = sealed_rows(*self._raw(conversation_id), take)
         if got is None:
             return None
-        header, rows, last = got
-        return (self._head_of(header, len(rows), last), rows,
-                self._partial_row(conversation_id, len(rows)))
+        header, count, last = got
+        return (self._head_of(header, count, last),
+                self._partial_row(conversation_id, count))
 
     @staticmethod
     def _head_of(header: dict[str, Any], count: int, last: str | None) -> tuple[Any, ...]:

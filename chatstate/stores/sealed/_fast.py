@@ -20,7 +20,6 @@ from chatstate.errors import (
 from chatstate.stores import _b64 as b64
 from chatstate.stores._mark import marker as marker  # the mark's reader, for the drill and tools
 from chatstate.stores.codec import (
-    BINARY_ROW,
     CHAINED,
     FP_BYTES,
     ROW_HEAD,
@@ -102,8 +101,8 @@ class FastReading(Reading):
 
     def _keyed_load(self, cid: str) -> Conversation | None:
         """The load with the key of a store that keeps sealed records as binary rows
-        (``sealed_rows``: sqlite), when every row is one that opens: each record's tag
-        checked (bound to its conversation, its position and the plaintext chain hash
+        (``sealed_rows``: sqlite, json), when every row is one that opens: each record's
+        tag checked (bound to its conversation, its position and the plaintext chain hash
         before it, so the tags alone fix content and order), the plaintext chain hash it
         carries taken as the message's, and its fields in the clear (time, status) checked
         against its plaintext (``_check_clear``). The chain over the stored bytes, which
@@ -111,56 +110,66 @@ class FastReading(Reading):
         part of a load, base64 included): ``verified_load`` does, as ``replay --verify``
         and ``doctor`` do with the key, and every keyless check. None (the verified path
         then decides, and names any damage) for anything else: a text row (written
-        before schema 10, or a record naming blobs), a record that does not open."""
+        before schema 10, or a record naming blobs), a record that does not open.
+        The store hands the rows over a chunk at a time, each opened and made into
+        messages before the next is read."""
         rows_of = getattr(self.inner, "sealed_rows", None)
-        got = rows_of(cid) if rows_of is not None else None
+        if rows_of is None:
+            return None
+        messages: list[Message] = []
+        last = [b""]  # the plaintext chain hash so far
+
+        def take(sealed: list[bytes], clears: list[bytes]) -> bool:
+            first = len(messages)
+            opened = self._open_sealed(cid, sealed, first, last[0])
+            if opened is None or len(clears) != len(sealed):
+                return False
+            bodies, hashes = opened
+            part = self._validate(cid, bodies, hashes, first)
+            self._check_clear(cid, clears, part, first)
+            messages.extend(part)
+            if hashes:
+                last[0] = hashes[-1]
+            return True
+
+        got = rows_of(cid, take)
         if got is None:
             return None
-        head, raws, partial_row = got
-        opened = self._open_binary(cid, raws)
-        if opened is None:
-            return None
-        bodies, hashes, clears = opened
-        messages = self._validate(cid, bodies, hashes)
-        self._check_clear(cid, clears, messages)
+        head, partial_row = got
         return self._finish(cid, head, messages, partial_row, head[6], {})
 
-    def _open_binary(self, cid: str, raws: list[bytes]
-                     ) -> tuple[list[bytes], list[bytes], list[bytes]] | None:
-        """Every binary row opened inline (the hot loop of a load): the plaintext bodies,
-        their chain hashes (ASCII) and each row's clear fields; None if a row is not a
-        binary row of a record that opens here."""
+    def _open_sealed(self, cid: str, sealed: list[bytes], first: int, last: bytes
+                     ) -> tuple[list[bytes], list[bytes]] | None:
+        """Sealed records from seq ``first`` on (after the plaintext chain hash ``last``)
+        opened inline (the hot loop of a load): the plaintext bodies and their chain
+        hashes (ASCII); None if one is not a record that opens here."""
         ciphers = self.codec.ciphers()
         prefix = b"chatstate/v%d\0message\0%s\0" % (CHAINED, cid.encode())
         bodies: list[bytes] = []
         hashes: list[bytes] = []
-        clears: list[bytes] = []
-        add_body, add_hash, add_clear = bodies.append, hashes.append, clears.append
-        last = b""
+        add_body, add_hash = bodies.append, hashes.append
         try:
-            for position, raw in enumerate(raws):
-                at = raw[1] + 2
-                if raw[0] != BINARY_ROW:
-                    return None
-                plain = ciphers[raw[at:at + FP_BYTES]].decrypt(
-                    raw[at + FP_BYTES:at + _HEAD], raw[at + _HEAD:],
+            for position, record in enumerate(sealed, first):
+                plain = ciphers[record[:FP_BYTES]].decrypt(
+                    record[FP_BYTES:_HEAD], record[_HEAD:],
                     prefix + b"%d\0%s" % (position, last))
                 if len(plain) <= 64:
                     return None
                 last = plain[:64]
                 add_body(plain[64:])
                 add_hash(last)
-                add_clear(raw[2:at])
-        except Exception:  # a short row, another key or algorithm, InvalidTag: the
+        except Exception:  # a short record, another key or algorithm, InvalidTag: the
             return None    # verified path opens it or names it
-        return bodies, hashes, clears
+        return bodies, hashes
 
-    def _check_clear(self, cid: str, clears: list[bytes], messages: list[Message]) -> None:
+    def _check_clear(self, cid: str, clears: list[bytes], messages: list[Message],
+                     first: int = 0) -> None:
         """Each binary row's clear fields (``codec.clear_fields``: its time and status as
         JSON strings) are those of its authenticated plaintext: what the stored chain covers
         in the row besides the sealed bytes (whose tag was checked) and the seq (checked by
         ``sealed_rows``). Compared all at once (orjson's spelling); a row that differs is
-        compared again as ``canonical_json`` spells a string, and refused if still not."""
+        compared again as ``canonical_json`` spells a string, and refused if still not.
+        The rows and messages are those from seq ``first`` on."""
         dumps = orjson.dumps
         expected = list(map(b"\n".join, zip(
             map(dumps, map(attrgetter("created_at"), messages)),
@@ -168,7 +177,7 @@ class FastReading(Reading):
         if expected == clears:
             return
         for position, (clear, want, msg) in enumerate(zip(clears, expected, messages,
-                                                          strict=True)):
+                                                          strict=True), first):
             if clear == want or clear == clear_fields(
                     _json_str(msg.created_at).encode("utf-8", "surrogatepass"),
                     _json_str(msg.status).encode("utf-8", "surrogatepass")):

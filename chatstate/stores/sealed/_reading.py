@@ -120,10 +120,11 @@ class Reading:
 
 
     def _validate(self, cid: str, bodies: list[bytes], hashes: Sequence[bytes | str],
-                  chunk: int = 512) -> list[Message]:
+                  first: int = 0, chunk: int = 512) -> list[Message]:
         """The plaintext messages from their bodies and chain hashes (``_open_rows``),
-        through the plain stores' fast path (orjson and the records' structural check),
-        and what that path refuses validated in chunks by one pydantic-core call each."""
+        the first at seq ``first``, through the plain stores' fast path (orjson and the
+        records' structural check), and what that path refuses validated in chunks by
+        one pydantic-core call each."""
         try:
             texts = [h if isinstance(h, str) else h.decode("ascii") for h in hashes]
         except UnicodeDecodeError:
@@ -146,12 +147,12 @@ class Reading:
                 raise CorruptTranscriptError(f"{where}: a sealed message does not hold a valid "
                                              "message; nothing was changed",
                                              where=where) from exc
-            for offset, msg in enumerate(part):
-                if msg.seq != start + offset:
-                    where = self._at(cid, start + offset)
+            for seq, msg in enumerate(part, first + start):
+                if msg.seq != seq:
+                    where = self._at(cid, seq)
                     raise CorruptTranscriptError(f"{where}: the sealed message holds another "
                                                  "position; nothing was changed", where=where,
-                                                 position=start + offset)
+                                                 position=seq)
             messages.extend(part)
         return messages
 

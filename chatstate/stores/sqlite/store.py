@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
 from chatstate.stores.base import Location, PreparedBatch, local_path
+from chatstate.stores.codec import ROWS_PER_TAKE, unpacked
 from chatstate.stores.leases import Holder, Lease, check_fence
 from chatstate.stores.sqlite._blobs import SqliteBlobs
 from chatstate.stores.sqlite._lease import LEASE_ROW, SqliteLease, lease_values
@@ -180,14 +181,17 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         return db.execute("SELECT seq, CAST(body AS BLOB), hash FROM messages WHERE "
                           "conversation_id=? ORDER BY seq", (cid,)).fetchall()
 
-    def sealed_rows(self, conversation_id: str) -> tuple[
-            tuple[Any, ...], list[bytes], tuple[int, bytes] | None] | None:
-        """For the encrypted store's load with the key (``sealed``): the head row, the
-        body of every message row in seq order (bytes, as stored) and the partial row, read
-        in one snapshot; the seqs are checked to be 0 .. n-1 by the index (not fetched),
-        and the last row's hash to be the head row's. None when a row must be read
-        otherwise (a long body) or the seqs or the last hash do not fit (the caller's
-        verified path, ``stored_rows``, then names what is wrong)."""
+    def sealed_rows(self, conversation_id: str,
+                    take: Callable[[list[bytes], list[bytes]], bool]
+                    ) -> tuple[tuple[Any, ...], tuple[int, bytes] | None] | None:
+        """For the encrypted store's load with the key (``sealed``): every message row in
+        seq order, a binary row as stored, handed to ``take`` a chunk at a time
+        (``ROWS_PER_TAKE``) as its sealed bytes and clear fields (``unpacked``), then the
+        head row and the partial row, all read in one snapshot; the seqs are checked to
+        be 0 .. n-1 by the index (not fetched), and the last row's hash to be the head
+        row's. None when a row must be read otherwise (a long body, a text row), the seqs
+        or the last hash do not fit (the caller's verified path, ``stored_rows``, then
+        names what is wrong) or ``take`` said stop."""
         cid = conversation_id
         with self._load_snapshot() as db:
             head = self._header(db, cid)
@@ -199,14 +203,19 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
                 "(SELECT max(seq) FROM messages WHERE conversation_id=?1), "
                 "(SELECT hash FROM messages WHERE conversation_id=?1 ORDER BY seq DESC "
                 "LIMIT 1)", (cid,)).fetchone()
-            rows = db.execute("SELECT CAST(body AS BLOB) FROM messages WHERE "
-                              "conversation_id=? ORDER BY seq", (cid,)).fetchall()
+            count = 0
+            if last == head[6] and head[5] and low == 0 and high == head[5] - 1:
+                rows = db.execute("SELECT CAST(body AS BLOB) FROM messages WHERE "
+                                  "conversation_id=? ORDER BY seq", (cid,))
+                while chunk := rows.fetchmany(ROWS_PER_TAKE):
+                    count += len(chunk)
+                    split = unpacked([row[0] for row in chunk])
+                    if split is None or not take(*split):
+                        return None
             partial = self._partial_row(db, cid)
-        count = len(rows)
-        if count != head[5] or last != head[6] or \
-                (count and (low != 0 or high != count - 1)):
+        if count != head[5] or last != head[6]:
             return None  # (seq is the primary key's: n distinct from 0 to n - 1 is 0 .. n-1)
-        return head, [row[0] for row in rows], partial
+        return head, partial
 
     def _where(self, cid: str) -> str:
         return f"{self.path} conversation {cid!r}"
