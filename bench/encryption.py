@@ -9,7 +9,9 @@ one conversation of ``--messages`` ~500-byte messages, loaded three times by a f
 store object (the best is reported; a load parses and verifies every message, and
 the encrypted one checks every tag and both chains). Prints one JSON line per kind
 with the ratios encrypted / plain (targets: append <= 1.15x, load <= 1.5x); the load's
-CPU time too (``load_cpu_ratio``: steadier than the wall clock on a busy machine).
+CPU time too (``load_cpu_ratio``: steadier than the wall clock on a busy machine), and
+how much a load grows a fresh process's peak resident memory (``load_peak_mb``, one
+load each in a process of its own; the key goes over a pipe).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,6 +83,7 @@ def measure(kind: str, key: str, messages: int, appends: int) -> dict[str, objec
             assert len(loaded.messages) == messages
             assert loaded.messages[-1].hash == chain[-1].hash
             fresh.close()
+    peaks = {name: peak_growth(urls[name], key if keys[name] else "") for name in keys}
     for name in keys:
         shutil.rmtree(WORK / f"{kind}-{name}", ignore_errors=True)
     out: dict[str, object] = {"kind": kind, "messages": messages, "appends": appends}
@@ -87,7 +91,8 @@ def measure(kind: str, key: str, messages: int, appends: int) -> dict[str, objec
         out[name] = {"append_median_ms": round(statistics.median(took[name]) * 1000, 3),
                      "append_mean_ms": round(statistics.fmean(took[name]) * 1000, 3),
                      "load_s": round(min(loads[name]), 3),
-                     "load_cpu_s": round(min(cpu[name]), 3)}
+                     "load_cpu_s": round(min(cpu[name]), 3),
+                     "load_peak_mb": peaks[name]}
     plain, sealed = (statistics.median(took[n]) for n in keys)
     out["append_ratio_median"] = round(sealed / plain, 3)
     out["append_ratio_mean"] = round(statistics.fmean(took["encrypted"]) /
@@ -95,6 +100,31 @@ def measure(kind: str, key: str, messages: int, appends: int) -> dict[str, objec
     out["load_ratio"] = round(min(loads["encrypted"]) / min(loads["plain"]), 3)
     out["load_cpu_ratio"] = round(min(cpu["encrypted"]) / min(cpu["plain"]), 3)
     return out
+
+
+_PEAK = """
+import sys
+from chatstate import open_store
+from chatstate.stores.codec import parse_key
+
+def status(field):
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith(field))
+
+key = sys.stdin.read()
+store = open_store(sys.argv[1], key=parse_key(key, "bench") if key else None)
+before = status("VmRSS:")
+store.load("big")
+print((status("VmHWM:") - before) // 1024)
+"""
+
+
+def peak_growth(url: str, key: str) -> int:
+    """MB a load of "big" takes at its peak over the resident memory a fresh process had
+    before it (the imports done): the high-water mark after, less the RSS before."""
+    done = subprocess.run([sys.executable, "-c", _PEAK, url], input=key, text=True,
+                          capture_output=True, check=True)
+    return int(done.stdout)
 
 
 def main() -> None:
