@@ -30,7 +30,7 @@ class Interrupted:
             return f"turn {self.turn_id} has tool calls without results: {names}"
         if self.partial is not None:
             return (f"the reply to turn {self.turn_id} was cut off after "
-                    f"{len(self.partial.content)} characters (kept as partial)")
+                    f"{len(self.partial.text)} characters (kept as partial)")
         return f"turn {self.turn_id} has no reply yet"
 
 

@@ -751,3 +751,28 @@ def test_a_long_conversation_is_opened_a_chunk_at_a_time(
     assert f"conversation 'long' seq {seq}" in str(info.value)
     assert "fields in the clear" in str(info.value)
     assert info.value.position == seq
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_the_note_of_an_interrupted_reply_names_its_seq_not_a_wrong_size(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sealed: bool) -> None:
+    """A json store opened after a writer was killed mid-reply notes the partial reply it
+    kept. It said "(N chars" from the stored content's length: for an encrypted store
+    that is the one sealed part ("1 chars" for a reply of any length), for a reply in
+    parts the number of parts. It names the reply's seq instead, the same on both."""
+    if sealed:
+        monkeypatch.setenv("CHATSTATE_ENCRYPTION_KEY", KEY)
+    else:
+        monkeypatch.delenv("CHATSTATE_ENCRYPTION_KEY", raising=False)
+    url = f"json://{tmp_path}/s"
+    store = open_store(url)
+    store.create(Conversation(id="c1"))
+    msgs = seal_chain(1)
+    store.append("c1", msgs)
+    store.save_partial("c1", Message.seal(msgs[-1], role="assistant", status="partial",
+                                          content="a reply cut off after forty characters",
+                                          turn_id="t-1"))
+    reader = open_store(url)
+    notes = [n for n in reader.recovery if "interrupted reply" in n]
+    assert notes == ["c1: found an interrupted reply (seq 1), kept as partial"], notes
+    assert reader.load("c1").partial is not None

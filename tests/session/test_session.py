@@ -711,3 +711,18 @@ def test_caller_supplied_openai_client(url: str, store: Any, fake: FakeModel) ->
     assert conv.messages[1] == reply
     assert "".join(deltas) == conv.messages[3].content
     assert all(r["authorization"] for r in chat_requests(fake))
+
+
+def test_an_interrupted_reply_in_parts_is_described_by_its_characters() -> None:
+    """The note of a reply cut off counts its characters: the text of its parts when
+    it is stored in parts (it counted the parts: "after 2 characters")."""
+    from chatstate.core.content import text
+    from chatstate.core.transcript import Conversation, Message
+    from chatstate.session.turn_state import interrupted_turn
+
+    user = Message.seal(None, role="user", content="hi", turn_id="t-1")
+    partial = Message.seal(user, role="assistant", status="partial", turn_id="t-1",
+                           content=[text("twelve chars"), text(" and ten!!")])
+    found = interrupted_turn(Conversation(id="c1", messages=[user], partial=partial))
+    assert found is not None
+    assert "was cut off after 22 characters (kept as partial)" in found.describe()

@@ -160,8 +160,8 @@ class JsonStore(JsonLease, JsonBlobs):
                 self.recovery.append(f"{cid}: removed a stale partial reply (seq {partial.seq}) "
                                      "already superseded by the stored transcript")
             else:
-                self.recovery.append(f"{cid}: found an interrupted reply ({len(partial.content)} "
-                                     "chars, kept as partial)")
+                self.recovery.append(f"{cid}: found an interrupted reply (seq {partial.seq}), "
+                                     "kept as partial")
 
     def close(self) -> None:
         for cid in sorted(self._logged):
