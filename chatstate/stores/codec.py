@@ -394,6 +394,10 @@ ROWS_PER_TAKE = 512
 """How many binary rows a store's ``sealed_rows`` hands over at a time: each chunk is
 opened before the next is read, so the memory a long load touches is one chunk's rows,
 not the whole conversation's again (fresh pages cost more than the copy into them)."""
+Take = Callable[[list[bytes], list[bytes]], bool]
+"""Where a store's ``sealed_rows`` hands the rows, a chunk at a time in seq order, as two
+lists: each row's sealed bytes, and its clear fields (``clear_fields``); False: stop, the
+load goes the verified way."""
 
 
 def binary_row(clear: bytes, sealed: bytes) -> bytes | None:

@@ -10,7 +10,6 @@ for sqlite's rows."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -25,6 +24,7 @@ from chatstate.stores.codec import (
     ROW_STATUS,
     ROWS_PER_TAKE,
     SEALED_PART,
+    Take,
     clear_fields,
 )
 from chatstate.stores.json._doc import LOG_START, header_line
@@ -35,12 +35,6 @@ _END = ROW_END[:-1] + b',"hash":"'
 _TAIL = len(_END) + 66
 _KEYS = {"content", "created_at", "hash", "model", "params", "role", "seq", "status",
          "turn_id", "usage"}
-
-Take = Callable[[list[bytes], list[bytes]], bool]
-"""Where the rows go, a chunk at a time in seq order, as two lists: each row's sealed
-bytes, and its clear fields (``codec.clear_fields``); False: stop, the load goes the
-verified way."""
-
 
 def sealed_rows(raw: bytes, where: str, take: Take
                 ) -> tuple[dict[str, Any], int, str | None] | None:

@@ -65,12 +65,13 @@ from chatstate.stores.base import (
     local_path,
 )
 from chatstate.stores.blobs import check_stored_blobs, refuse_unheld_blobs
+from chatstate.stores.codec import Take
 from chatstate.stores.json import _doc as doc
 from chatstate.stores.json._blobs import JsonBlobs
 from chatstate.stores.json._lease import JsonLease
 from chatstate.stores.json._log import Records, encode_record
 from chatstate.stores.json._log_io import append_record, last_summary
-from chatstate.stores.json._sealed_rows import Take, sealed_rows
+from chatstate.stores.json._sealed_rows import sealed_rows
 from chatstate.stores.json._sidecar import SidecarLog
 from chatstate.stores.leases import Holder, Lease, holder_of, lease_record
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
 from chatstate.stores.base import Location, PreparedBatch, local_path
-from chatstate.stores.codec import ROWS_PER_TAKE, unpacked
+from chatstate.stores.codec import ROWS_PER_TAKE, Take, unpacked
 from chatstate.stores.leases import Holder, Lease, check_fence
 from chatstate.stores.sqlite._blobs import SqliteBlobs
 from chatstate.stores.sqlite._lease import LEASE_ROW, SqliteLease, lease_values
@@ -181,8 +181,7 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         return db.execute("SELECT seq, CAST(body AS BLOB), hash FROM messages WHERE "
                           "conversation_id=? ORDER BY seq", (cid,)).fetchall()
 
-    def sealed_rows(self, conversation_id: str,
-                    take: Callable[[list[bytes], list[bytes]], bool]
+    def sealed_rows(self, conversation_id: str, take: Take
                     ) -> tuple[tuple[Any, ...], tuple[int, bytes] | None] | None:
         """For the encrypted store's load with the key (``sealed``): every message row in
         seq order, a binary row as stored, handed to ``take`` a chunk at a time
