@@ -36,6 +36,7 @@ _TAIL = len(_END) + 66
 _KEYS = {"content", "created_at", "hash", "model", "params", "role", "seq", "status",
          "turn_id", "usage"}
 
+
 def sealed_rows(raw: bytes, where: str, take: Take
                 ) -> tuple[dict[str, Any], int, str | None] | None:
     """(the header, how many rows were taken, the last stored hash) of a conversation
