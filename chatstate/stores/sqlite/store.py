@@ -19,7 +19,7 @@ import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chatstate.core.canonical import long_text
 from chatstate.core.transcript import Conversation, Message, now_iso, validate_id
@@ -27,11 +27,13 @@ from chatstate.durable.files import ensure_dir
 from chatstate.errors import ChatstateError, ConflictError, ConversationNotFound
 from chatstate.stores._relational import Dialect, RelationalStore
 from chatstate.stores.base import Location, PreparedBatch, local_path
-from chatstate.stores.codec import ROWS_PER_TAKE, Take, unpacked
 from chatstate.stores.leases import Holder, Lease, check_fence
 from chatstate.stores.sqlite._blobs import SqliteBlobs
 from chatstate.stores.sqlite._lease import LEASE_ROW, SqliteLease, lease_values
 from chatstate.stores.sqlite._schema import LONG_BODY, MESSAGE_BODY
+
+if TYPE_CHECKING:
+    from chatstate.stores.codec import Take
 
 LOAD_MMAP = 1 << 30
 """The most of the database file a load maps (SQLite caps it lower where it must)."""
@@ -191,6 +193,8 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
         row's. None when a row must be read otherwise (a long body, a text row), the seqs
         or the last hash do not fit (the caller's verified path, ``stored_rows``, then
         names what is wrong) or ``take`` said stop."""
+        from chatstate.stores.codec import ROWS_PER_TAKE, unpacked  # encrypted stores only
+
         cid = conversation_id
         with self._load_snapshot() as db:
             head = self._header(db, cid)
