@@ -62,6 +62,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+ALIASES = {"ls": "list"}
+"""Other names a command answers to, left out of the help."""
+
+
 # The commands whose start-up (see chatstate.cli.started) ends when their conversation is
 # open, in turns.open_chat, not when their module is imported.
 OPENS_CHAT = frozenset({"ask", "chat"})
@@ -72,6 +76,7 @@ class LazyGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd_name = ALIASES.get(cmd_name, cmd_name)
         if cmd_name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[cmd_name]

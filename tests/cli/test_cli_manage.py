@@ -83,6 +83,18 @@ def test_list_newest_first_json_and_limit(local_store_url: str) -> None:
         "third", "second"]
 
 
+
+def test_ls_is_list(local_store_url: str) -> None:
+    """``chatstate ls`` (what a shell's hands type) is ``list``, options and all; it said
+    "No such command 'ls'"."""
+    s = local_store_url
+    for cid in ("first", "second"):
+        ask(s, cid, f"hello {cid}")
+    listed = invoke(["ls", "--json"], store=s)
+    assert listed.code == 0, listed.err
+    assert listed.json() == invoke(["list", "--json"], store=s).json()
+    assert invoke(["ls"], store=s).out == invoke(["list"], store=s).out
+
 # -- replay --------------------------------------------------------------------------------
 
 def test_replay_formats(local_store_url: str) -> None:
