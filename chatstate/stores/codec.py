@@ -408,17 +408,25 @@ def binary_row(clear: bytes, sealed: bytes) -> bytes | None:
     return bytes((BINARY_ROW, len(clear))) + clear + sealed
 
 
+def halves(raw: bytes) -> tuple[bytes, bytes] | None:
+    """(the clear fields, the sealed bytes) of a binary row; None if it is not one."""
+    if len(raw) < 2 or raw[0] != BINARY_ROW or len(raw) < 2 + raw[1]:
+        return None
+    at = raw[1] + 2
+    return raw[2:at], raw[at:]
+
+
 def unpacked(rows: list[bytes]) -> tuple[list[bytes], list[bytes]] | None:
     """(the sealed bytes, the clear fields) of binary rows; None if one is not one."""
     sealed: list[bytes] = []
     clears: list[bytes] = []
     add, add_clear = sealed.append, clears.append
     for raw in rows:
-        if len(raw) < 2 or raw[0] != BINARY_ROW or len(raw) < 2 + raw[1]:
+        split = halves(raw)
+        if split is None:
             return None
-        at = raw[1] + 2
-        add(raw[at:])
-        add_clear(raw[2:at])
+        add_clear(split[0])
+        add(split[1])
     return sealed, clears
 
 
@@ -429,12 +437,13 @@ def clear_fields(created_at: bytes, status: bytes) -> bytes:
 
 def expand_row(seq: int, raw: bytes) -> bytes:
     """The canonical body a binary row stands for (ValueError if it is not one)."""
-    if len(raw) < 2 or raw[0] != BINARY_ROW or len(raw) < 2 + raw[1]:
+    split = halves(raw)
+    if split is None:
         raise ValueError("not a binary sealed row")
-    created, sep, status = raw[2:2 + raw[1]].partition(b"\n")
+    created, sep, status = split[0].partition(b"\n")
     if not sep:
         raise ValueError("not a binary sealed row")
-    return (ROW_HEAD + b64.encode(raw[2 + raw[1]:]) + ROW_MID +
+    return (ROW_HEAD + b64.encode(split[1]) + ROW_MID +
             created + ROW_SEQ + b"%d" % seq + ROW_STATUS + status + ROW_END)
 
 

@@ -70,7 +70,7 @@ def sealed_rows(raw: bytes, where: str, take: Take
                     and raw[seq + seq_at:status] == b"%d" % position):
                 return None
             add(decode(raw[pos + head:end]))
-            add_clear(raw[created:seq] + b"\n" + raw[status + status_at:tail])
+            add_clear(clear_fields(raw[created:seq], raw[status + status_at:tail]))
             if len(sealed) == ROWS_PER_TAKE:
                 if not take(sealed, clears):
                     return None
