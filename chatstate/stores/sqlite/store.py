@@ -206,17 +206,18 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
                 "(SELECT max(seq) FROM messages WHERE conversation_id=?1), "
                 "(SELECT hash FROM messages WHERE conversation_id=?1 ORDER BY seq DESC "
                 "LIMIT 1)", (cid,)).fetchone()
+            if last != head[6] or (head[5] and (low != 0 or high != head[5] - 1)):
+                return None
             count = 0
-            if last == head[6] and head[5] and low == 0 and high == head[5] - 1:
-                rows = db.execute("SELECT CAST(body AS BLOB) FROM messages WHERE "
-                                  "conversation_id=? ORDER BY seq", (cid,))
-                while chunk := rows.fetchmany(ROWS_PER_TAKE):
-                    count += len(chunk)
-                    split = unpacked([row[0] for row in chunk])
-                    if split is None or not take(*split):
-                        return None
+            rows = db.execute("SELECT CAST(body AS BLOB) FROM messages WHERE "
+                              "conversation_id=? ORDER BY seq", (cid,))
+            while chunk := rows.fetchmany(ROWS_PER_TAKE):
+                count += len(chunk)
+                split = unpacked([row[0] for row in chunk])
+                if split is None or not take(*split):
+                    return None
             partial = self._partial_row(db, cid)
-        if count != head[5] or last != head[6]:
+        if count != head[5]:
             return None  # (seq is the primary key's: n distinct from 0 to n - 1 is 0 .. n-1)
         return head, partial
 
