@@ -270,7 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
             if act is not None and act.kind == "malformed":
                 self._raw(200, b'{"output": [', "application/json")
                 return
-            raw = json.dumps(whole).encode()
+            raw = self._dumps(whole).encode()
             if act is not None and act.kind == "cut":
                 self._send_head(200, "application/json", len(raw))
                 self.wfile.write(raw[: len(raw) // 2])
@@ -286,7 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
                 message = _event_message(act)
                 error = _messages.error_body(act.status, message) if wire == "messages" \
                     else _responses.stream_error(act.status, message)
-                self._named_event("error", json.dumps(error))
+                self._named_event("error", self._dumps(error))
                 self._pause(act.seconds)
                 self._end_chunks()
                 return
@@ -300,7 +300,7 @@ class _Handler(BaseHTTPRequestHandler):
                         self.close_connection = True
                     return
                 texts += 1
-            self._named_event(name, json.dumps(payload))
+            self._named_event(name, self._dumps(payload))
             if index == 0 and act is not None and act.kind == "malformed":
                 self._named_event(name, "{this is not json")
             if text:
@@ -358,7 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "malformed":
             self._raw(200, b'{"choices": [{"message": ', "application/json")
             return
-        raw = json.dumps(completion_body(reply.id, reply.model, reply.created, "".join(
+        raw = self._dumps(completion_body(reply.id, reply.model, reply.created, "".join(
             reply.chunks), reply.finish, reply.usage, reply.calls)).encode()
         if fault is not None and fault.kind == "cut":
             self._send_head(200, "application/json", len(raw))
@@ -394,7 +394,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         assert fault is not None
         if fault.kind == "error_event":  # a provider failing mid-generation says so in-band
-            self._event_raw(json.dumps(error_body(fault.status, _event_message(fault))))
+            self._event_raw(self._dumps(error_body(fault.status, _event_message(fault))))
             self._pause(fault.seconds)
             self._end_chunks()
         elif fault.clean:  # a well-formed body that simply stops: no finish_reason, no [DONE]
@@ -436,8 +436,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
 
+    def _dumps(self, payload: Any) -> str:
+        """A reply or an event's data as this fake's JSON (``ascii_json``)."""
+        return json.dumps(payload, ensure_ascii=self.server.script.options.ascii_json)
+
     def _event(self, payload: dict[str, Any]) -> None:
-        self._event_raw(json.dumps(payload))
+        self._event_raw(self._dumps(payload))
         self._pause(self.server.script.options.chunk_delay)
 
     def _event_raw(self, data: str) -> None:

@@ -101,6 +101,11 @@ class Options:
     responses_cut_status: str = "incomplete"
     """The Responses ``status`` of a reply cut by ``max_output_tokens``: "incomplete" (with
     ``incomplete_details``, as OpenAI says it) or "completed" (as llama.cpp says it)."""
+    ascii_json: bool = True
+    """Escape every non-ASCII character of the replies and events it writes (as Python's
+    ``json`` does); False writes them as UTF-8, as llama.cpp's server and vLLM do, so an
+    event's data may hold U+2028, U+2029 or U+0085 raw (a line break to
+    ``str.splitlines``, not to an event stream)."""
 
 
 @dataclass
