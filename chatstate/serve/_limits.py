@@ -45,6 +45,9 @@ class ConversationLocks:
         """Wait for ``key``; False (not held) if ``gone()`` says the client left first."""
         lock, users = self._locks.get(key, (asyncio.Lock(), 0))
         self._locks[key] = (lock, users + 1)
+        if users == 0:  # nobody holds or waits for it: taken without a turn of the loop
+            await lock.acquire()
+            return True
         waiting = asyncio.ensure_future(lock.acquire())
         try:
             while True:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -53,7 +52,7 @@ from chatstate.serve._offload import (
 from chatstate.serve._passthrough import PassThrough
 from chatstate.serve._probes import Probes
 from chatstate.serve._request_record import request_record
-from chatstate.serve._turns import ForeignConversation, Replay
+from chatstate.serve._turns import ForeignConversation, Replay, Turn
 from chatstate.serve._ui import ui_routes
 from chatstate.serve._upstream import Prepared, UpstreamTurns, _TurnEnd
 from chatstate.serve._wire import (
@@ -155,6 +154,26 @@ class Proxy(UpstreamTurns, Probes):
         return Prepared(data, messages, cid, forward, rkey, target, encode_json(forward),
                         request_record(forward, None))
 
+    def _prepare_new(self, request: Request, body: bytes, wire: Wire, space: str,
+                     keyed: bool) -> tuple[Prepared | Refusal, Turn | Replay | Exception | None]:
+        """``_prepare``, and for a request that continues no stored conversation (which
+        has no lock to wait for) its first write too (``_begin``: the turn, or what it
+        raised), in the same worker-thread hop: under a burst of new conversations each
+        hop costs turns of a crowded event loop. None: it continues one (its lock
+        first)."""
+        prepared = self._prepare(request, body, wire, space)
+        if isinstance(prepared, Refusal) or prepared.target is not None:
+            return prepared, None
+        try:
+            return prepared, self._begin(prepared, space, keyed)
+        except Exception as exc:  # raised where the request is answered
+            return prepared, exc
+
+    def _begin(self, prepared: Prepared, space: str, keyed: bool) -> Turn | Replay:
+        """The request's new messages made durable (``Writer.begin``; blocking)."""
+        return self.writer.begin(prepared.cid, prepared.messages, namespace=space,
+                                 key=prepared.key, keyed=keyed, record=prepared.record)
+
     async def _chat(self, request: Request, namespace: str, slot: list[bool],
                     wire: Wire = CHAT) -> Response:
         openai_error = wire.error  # every error of this turn in the API's shape
@@ -166,24 +185,26 @@ class Proxy(UpstreamTurns, Probes):
             return body
         space: str = request.state.namespace  # the store's; ``namespace``: the label
         await self._indexed()
-        prepared = await asyncio.to_thread(self._prepare, request, body, wire, space)
+        keyed = IDEMPOTENCY_HEADER in request.headers
+        prepared, begun = await asyncio.to_thread(self._prepare_new, request, body, wire,
+                                                  space, keyed)
         if isinstance(prepared, Refusal):
             return openai_error(prepared.status, prepared.message, param=prepared.param)
-        data, messages, cid, rkey = (prepared.data, prepared.messages, prepared.cid,
-                                     prepared.key)
+        data = prepared.data
         # Only turns of one stored conversation wait for each other (the lock key: the
-        # namespace and the conversation); a new conversation waits for nobody. A client
-        # that left while waiting is not sent upstream.
+        # namespace and the conversation); a new conversation waits for nobody, and was
+        # begun already (``_prepare_new``). A client that left while waiting is not sent
+        # upstream.
         target = prepared.target
         key = None if target is None else space + "\n" + target
-        if not await self._hold(key, request):
+        if key is not None and not await self._hold(key, request):
             return openai_error(499, "the client went away before the request was sent "
                                 "upstream", "client_closed")
         try:
-            turn = await asyncio.to_thread(functools.partial(
-                self.writer.begin, cid, messages, namespace=space, key=rkey,
-                keyed=IDEMPOTENCY_HEADER in request.headers,
-                record=prepared.record))
+            if isinstance(begun, Exception):
+                raise begun
+            turn = begun if begun is not None else await asyncio.to_thread(
+                self._begin, prepared, space, keyed)
             if isinstance(turn, Replay):
                 if key is not None:
                     self.locks.release(key)
