@@ -87,7 +87,9 @@ def _lines(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A document's lines (one message each) and log records, each read on its own."""
     header: dict[str, Any] = {}
     bodies: list[dict[str, Any]] = []
-    for line in text.splitlines():
+    # at "\n" only: the stores write UTF-8 as it is, so U+2028, U+2029 and U+0085, where
+    # str.splitlines also ends a line, stand raw inside a message's line
+    for line in text.split("\n"):
         line = line.strip().rstrip(",")
         if "\t" in line:  # a log record: the record, a tab, its checksum
             line = line.rsplit("\t", 1)[0]

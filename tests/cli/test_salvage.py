@@ -119,3 +119,26 @@ def test_the_json_stores_append_log_is_read_too(tmp_path: Path) -> None:
     assert done.code == 0, done.err
     assert "salvaged 5 of the 5 message(s)" in done.err, done.err  # all but the cut one
     store.close()
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_a_line_separator_inside_a_message_does_not_cut_its_line(tmp_path: Path,
+                                                                 separator: str) -> None:
+    # The json store writes UTF-8 as it is, so these reach the file raw; str.splitlines
+    # ends a line at each of them, and the message around it was lost to the salvage.
+    store, env = f"json://{tmp_path}/s", cli_env(tmp_path)
+    for text in ("first", f"two{separator}lines", "third"):
+        done = invoke(["ask", "--model", "fake", "--id", "k", text], store=store, env=env)
+        assert done.code == 0, done.err
+    page = tmp_path / "s" / "k.json"
+    raw = page.read_bytes()
+    assert separator.encode() in raw  # raw in the file, not escaped
+    cut = raw[: raw.index(b'"seq":4') + 20]  # the file ends inside seq 4
+    aside = tmp_path / "cut.json"
+    aside.write_bytes(cut)
+
+    done = invoke(["import", "--salvage", str(aside), "--id", "back"], store=store, env=env)
+    assert done.code == 0, done.err
+    assert "salvaged 4 of the 4 message(s)" in done.err
+    kept = replay_json(store, "back")["messages"]
+    assert kept[2]["content"] == f"two{separator}lines"
