@@ -177,34 +177,34 @@ class PgConnection:
         except pge.LockNotAvailable as exc:
             raise ConversationInUse(self.target.scrub(
                 f"{self.url}: could not {action} the store: a conversation it needs is in use "
-                f"by another writer's open transaction ({_first_line(exc)} after "
+                f"by another writer's open transaction ({first_line(exc)} after "
                 f"lock_timeout={self.target.timeouts['lock_timeout']:g} s); nothing was "
                 "written. Try again when it finishes, or raise lock_timeout in the URL"
             )) from None
         except (pge.AdminShutdown, pge.CannotConnectNow) as exc:
             raise StoreUnavailable(self.target.scrub(
                 f"could not {action} {self.url}: the server restarted or is shutting down "
-                f"({_first_line(exc)}). The outcome of a write is unknown; retrying the same "
+                f"({first_line(exc)}). The outcome of a write is unknown; retrying the same "
                 "append is safe once it is back")) from None
         except pge.ReadOnlySqlTransaction as exc:
             raise StoreUnavailable(self.target.scrub(
                 f"could not {action} {self.url}: the server is read-only or shutting down "
-                f"({_first_line(exc)}); point the URL at the primary")) from None
+                f"({first_line(exc)}); point the URL at the primary")) from None
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(self.target.scrub(
-                f"could not {action} {self.url}: {_first_line(exc)}. The outcome of a write "
+                f"could not {action} {self.url}: {first_line(exc)}. The outcome of a write "
                 "is unknown; retrying the same append is safe")) from None
         except psycopg.Error as exc:
             raise StoreUnavailable(self.target.scrub(
-                f"could not {action} {self.url}: {type(exc).__name__}: {_first_line(exc)}"
+                f"could not {action} {self.url}: {type(exc).__name__}: {first_line(exc)}"
             )) from None
         except Exception as exc:
             if type(exc).__module__.startswith("psycopg_pool"):  # PoolTimeout, TooManyRequests
                 raise StoreUnavailable(self.target.scrub(
-                    f"could not {action} {self.url}: {_first_line(exc)}")) from None
+                    f"could not {action} {self.url}: {first_line(exc)}")) from None
             raise
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
