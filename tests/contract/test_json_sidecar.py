@@ -16,6 +16,7 @@ import pytest
 from support.faultlib import require_tool
 
 from chatstate.core.transcript import Conversation, Message
+from chatstate.errors import ConflictError
 from chatstate.stores import open_store
 
 
@@ -84,6 +85,7 @@ def test_the_log_is_rewritten_when_it_grows_past_its_limit(tmp_path: Path) -> No
 FLUSHES = 20
 SCRIPT = f"""
 import os, sys
+from chatstate.errors import ConflictError
 from chatstate.stores import open_store
 from chatstate.core.transcript import Message
 store = open_store(sys.argv[1])
@@ -143,3 +145,51 @@ def test_a_torn_last_record_falls_back_to_the_last_whole_one(tmp_path: Path,
     assert loaded.partial is not None
     assert loaded.partial.content == "one two"
     assert sidecar.read_bytes() == before
+
+
+_DELETE_CUT = r'''
+import os, sys
+import chatstate.stores.json.store as js
+real = js.remove_durably
+def cut(path):
+    removed = real(path)
+    os._exit(137)  # killed after the first file of delete() went, before the second
+js.remove_durably = cut
+from chatstate.errors import ConflictError
+from chatstate.stores import open_store
+open_store(sys.argv[1]).delete("c1")
+'''
+
+
+@pytest.mark.invariant(7)
+def test_a_delete_cut_short_leaves_no_partial_a_new_conversation_takes_for_its_own(
+        tmp_path: Path) -> None:
+    url, user, sidecar = setup_store(tmp_path)
+    store = open_store(url)  # open before the delete, as a long-running serve would be
+    store.save_partial("c1", partial_after(user, "the OLD conversation's reply"))
+    cut = subprocess.run([sys.executable, "-c", _DELETE_CUT, url], cwd=Path(__file__).parent,
+                         capture_output=True, text=True)
+    assert cut.returncode == 137, cut.stderr
+    assert not sidecar.exists()  # the partial goes first: the transcript is what is left
+    with pytest.raises(ConflictError):  # still there: a rerun of delete finishes it
+        store.create(Conversation(id="c1"))
+    store.delete("c1")
+    store.create(Conversation(id="c1"))
+    store.append("c1", [Message.seal(None, role="user", content="a new one", turn_id="t2")])
+    for reader in (store, open_store(url)):
+        assert reader.load("c1").partial is None
+        assert not any("c1" in r for r in reader.recovery)
+
+
+def test_a_partial_left_without_its_transcript_is_not_adopted_by_a_new_conversation(
+        tmp_path: Path) -> None:
+    url, user, sidecar = setup_store(tmp_path)
+    store = open_store(url)
+    store.save_partial("c1", partial_after(user, "the OLD conversation's reply"))
+    left = sidecar.read_bytes()
+    store.delete("c1")
+    sidecar.write_bytes(left)  # what a delete of an older version, cut short, left behind
+    store.create(Conversation(id="c1"))
+    store.append("c1", [Message.seal(None, role="user", content="a new one", turn_id="t2")])
+    assert store.load("c1").partial is None
+    assert open_store(url).load("c1").partial is None

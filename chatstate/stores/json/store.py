@@ -329,7 +329,14 @@ class JsonStore(JsonLease, JsonBlobs):
         with locked(self._lock(cid)):
             if self._file(cid).exists():
                 raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
+            self._drop_orphaned_partial(cid)
             self._write(cid, conversation.header(), [], [])
+
+    def _drop_orphaned_partial(self, cid: str) -> None:
+        """A partial reply with no transcript is a deleted conversation's (a delete cut
+        short by an older version, or a file left behind): a new conversation of the same
+        id must not take it for its own interrupted reply."""
+        remove_durably(self._partial(cid))
 
     def _try_create_leased(self, lease: Lease, conversation: Conversation,
                            messages: list[Message]) -> Holder | None:
@@ -345,6 +352,7 @@ class JsonStore(JsonLease, JsonBlobs):
                 return holder
             if path.exists():
                 raise ConflictError(f"conversation {cid!r} already exists in {self.url}")
+            self._drop_orphaned_partial(cid)
             where = str(path)
             check_append(where, -1, lambda seq: "", messages)
             refuse_unheld_blobs(where, messages, self._blob_size)
@@ -476,9 +484,14 @@ class JsonStore(JsonLease, JsonBlobs):
 
     def delete(self, conversation_id: str) -> None:
         with locked(self._lock(conversation_id)):
+            if not self._file(conversation_id).exists():
+                raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
+            # the partial first, as quarantine moves them: a kill between the two leaves
+            # the transcript (deleted by a rerun), never a partial a new conversation of
+            # the same id would take for its own
+            remove_durably(self._partial(conversation_id))
             if not remove_durably(self._file(conversation_id)):
                 raise ConversationNotFound(f"no conversation {conversation_id!r} in {self.url}")
-            remove_durably(self._partial(conversation_id))
             self._cache.pop(conversation_id, None)
             self._logged.discard(conversation_id)
 
