@@ -77,6 +77,30 @@ def test_a_torn_last_record_is_an_unacknowledged_append(tmp_path: Path, torn: st
     store.close()
 
 
+@pytest.mark.invariant(4, 7)
+@pytest.mark.parametrize("write", ["set_header", "rewrite"])
+def test_every_write_that_replaces_the_file_keeps_a_torn_last_record_aside(
+        tmp_path: Path, write: str) -> None:
+    # not only the append's compaction: a retitle or a rekey's rewrite writes the file
+    # anew too, and dropped the torn bytes unseen
+    store, path, msgs = _logged(tmp_path)
+    raw = path.read_bytes()
+    cut = raw.rstrip(b"\n").rfind(b"\n") + 1
+    tail = raw[cut:][:40]
+    path.write_bytes(raw[:cut] + tail)
+    reader = open_store(store.url)
+    if write == "set_header":
+        reader.set_header("c1", title="renamed")
+    else:
+        kept_msgs = reader.load("c1").messages
+        reader.rewrite("c1", kept_msgs, expect=kept_msgs[-1].hash)
+    assert tail not in path.read_bytes()
+    kept = list((tmp_path / "store" / ".quarantine").glob("c1.torn-record.*"))
+    assert [p.read_bytes() for p in kept] == [tail]
+    assert any("torn last record" in line for line in reader.recovery), reader.recovery
+    assert open_store(store.url).load("c1").messages == msgs[:3]
+
+
 @pytest.mark.invariant(6)
 @pytest.mark.parametrize(("seq", "how"), [(1, "edited"), (1, "cut"), (3, "edited")])
 def test_a_bad_record_before_the_last_or_an_edited_one_is_damage_and_left_alone(

@@ -313,16 +313,23 @@ class JsonStore(JsonLease, JsonBlobs):
     def _compact(self, cid: str, snap: Snapshot) -> None:
         """Fold the log into the document, atomically; a torn last record is kept aside."""
         header, lines, messages, records = snap
-        if records is not None and records.torn:
-            qdir = self.root / ".quarantine"
-            ensure_dir(qdir)
-            aside = qdir / f"{cid}.torn-record.{now_iso().replace(':', '')}"
-            atomic_write(aside, records.torn)
-            self.recovery.append(
-                f"{cid}: a torn last record ({len(records.torn)} bytes, an append a crash cut "
-                f"off before it was acknowledged) was moved to {aside}")
+        self._keep_torn(cid, records)
         self._write(cid, header, lines.get(), messages)
         self._logged.discard(cid)
+
+    def _keep_torn(self, cid: str, records: Records | None) -> None:
+        """Before a write replaces the file: its torn last record, if any, into
+        ``.quarantine/`` and said in ``recovery`` (every rewrite of the file, not only
+        compaction, would otherwise drop those bytes unseen)."""
+        if records is None or not records.torn:
+            return
+        qdir = self.root / ".quarantine"
+        ensure_dir(qdir)
+        aside = qdir / f"{cid}.torn-record.{now_iso().replace(':', '')}"
+        atomic_write(aside, records.torn)
+        self.recovery.append(
+            f"{cid}: a torn last record ({len(records.torn)} bytes, an append a crash cut "
+            f"off before it was acknowledged) was moved to {aside}")
 
     def create(self, conversation: Conversation) -> None:
         cid = conversation.id
@@ -439,10 +446,11 @@ class JsonStore(JsonLease, JsonBlobs):
         (``Rewrites``: ``chatstate rekey``)."""
         cid = conversation_id
         with locked(self._lock(cid)):
-            header, _, stored, _ = self._read(cid)
+            header, _, stored, records = self._read(cid)
             check_rewrite(str(self._file(cid)), len(stored),
                           stored[-1].hash if stored else None, expect, messages)
             if messages:
+                self._keep_torn(cid, records)
                 fresh = list(messages)
                 self._write(cid, header, [doc.line_of(m) for m in fresh], fresh)
                 self._logged.discard(cid)
@@ -474,7 +482,8 @@ class JsonStore(JsonLease, JsonBlobs):
                    metadata: dict[str, Any] | None = None, fence: str | None = None) -> None:
         with locked(self._lock(conversation_id)):
             self._check_fence(conversation_id, fence)
-            header, lines, stored, _ = self._read(conversation_id)
+            header, lines, stored, records = self._read(conversation_id)
+            self._keep_torn(conversation_id, records)
             changes: dict[str, Any] = {"updated_at": now_iso()}
             if title is not None:
                 changes["title"] = title
