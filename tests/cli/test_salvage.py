@@ -142,3 +142,38 @@ def test_a_line_separator_inside_a_message_does_not_cut_its_line(tmp_path: Path,
     assert "salvaged 4 of the 4 message(s)" in done.err
     kept = replay_json(store, "back")["messages"]
     assert kept[2]["content"] == f"two{separator}lines"
+
+
+@pytest.mark.invariant(6)
+@pytest.mark.parametrize("table", ["messages", "partials"])
+def test_sqlite_quarantine_keeps_bytes_that_are_not_utf8_exactly(tmp_path: Path,
+                                                                   table: str) -> None:
+    # the damage a dump is made for: a flipped bit in a stored body. The dump must hold
+    # those very bytes (they were replaced by U+FFFD, then the rows deleted), and a
+    # damaged partial reply must not stop the repair
+    db = tmp_path / "s.db"
+    store, env = f"sqlite://{db}", cli_env(tmp_path)
+    for text in ("café one", "café two"):
+        done = invoke(["ask", "--model", "fake", "--id", "k", text], store=store, env=env)
+        assert done.code == 0, done.err
+    with sqlite3.connect(db) as conn:
+        if table == "partials":
+            conn.execute("INSERT INTO partials (conversation_id, seq, body) VALUES "
+                         "('k', 4, CAST(? AS BLOB))",
+                         (json.dumps({"role": "assistant", "content": "café partial",
+                                      "seq": 4}, ensure_ascii=False),))
+        where = "seq=3" if table == "messages" else "conversation_id='k'"
+        raw = conn.execute(f"SELECT CAST(body AS BLOB) FROM {table} WHERE {where}"
+                           ).fetchone()[0]
+        bad = raw.replace("é".encode(), b"\xa9\xc3\x28")
+        assert bad != raw
+        conn.execute(f"UPDATE {table} SET body=? WHERE {where}", (bad,))
+    done = invoke(["repair", "k", "--force"], store=store, env=env)
+    assert done.code == 0, done.err
+    [dump] = quarantined(tmp_path)
+    rows = json.loads(dump.read_bytes())
+    kept = rows["messages"][3][1] if table == "messages" else rows["partial"][1]
+    assert kept.encode("utf-8", "surrogateescape") == bad
+    salvaged = invoke(["import", "--salvage", str(dump), "--id", "back"], store=store, env=env)
+    assert salvaged.code == 0, salvaged.err
+    assert len(replay_json(store, "back")["messages"]) == (3 if table == "messages" else 4)

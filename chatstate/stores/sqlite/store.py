@@ -62,10 +62,12 @@ def _row(msg: Message, body: str) -> str | bytes:
 
 
 def _text(seq: int, body: bytes) -> str:
-    """A stored body as text (a binary row as the body it stands for), for a dump."""
+    """A stored body as text (a binary row as the body it stands for), for a dump: bytes
+    that are not UTF-8 (the damage a dump is made for) kept as lone surrogates, which the
+    dump escapes, so ``.encode("utf-8", "surrogateescape")`` gives them back exactly."""
     from chatstate.stores.codec import row_body  # only encrypted stores hold binary rows
 
-    return row_body(seq, body).decode("utf-8", "replace")
+    return row_body(seq, body).decode("utf-8", "surrogateescape")
 
 
 def _write_blob(db: sqlite3.Connection, table: str, rowid: int, msg: Message) -> None:
@@ -355,13 +357,15 @@ class SqliteStore(SqliteLease, SqliteBlobs, RelationalStore):
             rows = [(seq, _text(seq, body), hash_) for seq, body, hash_ in db.execute(
                 "SELECT seq, " + MESSAGE_BODY + ", hash FROM messages WHERE "
                 "conversation_id=? ORDER BY seq", (cid,)).fetchall()]
-            partial = db.execute("SELECT seq, CAST(body AS TEXT) FROM partials WHERE "
+            partial = db.execute("SELECT seq, CAST(body AS BLOB) FROM partials WHERE "
                                  "conversation_id=?",
                                  (cid,)).fetchone()
             dump = {"database": str(self.path), "conversation": list(head),
                     "messages": [list(r) for r in rows],
-                    "partial": list(partial) if partial else None}
-            atomic_write(target, json.dumps(dump, ensure_ascii=False, indent=1).encode())
+                    "partial": [partial[0], _text(partial[0], partial[1])] if partial
+                    else None}
+            # ASCII, every other character escaped: the damaged bytes' surrogates included
+            atomic_write(target, json.dumps(dump, indent=1).encode())
             if self._fts:
                 db.execute("DELETE FROM message_text WHERE conversation_id=?", (cid,))
             db.execute("DELETE FROM conversations WHERE id=?", (cid,))
