@@ -96,11 +96,12 @@ def model_options(temperature: float | None, max_tokens: int | None,
     """The request parameters the command line sets; -o KEY VALUE for any other one."""
     out: dict[str, Any] = {}
     for key, value in pairs:
-        if not key or key in {"model", "messages", "stream"}:
+        from chatstate.ops.templates import NOT_PARAMS, parse_value  # only with an -o
+
+        if not key or key in NOT_PARAMS:
             shown = key or "''"
             raise click.UsageError(f"-o {shown} is not a model parameter: use "
                                    "--model for the model, and a KEY such as top_p or seed")
-        from chatstate.ops.templates import parse_value  # only with an -o
 
         out[key] = parse_value(value)
     if temperature is not None:

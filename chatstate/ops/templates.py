@@ -28,6 +28,9 @@ from typing import Any
 
 from chatstate.errors import TemplateError  # (defined there; old path kept)
 
+NOT_PARAMS = frozenset({"model", "messages", "stream"})
+"""Request fields that are not model parameters: the model is ``--model`` (or a
+template's own ``model``), the messages the conversation's, streaming the command's."""
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ENV_DIR = "CHATSTATE_TEMPLATES_DIR"
@@ -112,6 +115,11 @@ def load(name: str) -> Template:
         raise TemplateError(f"{path}: expected optional `system` and `model` (text) and "
                             f"an optional [params] table{'; unknown keys ' if unknown else ''}"
                             f"{', '.join(unknown)}; fix the file or save it again")
+    reserved = sorted(NOT_PARAMS & set(params))
+    if reserved:
+        raise TemplateError(f"{path}: [params] holds {', '.join(reserved)}, which "
+                            "is not a model parameter (set the template's `model` instead, "
+                            "or save it again with --model); fix the file")
     return Template(name, system, model, params)
 
 
@@ -133,6 +141,10 @@ def parse_param(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise TemplateError(f"--param {item!r}: expected key=value, e.g. temperature=0.2")
+    if key.strip() in NOT_PARAMS:
+        raise TemplateError(f"--param {item!r}: {key.strip()} is not a model parameter: "
+                            "use --model for the template's model, and a key such as "
+                            "temperature or top_p")
     return key.strip(), parse_value(raw)
 
 

@@ -94,6 +94,25 @@ def test_a_damaged_template_is_named(home: dict[str, str]) -> None:
     assert invoke(["templates", "save", "../x", "--system", "y"], env=home).code == 1
 
 
+@pytest.mark.parametrize("key", ["model", "messages", "stream"])
+def test_a_template_cannot_hold_model_messages_or_stream_as_a_parameter(
+        home: dict[str, str], local_store_url: str, key: str) -> None:
+    # a saved model=... went upstream in place of --model and /model, unsaid, and the
+    # reply was stored (and counted by usage) under it
+    saved = invoke(["templates", "save", "t", "--param", f"{key}=gpt-x"], env=home)
+    assert saved.code == 2
+    assert f"{key} is not a model parameter" in saved.err
+    assert templates.list_names() == []
+    path = templates.templates_dir() / "old.toml"  # saved by an earlier version
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'model = "fake"\n[params]\n{key} = "gpt-x"\n')
+    used = invoke(["ask", "-t", "old", "--model", "fake", "--id", "o", "hi"],
+                  store=local_store_url, env=home)
+    assert used.code == 1
+    assert str(path) in used.err and f"holds {key}" in used.err
+    assert invoke(["list", "--json"], store=local_store_url).json() == []  # nothing stored
+
+
 # -- forks ---------------------------------------------------------------------------------
 
 def test_fork_copies_a_prefix_and_never_touches_the_original(local_store_url: str) -> None:

@@ -30,7 +30,11 @@ def templates_save(name: str, system: str, model: str | None, params: tuple[str,
     """Save (or replace) template NAME."""
     from chatstate.ops import templates as lib
 
-    tpl = lib.Template(name, system, model, dict(lib.parse_param(p) for p in params))
+    try:
+        parsed = dict(lib.parse_param(p) for p in params)
+    except lib.TemplateError as exc:
+        raise click.UsageError(str(exc)) from exc
+    tpl = lib.Template(name, system, model, parsed)
     path = lib.save(tpl)
     click.echo(f"saved template {name} to {path}", err=True)
 
