@@ -198,7 +198,10 @@ def stream_events(body: dict[str, Any]) -> Iterator[bytes]:
 
     yield ev("response.created", response={**body, "status": "in_progress", "output": []})
     for index, item in enumerate(body["output"]):
-        yield ev("response.output_item.added", output_index=index, item=item)
+        # added as the upstream adds it: in progress, its text and arguments to come in
+        # the events after it (SDKs add those to the added item: given whole here, the
+        # openai SDK's snapshot held the text twice)
+        yield ev("response.output_item.added", output_index=index, item=_begun(item))
         if item["type"] == "message":
             text = item["content"][0]["text"]
             yield ev("response.content_part.added", item_id=item["id"], output_index=index,
@@ -211,10 +214,21 @@ def stream_events(body: dict[str, Any]) -> Iterator[bytes]:
             yield ev("response.content_part.done", item_id=item["id"], output_index=index,
                      content_index=0, part=item["content"][0])
         elif item["type"] == "function_call":
+            yield ev("response.function_call_arguments.delta", item_id=item["id"],
+                     output_index=index, delta=item["arguments"])
             yield ev("response.function_call_arguments.done", item_id=item["id"],
                      output_index=index, arguments=item["arguments"])
         yield ev("response.output_item.done", output_index=index, item=item)
     yield ev(f"response.{body['status']}", response=body)
+
+
+def _begun(item: dict[str, Any]) -> dict[str, Any]:
+    """An output item as its ``output_item.added`` event carries it."""
+    if item["type"] == "message":
+        return {**item, "status": "in_progress", "content": []}
+    if item["type"] == "function_call":
+        return {**item, "status": "in_progress", "arguments": ""}
+    return item
 
 
 def replay(reply: Message, stream: bool, headers: dict[str, str]) -> Response:

@@ -107,6 +107,29 @@ def test_openai_sdk_responses_stream_is_spec_complete_and_stored_before_relayed(
         client.responses.create(model="fake-model", input="fails")
 
 
+def test_a_streamed_responses_request_sent_again_streams_its_stored_reply_once(
+        served: tuple[FakeModel, ServeProcess, str]) -> None:
+    # the SDK's retry of the same request is answered from the store (a replay): its
+    # events must build the same snapshot as the upstream's did, text and tool call alike
+    fake, proxy, _url = served
+    client = openai.OpenAI(base_url=proxy.base_url, api_key=TOKEN, max_retries=0)
+    for ask in ({"input": "replay me"}, {"input": "what is the weather?", "tools": TOOLS}):
+        runs = []
+        for _ in range(2):
+            with client.responses.stream(model="fake-model", **ask) as stream:
+                snapshots = [e.snapshot for e in stream
+                             if e.type == "response.output_text.delta"]
+                final = stream.get_final_response()
+            runs.append((snapshots[-1:], final.output_text,
+                         [(i.type, getattr(i, "arguments", None)) for i in final.output]))
+        assert len(fake.request_log) == (1 if "tools" not in ask else 2), "not a replay"
+        assert runs[1] == runs[0], ask
+        if "tools" not in ask:
+            assert runs[0][0] == [runs[0][1]]  # the snapshot is the text, once
+        else:
+            assert runs[0][2] == [("function_call", '{"city": "Paris"}')]
+
+
 def test_the_responses_relay_fills_in_output_index_an_upstream_left_out(
         served: tuple[FakeModel, ServeProcess, str]) -> None:
     from chatstate.serve._responses import complete_events
