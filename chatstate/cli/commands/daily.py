@@ -28,11 +28,12 @@ def templates() -> None:
               help="A request parameter, e.g. temperature=0.2 (repeatable).")
 def templates_save(name: str, system: str, model: str | None, params: tuple[str, ...]) -> None:
     """Save (or replace) template NAME."""
+    from chatstate.errors import TemplateError
     from chatstate.ops import templates as lib
 
     try:
         parsed = dict(lib.parse_param(p) for p in params)
-    except lib.TemplateError as exc:
+    except TemplateError as exc:
         raise click.UsageError(str(exc)) from exc
     tpl = lib.Template(name, system, model, parsed)
     path = lib.save(tpl)
