@@ -138,6 +138,8 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
             base_url, model, api_key = fake.base_url, "fake", "offline"
         chat = Chat(store, conversation_id=cid, model=model, base_url=base_url,
                     api_key=api_key, system=system, lease_wait=lease_wait)
+        if system:
+            _say_if_not_applied(chat, system)
         if no_log:
             from chatstate.session.unlogged import NOTICE, unlogged
 
@@ -147,6 +149,21 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
 
         started()  # the start-up of ask and chat ends here (app.OPENS_CHAT)
         yield chat
+
+
+def _say_if_not_applied(chat: Any, system: str) -> None:
+    """A system prompt (--system, or a template's) starts a new conversation only: said
+    when a stored one goes on without it (the same prompt again, as a script that always
+    passes it sends, is no news)."""
+    messages = chat.messages
+    if not messages:
+        return
+    first = messages[0]
+    if first.role == "system" and first.content == system:
+        return
+    click.echo(f"note: the system prompt (--system or the template's) is for a new "
+               f"conversation; {chat.conversation.id} has {len(messages)} message(s), so "
+               "it was not applied (the REPL's /system adds one)", err=True)
 
 
 attach_option = click.option(

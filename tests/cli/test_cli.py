@@ -128,6 +128,24 @@ def test_ask_system_prompt_reaches_the_model(local_store_url: str) -> None:
     assert (first["seq"], first["role"], first["content"]) == (0, "system", "Be terse.")
 
 
+def test_a_system_prompt_for_a_stored_conversation_is_said_to_be_not_applied(
+        local_store_url: str) -> None:
+    # it was dropped without a word: the user thought the model had it
+    first = invoke(["ask", "--model", "fake", "--id", "sys", "--system", "Be terse.", "hi"],
+                   store=local_store_url)
+    assert first.code == 0, first.err
+    same = invoke(["ask", "--model", "fake", "--id", "sys", "--system", "Be terse.", "again"],
+                  store=local_store_url)
+    assert same.code == 0 and "not applied" not in same.err  # a script's usual call
+    other = invoke(["ask", "--model", "fake", "--id", "sys", "--system", "Be kind.", "more"],
+                   store=local_store_url)
+    assert other.code == 0, other.err
+    assert "sys has 5 message(s), so it was not applied" in other.err
+    system = [m["content"] for m in replay_json(local_store_url, "sys")["messages"]
+              if m["role"] == "system"]
+    assert system == ["Be terse."]
+
+
 # -- exit codes and errors ---------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
