@@ -8,9 +8,11 @@ the client's ``Idempotency-Key``; nothing else, and never the client's
 
 Back to the client, on every response including streamed ones: what a client acts
 on or quotes to its provider: ``Retry-After`` (and ``retry-after-ms``), the
-request id, and the ``x-ratelimit-*`` family. A plain response relays every
-upstream header but the hop-by-hop ones (``_wire.kept_headers``); a stream's own
-framing headers are the proxy's, so only these are copied onto it.
+request id, the ``x-ratelimit-*`` family and Anthropic's ``anthropic-ratelimit-*``,
+and who answered (the upstream's organization, project and version headers). A
+plain response relays every upstream header but the hop-by-hop ones
+(``_wire.kept_headers``); a stream's own framing headers are the proxy's, so only
+these are copied onto it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from collections.abc import Mapping
 from chatstate.serve._wire import kept_headers
 
 FORWARDED = ("openai-organization", "openai-project", "openai-beta", "idempotency-key")
-RELAYED = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
-RELAYED_PREFIXES = ("x-ratelimit-",)
+RELAYED = ("retry-after", "retry-after-ms", "x-request-id", "request-id",
+           "openai-organization", "openai-project", "openai-processing-ms", "openai-version",
+           "anthropic-organization-id")
+RELAYED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 
 
 def forwarded(client: Mapping[str, str]) -> dict[str, str]:

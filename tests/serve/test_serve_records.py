@@ -29,7 +29,8 @@ CANARY = "sk-canary-records-0123456789abcdef"
 TOKEN = "token-records-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LIMITS = {"x-ratelimit-remaining-requests": "99", "x-ratelimit-reset-tokens": "6ms",
-          "Retry-After": "3"}
+          "Retry-After": "3", "anthropic-ratelimit-requests-remaining": "98",
+          "anthropic-organization-id": "org-1", "openai-processing-ms": "12"}
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -100,6 +101,10 @@ def test_streamed_and_plain_responses_carry_the_upstreams_headers(proxy: ServePr
     assert headers["x-ratelimit-remaining-requests"] == "99"
     assert headers["x-ratelimit-reset-tokens"] == "6ms"
     assert headers["retry-after"] == "3"
+    # Anthropic's own (a stream relayed only the OpenAI names)
+    assert headers["anthropic-ratelimit-requests-remaining"] == "98"
+    assert headers["anthropic-organization-id"] == "org-1"
+    assert headers["openai-processing-ms"] == "12"
     assert headers["x-chatstate-conversation"]
 
     plain = chat(proxy, ask("headers on a plain reply"))
