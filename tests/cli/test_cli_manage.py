@@ -289,6 +289,18 @@ def test_import_refuses_a_tampered_export(tmp_path: Path) -> None:
 
 # -- rm, prune, search ------------------------------------------------------------------------
 
+@pytest.mark.parametrize("args", [["list", "--limit", "0"], ["list", "--limit", "-2"],
+                                  ["search", "--limit", "0", "hi"],
+                                  ["search", "--limit", "-1", "hi"]])
+def test_a_limit_below_one_is_a_usage_error(local_store_url: str, args: list[str]) -> None:
+    # it printed "(no conversations)" or "no matches" with conversations stored, or
+    # dropped rows by Python's negative slicing
+    ask(local_store_url, "c1", "hi")
+    result = invoke(args, store=local_store_url)
+    assert result.code == 2
+    assert "--limit" in result.err
+
+
 def test_rm(local_store_url: str) -> None:
     s = local_store_url
     ask(s, "keep", "a")

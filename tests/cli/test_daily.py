@@ -213,7 +213,7 @@ def test_usage_totals_by_model_conversation_and_day(local_store_url: str,
     unpriced = invoke(["usage", "--prices", str(prices)], store=s)
     assert "no price for fake" in unpriced.err
     assert unpriced.out.split()[-1] == "?"
-    assert invoke(["usage", "--since", "soon"], store=s).code == 1
+    assert invoke(["usage", "--since", "soon"], store=s).code == 2  # a usage error
 
 
 def test_parse_since() -> None:

@@ -210,3 +210,21 @@ def test_a_malformed_mouse_report_is_dropped_not_a_traceback(
     assert "Press ENTER" not in seen, seen
     assert "Echo: after" in strip_ansi(seen)
     assert replay_json(local_store_url, "mouse")["messages"][0]["content"] == "after"
+
+
+def test_rm_declined_on_a_terminal_keeps_the_conversation_and_exits_1_not_130(
+        local_store_url: str, tmp_path: Path) -> None:
+    import pexpect
+
+    assert invoke(["ask", "--model", "fake", "--id", "keep", "hi"],
+                  store=local_store_url).code == 0
+    child = pexpect.spawn(CHATSTATE, ["--store", local_store_url, "rm", "keep"],
+                          env=cli_env(tmp_path), encoding="utf-8", timeout=20)
+    child.expect(r"delete keep \(2 messages\)\? \[y/N\]")
+    child.sendline("n")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1  # declining is not an interrupt (130)
+    assert "not deleted: keep is kept as it was" in child.before
+    assert [r["id"] for r in invoke(["list", "--json"], store=local_store_url).json()] == \
+        ["keep"]

@@ -131,9 +131,14 @@ def compact(env: Env, conversation_id: str, keep_turns: int, model: str | None,
 @click.pass_obj
 def usage(env: Env, since: str | None, by: str, as_json: bool, prices: Path | None) -> None:
     """Token usage the provider reported, totalled from the store."""
+    from chatstate.errors import InvalidOption
     from chatstate.ops import usage as lib
 
-    report = lib.collect(env.reader(), by=by, since=lib.parse_since(since) if since else None,
+    try:
+        start = lib.parse_since(since) if since else None
+    except InvalidOption as exc:  # a usage error (2), as prune's --older-than is
+        raise click.UsageError(str(exc)) from exc
+    report = lib.collect(env.reader(), by=by, since=start,
                          prices=lib.load_prices(prices) if prices else None)
     for note in report.skipped:
         click.echo(f"skipped a damaged transcript: {note}", err=True)

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
-@click.option("--limit", type=int, default=None, help="At most N conversations.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="At most N conversations.")
 @click.option("--check", is_flag=True, help="Load and verify each one, and flag the damaged "
               "(exit 1), the interrupted and the cut short.")
 @click.pass_obj
@@ -218,7 +219,8 @@ def rm(env: Env, conversation_id: str, yes: bool) -> None:
             raise click.UsageError(f"rm would delete {conv.id} ({len(conv.messages)} "
                                    "messages) and there is no terminal to ask on; nothing was "
                                    "deleted. Add --yes to delete it.")
-        click.confirm(f"delete {conv.id} ({len(conv.messages)} messages)?", abort=True)
+        if not click.confirm(f"delete {conv.id} ({len(conv.messages)} messages)?"):
+            fail(f"not deleted: {conv.id} is kept as it was", 1)  # declined: not an interrupt
     store.delete(conversation_id)
     click.echo(f"deleted {conversation_id}", err=True)
 
@@ -293,7 +295,7 @@ def gc(env: Env, grace: str, force: bool, yes: bool) -> None:
 
 @click.command()
 @click.argument("text")
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.pass_obj
 def search(env: Env, text: str, limit: int) -> None:
     """Full-text search over every transcript; prints ID#SEQ: text per matching message.
