@@ -104,6 +104,23 @@ def export_json(conv: Conversation, store: Store | None = None) -> str:
     return dumps(to_document(conv, export=True, store=store), indent=2) + "\n"
 
 
+def write_export(path: Path, data: str) -> None:
+    """``data`` written to the user's ``path``, atomically; a path that cannot take it
+    is said so (the store's disk is not what is wrong), and nothing is written."""
+    import os
+
+    from chatstate.durable.files import atomic_write
+
+    parent = path.parent
+    if not parent.is_dir():
+        raise InvalidInput(f"cannot export to {path}: the directory {parent} does not exist; "
+                           "create it or give another path. Nothing was written.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidInput(f"cannot export to {path}: the directory {parent} is not "
+                           "writable by you; give another path. Nothing was written.")
+    atomic_write(path, data.encode())
+
+
 def openai_messages(conv: Conversation, store: Store | None = None) -> list[dict[str, Any]]:
     """The chain as chat-completions messages, blobs inlined (partial replies left out)."""
     from chatstate.core.content import inliner

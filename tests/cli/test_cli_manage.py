@@ -195,6 +195,19 @@ def test_replay_verify_names_the_first_bad_seq(local_store_url: str) -> None:
 
 # -- export / import ---------------------------------------------------------------------------
 
+def test_export_to_a_missing_directory_names_it_not_the_disk(local_store_url: str,
+                                                              tmp_path: Path) -> None:
+    # it said "could not create a temp file ...; check the disk and retry. Previously
+    # stored data is unchanged": the store's words, for the user's own path
+    ask(local_store_url, "e1", "hi")
+    target = tmp_path / "missing" / "x.json"
+    result = invoke(["export", "e1", "-o", str(target)], store=local_store_url)
+    assert result.code == 1
+    assert f"the directory {target.parent} does not exist; create it" in result.err
+    assert "check the disk" not in result.err
+    assert not target.parent.exists()
+
+
 @pytest.mark.parametrize("target", ["json", "sqlite"])
 def test_export_import_round_trip_keeps_hashes_and_the_partial(
         local_store_url: str, target: str, tmp_path: Path, fake: FakeModel) -> None:

@@ -160,8 +160,7 @@ def replay(env: Env, conversation_id: str, fmt: str, verify: bool, raw: bool,
 @click.pass_obj
 def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
     """Write a conversation (with hashes, any partial reply and its blobs) as JSON."""
-    from chatstate.durable.files import atomic_write
-    from chatstate.ops.transfer import export_json, export_openai
+    from chatstate.ops.transfer import export_json, export_openai, write_export
 
     store = env.reader()
     conv = store.load(conversation_id)
@@ -170,7 +169,7 @@ def export(env: Env, conversation_id: str, output: Path, fmt: str) -> None:
     if str(output) == "-":
         sys.stdout.write(data)
         return
-    atomic_write(output.absolute(), data.encode())
+    write_export(output.absolute(), data)
     click.echo(f"exported {conv.id} ({len(conv.messages)} messages) to {output}", err=True)
 
 

@@ -381,12 +381,10 @@ class Repl(ForkCommands, ToolCommands):
     def do_export(self, target: str) -> None:
         from pathlib import Path
 
-        from chatstate.durable.files import atomic_write
-        from chatstate.ops.transfer import export_json
+        from chatstate.ops.transfer import export_json, write_export
 
         path = Path(target).expanduser().absolute()
-        atomic_write(path, export_json(self.chat.store.load(self.chat.id),
-                                       self.chat.store).encode())
+        write_export(path, export_json(self.chat.store.load(self.chat.id), self.chat.store))
         self.say(f"exported to {path}")
 
 
