@@ -3,7 +3,8 @@
 ``chatstate serve`` keeps what each request asked for in ``params["request"]`` of
 its last message and how it went in ``params["response"]`` of its reply (or in the
 conversation's ``last_upstream_error`` when there is none); ``Chat`` keeps its
-request params on the user message. One row per turn that has any of these:
+request params on the user message (the model on the reply). One row per turn that
+asked the model (a user or tool message, or serve's record):
 ``{"turn_id", "seq", "at", "model", "options", "key"?, "status"?, "duration_ms"?,
 "upstream_request_id"?, "reply"?, "error"?}``. Shown by ``chatstate replay
 --requests`` and ``GET /v1/chatstate/conversations/{id}?requests=true``.
@@ -27,7 +28,10 @@ def requests_of(conv: Conversation) -> list[dict[str, Any]]:
     error = conv.metadata.get(UPSTREAM_ERROR_KEY)
     rows = []
     for turn_id, messages in turns.items():
-        asked = [m for m in messages if m.role != "assistant" and m.params]
+        # a turn asks with its user (or tool) message, serve's with the request's last one;
+        # a system message alone (a /system, a compaction's summary) asked nothing
+        asked = [m for m in messages if m.role in ("user", "tool") or (
+            m.role != "assistant" and (m.params or {}).get("request") is not None)]
         if not asked:
             continue
         carrier = asked[-1]
@@ -41,10 +45,12 @@ def requests_of(conv: Conversation) -> list[dict[str, Any]]:
                 row["key"] = record["key"]
         elif isinstance(record, str):  # 0.3's serve: the key alone
             row.update({"model": None, "options": {}, "key": record})
-        else:  # Chat's request params
+        else:  # Chat's request params (none: the model's defaults)
             row.update({"model": params.get("model"), "options": {
                 k: v for k, v in params.items() if k != "model"}})
         replies = [m for m in messages if m.role == "assistant"]
+        if row["model"] is None and replies and not isinstance(record, dict | str):
+            row["model"] = replies[-1].model  # Chat keeps the model on the reply
         if replies:
             reply = replies[-1]
             row.update(dict((reply.params or {}).get("response") or {}))

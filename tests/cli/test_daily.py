@@ -113,6 +113,26 @@ def test_a_template_cannot_hold_model_messages_or_stream_as_a_parameter(
     assert invoke(["list", "--json"], store=local_store_url).json() == []  # nothing stored
 
 
+def test_replay_requests_lists_every_turn_that_asked_and_no_summary(
+        local_store_url: str) -> None:
+    # plain turns were left out (no params on their user message), a compaction's
+    # summary was listed as a request with "no reply", and the model was always "-"
+    s = local_store_url
+    for n, extra in enumerate(([], ["--temperature", "0.3"], [], [])):
+        done = invoke(["ask", "--model", "fake", "--id", "r", *extra, f"question {n}"], store=s)
+        assert done.code == 0, done.err
+    assert invoke(["compact", "r", "--model", "fake", "--keep", "1"], store=s).code == 0
+    assert invoke(["ask", "--model", "fake", "--id", "r", "after the summary"], store=s).code == 0
+    rows = invoke(["replay", "r", "--requests", "--format", "json"], store=s).json()
+    stored = replay_json(s, "r")["messages"]
+    users = [m["seq"] for m in stored if m["role"] == "user"]
+    assert [row["seq"] for row in rows] == users  # every turn, the summary not one
+    assert all(row["model"] == "fake" and row["reply"]["status"] == "complete" for row in rows)
+    assert [row["options"] for row in rows][:2] == [{}, {"temperature": 0.3}]
+    text = invoke(["replay", "r", "--requests"], store=s).out
+    assert "no reply" not in text and "model=fake" in text
+
+
 # -- forks ---------------------------------------------------------------------------------
 
 def test_fork_copies_a_prefix_and_never_touches_the_original(local_store_url: str) -> None:
