@@ -59,6 +59,10 @@ def _part(block: Mapping[str, Any]) -> dict[str, Any]:
     if kind in ("image", "document"):
         source = block.get("source") if isinstance(block.get("source"), Mapping) else {}
         assert isinstance(source, Mapping)
+        if source.get("type") not in ("base64", "url"):
+            # a file id, a plain-text or content-block document: no chatstate part holds
+            # it, so it is kept as sent (it was stored as an empty url or file_data)
+            return {k: v for k, v in block.items() if k != "cache_control"}
         url = f"data:{source.get('media_type')};base64,{source.get('data')}" \
             if source.get("type") == "base64" else str(source.get("url", ""))
         if kind == "image":
@@ -82,6 +86,14 @@ def _text(value: object) -> str:
     if isinstance(value, list):
         return "".join(str(b.get("text", "")) for b in value if isinstance(b, Mapping))
     return ""
+
+
+def _blocks(value: object) -> str | list[dict[str, Any]]:
+    """A tool result's content: its text, or its parts when it holds more than text (an
+    image a tool returned was dropped)."""
+    if isinstance(value, list):
+        return _content([_part(b) for b in value if isinstance(b, Mapping)])
+    return _text(value)
 
 
 def request_messages(data: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -117,7 +129,7 @@ def request_messages(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             elif kind == "tool_result":
                 result: dict[str, Any] = {"role": "tool",
                                           "tool_call_id": str(block.get("tool_use_id")),
-                                          "content": _text(block.get("content", ""))}
+                                          "content": _blocks(block.get("content", ""))}
                 if block.get("is_error"):
                     result["is_error"] = True
                 out.append(result)

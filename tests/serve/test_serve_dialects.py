@@ -206,6 +206,37 @@ def test_anthropic_sdk_messages_create_and_stream_with_a_tool_round(
     assert all(c.verify() is None for c in convs.values())
 
 
+def test_anthropic_blocks_chatstate_has_no_part_for_are_stored_as_sent(
+        served: tuple[FakeModel, ServeProcess, str]) -> None:
+    # a plain-text document was stored as an empty file_data, an image by file id as an
+    # empty url, and an image a tool returned was dropped from its result
+    _, proxy, url = served
+    document = {"type": "document", "title": "contract.txt", "source": {
+        "type": "text", "media_type": "text/plain", "data": "The fee is 42 EUR."}}
+    by_id = {"type": "image", "source": {"type": "file", "file_id": "file_011abc"}}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}
+    messages = [
+        {"role": "user", "content": "what does the chart show?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                           "name": "chart", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1",
+             "content": [{"type": "text", "text": "chart:"}, image]},
+            document, by_id, {"type": "text", "text": "and the contract?"}]}]
+    sent = httpx2.post(proxy.base_url + "/messages", timeout=30, json={
+        "model": "m", "max_tokens": 20, "messages": messages},
+        headers={"x-api-key": TOKEN, "anthropic-version": "2023-06-01"})
+    assert sent.status_code == 200, sent.text
+    [conv] = [c for c in conversations(url) if c.messages[0].text == "what does the chart show?"]
+    tool = next(m for m in conv.messages if m.role == "tool")
+    assert tool.content == [{"type": "text", "text": "chart:"},
+                            {"type": "image_url", "image_url": {
+                                "url": "data:image/png;base64,iVBORw0KGgo="}}]
+    user = [m for m in conv.messages if m.role == "user"][-1]
+    assert user.content == [document, by_id, {"type": "text", "text": "and the contract?"}]
+
+
 def test_x_api_key_is_the_token_and_errors_are_anthropic_shaped(
         served: tuple[FakeModel, ServeProcess, str]) -> None:
     _, proxy, _ = served
