@@ -299,17 +299,33 @@ def find_response(store: Any, namespace: str, rid: str) -> tuple[Any, int]:
 
 
 def history_items(conv: Any, upto: int, instructions: bool) -> list[dict[str, Any]]:
-    """The stored conversation up to its reply at ``upto``, as Responses input items
-    (a leading system message left out when the request gives its own instructions)."""
+    """The stored conversation up to its reply at ``upto``, as Responses input items.
+
+    A leading system message is left out when the request gives its own instructions,
+    and when it was the earlier request's ``instructions``: OpenAI does not carry those
+    over to a response that names it as previous (input items it does)."""
     from chatstate.adapter.dialects.responses import encode_input
     from chatstate.serve._history import visible
 
     kept = visible(conv)[:upto + 1]
-    if instructions and kept and kept[0].role == "system":
+    if kept and kept[0].role == "system" and (instructions or _instructed(kept)):
         kept = kept[1:]
     items, _ = encode_input([m.to_openai(blob=lambda part: part, provider=True)
                              for m in kept])
     return items
+
+
+def _instructed(kept: list[Message]) -> bool:
+    """Is ``kept[0]`` (a system message) the first request's ``instructions``, as its
+    record (``params["request"]``, on the request's last message) says?"""
+    from chatstate.serve._request_record import REQUEST
+
+    for message in kept:
+        record = (message.params or {}).get(REQUEST)
+        if isinstance(record, dict):
+            options = record.get("options")
+            return isinstance(options, dict) and options.get("instructions") == kept[0].content
+    return False
 
 
 def expand_previous(store: Any, namespace: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -284,6 +284,29 @@ def test_previous_response_id_is_answered_from_the_store_for_a_stateless_upstrea
         client.responses.retrieve("resp_nope")
 
 
+def test_a_previous_responses_instructions_are_not_carried_over(
+        served: tuple[FakeModel, ServeProcess, str]) -> None:
+    # OpenAI: "the instructions from a previous response will not be carried over"; the
+    # stored system message went upstream again as an input item
+    fake, proxy, url = served
+    client = openai.OpenAI(base_url=proxy.base_url, api_key=TOKEN, max_retries=0)
+    first = client.responses.create(model="fake-model", instructions="Answer in French.",
+                                    input="hello there")
+    client.responses.create(model="fake-model", previous_response_id=first.id,
+                            input="now in English")
+    sent = fake.request_log[-1]["messages"][0]
+    assert (sent["role"], sent["content"]) == ("user", "hello there")
+    again = client.responses.create(model="fake-model", previous_response_id=first.id,
+                                    instructions="Answer in French.", input="encore")
+    assert fake.request_log[-1]["messages"][0] == {"role": "system",
+                                                   "content": "Answer in French."}
+    # given again each turn (as the Agents SDK does), the conversation goes on as one
+    convs = [c for c in conversations(url) if any(m.text == "hello there" for m in c.messages)]
+    went_on = [c for c in convs if any(m.text == "encore" for m in c.messages)]
+    assert len(went_on) == 1 and went_on[0].messages[0].text == "Answer in French."
+    assert went_on[0].messages[-1].text == again.output_text
+
+
 def test_agents_sdk_default_responses_model_with_a_tool_and_two_turns(
         served: tuple[FakeModel, ServeProcess, str], tmp_path: Path) -> None:
     import sys
