@@ -35,6 +35,16 @@ encoded bytes are ever built whole (a 50 MB reply is held once, as its text)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def well_formed(text: str) -> str:
+    """``text`` as Unicode text: UTF-16 surrogates that pair up joined into their
+    character, a lone one replaced by U+FFFD. A provider's JSON can spell half a
+    character (``"\\ud83d"``, or an emoji cut between two stream chunks); no store can
+    write that as UTF-8, so a message holding one was refused, and its reply lost."""
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 def long_text(content: object) -> bool:
     """Text content long enough to be encoded in slices (``LARGE_CONTENT``), holding no
     lone surrogate (orjson refuses those; the plain encoder takes them)."""

@@ -39,6 +39,7 @@ from chatstate.core.canonical import (
     chain_hash,
     chain_hash_pieces,
     long_text,
+    well_formed,
 )
 from chatstate.core.fields import (
     MESSAGE_DEFAULTS,
@@ -351,7 +352,8 @@ class Message(_Record):
         ``fields`` are the OPTIONAL_FIELDS (``tool_calls``, ``tool_call_id``, ``name``,
         ``extra``, ``finish_reason``, ``requested_model``).
         """
-        draft = cls(seq=0 if prev is None else prev.seq + 1, role=role, content=content,
+        draft = cls(seq=0 if prev is None else prev.seq + 1, role=role,
+                    content=_well_formed(content),
                     created_at=created_at or now_iso(), turn_id=turn_id, status=status,
                     model=model, usage=usage, params=params, **fields)
         return draft.model_copy(update={"hash": draft.expected_hash(prev.hash if prev else None)})
@@ -435,6 +437,19 @@ CONVERSATION_FIELDS: dict[str, tuple[Any, Any]] = {
     "updated_at": (str, _NOW), "metadata": (dict[str, Any], dict),
     "messages": (list[Message], list), "partial": (Message | None, None)}
 """The fields of a conversation: name -> (type, default; a type as default is a factory)."""
+def _well_formed(content: Content) -> Content:
+    """``content`` with its text (a string, or its text parts') ``well_formed``."""
+    if isinstance(content, str):
+        return well_formed(content)
+    if isinstance(content, list) and any(
+            isinstance(p, dict) and isinstance(p.get("text"), str)
+            and well_formed(p["text"]) is not p["text"] for p in content):
+        return [{**p, "text": well_formed(p["text"])}
+                if isinstance(p, dict) and isinstance(p.get("text"), str) else p
+                for p in content]
+    return content
+
+
 _CONV_NAMES = tuple(CONVERSATION_FIELDS)
 
 

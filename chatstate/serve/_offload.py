@@ -78,6 +78,11 @@ JSON = {"Content-Type": "application/json"}
 
 
 def encode_json(value: Any) -> bytes:
-    """The upstream request body, encoded as httpx2's ``json=`` would (blocking)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
-                      allow_nan=False).encode("utf-8")
+    """The upstream request body, encoded as httpx2's ``json=`` would (blocking); one
+    that holds half a character (a lone surrogate, which the client's JSON escaped) goes
+    with every non-ASCII character escaped, as the client could only have sent it."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from chatstate.core.canonical import well_formed
 from chatstate.core.transcript import Conversation, Message, new_id, new_turn_id
 from chatstate.errors import ConflictError, ConversationInUse, ConversationNotFound, LeaseLost
 from chatstate.serve._history import (
@@ -345,5 +346,5 @@ def title_of(incoming: Sequence[Mapping[str, Any]]) -> str:
             content = " ".join(str(p.get("text", "")) for p in content
                                if isinstance(p, dict) and p.get("type") == "text")
         if isinstance(content, str) and content.strip():
-            return " ".join(content.split())[:60]
+            return well_formed(" ".join(content.split())[:60])
     return ""

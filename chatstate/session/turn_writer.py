@@ -285,6 +285,9 @@ class TurnWriter:
 
     # -- the header ----------------------------------------------------------------
     def set_title(self, title: str) -> None:
+        from chatstate.core.canonical import well_formed
+
+        title = well_formed(title)  # as a message's text is (Message.seal)
         self._write("set_header",
                     lambda fence: self.store.set_header(self.id, title=title, **fence))
         self.conversation.title = title

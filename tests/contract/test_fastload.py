@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.stores import sealed_as_is
 
 from chatstate.core.fields import (
     FREE_FIELDS,
@@ -57,9 +58,11 @@ RICH: list[dict[str, Any]] = [
 
 
 def chain(specs: list[dict[str, Any]]) -> list[Message]:
+    """Sealed as given, a lone surrogate too (``Message.seal`` would replace it): what a
+    store written by another tool, or before seal made text well formed, can hold."""
     out: list[Message] = []
     for i, spec in enumerate(specs):
-        out.append(Message.seal(out[-1] if out else None, turn_id=f"t{i}", **spec))
+        out.append(sealed_as_is(out[-1] if out else None, turn_id=f"t{i}", **spec))
     return out
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.stores import local_path, new_conversation, seal_chain, snapshot
+from support.stores import local_path, new_conversation, seal_chain, sealed_as_is, snapshot
 
 from chatstate.core.transcript import Message
 from chatstate.errors import ChatstateError, CorruptTranscriptError
@@ -258,7 +258,7 @@ def test_unencodable_text_is_refused_and_nothing_written(local_store_url: str) -
     store = open_store(local_store_url)
     msgs = new_conversation(store, "c1", 2)
     before = snapshot(local_path(local_store_url))
-    lone = Message.seal(msgs[-1], role="user", content="half a pair: \ud800", turn_id="t")
+    lone = sealed_as_is(msgs[-1], role="user", content="half a pair: \ud800", turn_id="t")
     with pytest.raises(ValueError):
         store.append("c1", [lone])
     assert store.load("c1").messages == msgs
@@ -277,7 +277,7 @@ def test_unencodable_partial_is_refused_and_nothing_written(local_store_url: str
     store.save_partial("c1", Message.seal(msgs[-1], role="assistant", content="kept",
                                           turn_id="t", status="partial"))
     before = snapshot(local_path(local_store_url))
-    lone = Message.seal(msgs[-1], role="assistant", content="x" * size + "\ud800",
+    lone = sealed_as_is(msgs[-1], role="assistant", content="x" * size + "\ud800",
                         turn_id="t", status="partial")
     with pytest.raises(ValueError):
         store.save_partial("c1", lone)

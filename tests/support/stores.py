@@ -234,3 +234,11 @@ class DamageHooks:
             damage_blob(store, store_url, sha256, how)
         finally:
             store.close()
+
+
+def sealed_as_is(prev: Message | None, *, content: Any, **fields: Any) -> Message:
+    """The next message after ``prev`` holding ``content`` exactly as given, hash and all:
+    ``Message.seal`` makes text well formed (a lone surrogate becomes U+FFFD), and a store
+    must still refuse, writing nothing, a message made some other way that it cannot write."""
+    draft = Message.seal(prev, content="", **fields).model_copy(update={"content": content})
+    return draft.model_copy(update={"hash": draft.expected_hash(prev.hash if prev else None)})
