@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from chatstate.errors import StoreUnavailable
+from chatstate.errors import ConfigurationError, StoreUnavailable
 
 TMP_MARK = ".tmp-"
 ADVICE = {
@@ -56,6 +56,10 @@ def ensure_dir(path: Path) -> None:
     probe = path
     try:
         while not probe.is_dir() and probe != probe.parent:  # EACCES raises: a clear error
+            if probe.exists():  # a file (or another non-directory) stands in the way
+                raise ConfigurationError(
+                    f"could not create directory {path}: {probe} is a file, not a "
+                    "directory; give a path whose parts are directories, or move the file")
             missing.append(probe)
             probe = probe.parent
         for directory in reversed(missing):  # mkdir(parents=True) would make parents 0777 & ~umask

@@ -23,7 +23,7 @@ import pytest
 from support.stores import local_path, new_conversation, seal_chain, sealed_as_is, snapshot
 
 from chatstate.core.transcript import Message
-from chatstate.errors import ChatstateError, CorruptTranscriptError
+from chatstate.errors import ChatstateError, ConfigurationError, CorruptTranscriptError
 from chatstate.stores import open_store
 
 
@@ -160,6 +160,29 @@ def test_not_a_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
     assert db.read_bytes() == before
     assert stat.S_IMODE(db.stat().st_mode) == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
+
+
+@pytest.mark.parametrize("case", ["sqlite-at-a-directory", "json-at-a-file",
+                                  "json-under-a-file"])
+def test_a_store_path_of_the_wrong_kind_is_named_not_blamed_on_the_disk(
+        tmp_path: Path, case: str) -> None:
+    # sqlite said "disk I/O error ...: check the disk (dmesg)", json "File exists (EEXIST);
+    # check the disk and retry", naming the store path, not the file in the way
+    (tmp_path / "adir.db").mkdir()
+    (tmp_path / "afile").write_text("notes")
+    url, named, fix = {
+        "sqlite-at-a-directory": (f"sqlite://{tmp_path}/adir.db", tmp_path / "adir.db",
+                                  "is a directory, and a sqlite store is a file"),
+        "json-at-a-file": (f"json://{tmp_path}/afile", tmp_path / "afile",
+                           "is a file, not a directory"),
+        "json-under-a-file": (f"json://{tmp_path}/afile/sub", tmp_path / "afile",
+                              "is a file, not a directory")}[case]
+    with pytest.raises(ConfigurationError) as info:
+        open_store(url)
+    assert f"{named} {fix}" in str(info.value)
+    assert "check the disk" not in str(info.value)
+    assert (tmp_path / "afile").read_text() == "notes"
+    assert list((tmp_path / "adir.db").iterdir()) == []
 
 
 @pytest.mark.invariant(6)

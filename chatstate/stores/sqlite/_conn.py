@@ -80,6 +80,9 @@ class SqliteConnection:
         from chatstate.durable.guard import inspect
 
         ensure_dir(self.path.parent)
+        if self.path.is_dir():  # SQLite would say "disk I/O error": check the disk, it is fine
+            raise ConfigurationError(f"{self.path} is a directory, and a sqlite store is a "
+                                     f"file: name a file, e.g. sqlite://{self.path}/chatstate.db")
         with translate(self.path, "create"):
             if not self.path.exists():  # create it 0600 before SQLite does, whatever the umask
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
