@@ -7,11 +7,12 @@ with ``cache_control`` markers are stored as plain text: the markers move from
 turn to turn and would fork the history every time), ``tool_use`` blocks the
 assistant's tool calls, ``tool_result`` blocks ``tool`` messages, and thinking
 blocks ride on their assistant message (``extra["thinking_blocks"]``, kept
-exactly as sent, signature and all). Then it is the same turn as a chat
-completion (``app.Proxy._chat``); the upstream's events (``message_start``,
-``content_block_*``, ``message_delta``, ``message_stop``, ``ping``, ``error``)
-are relayed with their names. Errors are Anthropic-shaped, a stream that fails
-mid-way too (``_stream_events``).
+exactly as sent, signature and all), as a server tool's blocks do
+(``extra["server_blocks"]``: ``server_tool_use``, ``web_search_tool_result``, ...).
+Then it is the same turn as a chat completion (``app.Proxy._chat``); the upstream's
+events (``message_start``, ``content_block_*``, ``message_delta``, ``message_stop``,
+``ping``, ``error``) are relayed with their names. Errors are Anthropic-shaped, a
+stream that fails mid-way too (``_stream_events``).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def request_messages(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         parts: list[dict[str, Any]] = []
         calls: list[dict[str, Any]] = []
         thinking: list[dict[str, Any]] = []
+        server: list[dict[str, Any]] = []  # a server tool's blocks, as the reply stored them
         for block in content:
             kind = block.get("type") if isinstance(block, Mapping) else None
             if not isinstance(block, Mapping):
@@ -135,14 +137,18 @@ def request_messages(data: Mapping[str, Any]) -> list[dict[str, Any]]:
                 out.append(result)
             elif kind in ("thinking", "redacted_thinking"):
                 thinking.append(dict(block))
+            elif role == "assistant" and kind not in ("text", "image", "document"):
+                server.append(dict(block))
             else:
                 parts.append(_part(block))
-        if role == "assistant" and (parts or calls or thinking):
+        if role == "assistant" and (parts or calls or thinking or server):
             reply: dict[str, Any] = {"role": "assistant", "content": _content(parts)}
             if calls:
                 reply["tool_calls"] = calls
             if thinking:
                 reply["thinking_blocks"] = thinking
+            if server:
+                reply["server_blocks"] = server
             out.append(reply)
         elif parts:
             out.append({"role": role, "content": _content(parts)})

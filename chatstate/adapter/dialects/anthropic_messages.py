@@ -12,7 +12,9 @@ Consecutive messages of one role are merged (the API wants them alternating).
 A reply's ``stop_reason`` is the stored finish_reason: ``end_turn`` and
 ``stop_sequence`` are "stop", ``tool_use`` "tool_calls", ``max_tokens`` "length"
 (a cut reply), ``refusal`` "content_filter". Thinking blocks are kept in
-``extra["thinking_blocks"]``. Errors: 429 ``rate_limit_error`` and 529
+``extra["thinking_blocks"]``, a server tool's blocks (``server_tool_use``,
+``web_search_tool_result``, ...) in ``extra["server_blocks"]``, each as it came, and
+sent back in that order before the text. Errors: 429 ``rate_limit_error`` and 529
 ``overloaded_error`` are retried (every 5xx is), ``prompt is too long`` is a
 context overflow; an ``error`` event mid-stream fails the attempt.
 """
@@ -124,8 +126,8 @@ def encode_messages(messages: Sequence[Mapping[str, Any]]
                                       else _blocks(content)}
             add("user", [result])
         elif role == "assistant":
-            blocks = [dict(b) for b in fields.get("thinking_blocks") or ()
-                      if isinstance(b, Mapping)]
+            blocks = [dict(b) for key in ("thinking_blocks", "server_blocks")
+                      for b in fields.get(key) or () if isinstance(b, Mapping)]
             blocks += _blocks(content)
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
@@ -201,6 +203,7 @@ def _fold(blocks: object) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     thinking: list[dict[str, Any]] = []
+    server: list[dict[str, Any]] = []
     for block in blocks:
         if not isinstance(block, Mapping):
             raise _malformed("a content block is not an object")
@@ -214,7 +217,12 @@ def _fold(blocks: object) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
                 "name": block["name"], "arguments": json.dumps(block.get("input") or {})}})
         elif kind in ("thinking", "redacted_thinking"):
             thinking.append(dict(block))
-    return "".join(texts), calls, {"thinking_blocks": thinking} if thinking else {}
+        else:  # a server tool's use and result (web search, code execution, ...)
+            server.append(dict(block))
+    extra: dict[str, Any] = {"thinking_blocks": thinking} if thinking else {}
+    if server:
+        extra["server_blocks"] = server
+    return "".join(texts), calls, extra
 
 
 def _finish(stop_reason: object) -> str:
