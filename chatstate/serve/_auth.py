@@ -23,15 +23,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from chatstate.serve._errors import error_body
+from chatstate.serve._errors import error_for
 from chatstate.serve._wire import bearer
 
 NAMESPACE_KEY_ENV = "CHATSTATE_SERVE_NAMESPACE_KEY"
@@ -123,22 +122,24 @@ class BrowserGuard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
         if not host_allowed(headers.get("host", ""), self.allowed):
-            await _error(send, 421, f"Host {headers.get('host', '')!r} is not one this proxy "
-                         "answers (a guard against DNS rebinding): connect by IP address, "
-                         "or start serve with --allow-host NAME", "misdirected_request")
+            await _error(scope, send, 421, f"Host {headers.get('host', '')!r} is not one "
+                         "this proxy answers (a guard against DNS rebinding): connect by IP "
+                         "address, or start serve with --allow-host NAME",
+                         "misdirected_request")
             return
         if scope["method"] in ("POST", "PUT", "PATCH") and \
                 not _is_json(headers.get("content-type", "")):
-            await _error(send, 415, f"the request body must be JSON: send Content-Type: "
-                         f"application/json (got {headers.get('content-type', 'none')!r})",
-                         "invalid_request_error")
+            await _error(scope, send, 415, "the request body must be JSON: send "
+                         "Content-Type: application/json (got "
+                         f"{headers.get('content-type', 'none')!r})", "invalid_request_error")
             return
         await self.app(scope, receive, send)
 
 
-async def _error(send: Send, status: int, message: str, kind: str) -> None:
-    body = json.dumps(error_body(message, kind)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+async def _error(scope: Scope, send: Send, status: int, message: str, kind: str) -> None:
+    response = error_for(str(scope.get("path", "")), status, message, kind)
+
+    async def nothing() -> Message:  # the response reads no request
+        return {"type": "http.disconnect"}
+
+    await response(scope, nothing, send)

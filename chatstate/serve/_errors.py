@@ -1,6 +1,7 @@
-"""Every error ``chatstate serve`` answers is OpenAI-shaped JSON.
+"""Every error ``chatstate serve`` answers is JSON in its API's shape.
 
-``{"error": {"message", "type", "param", "code"}}``, as the OpenAI API answers, so a
+``{"error": {"message", "type", "param", "code"}}``, as the OpenAI API answers (and
+Anthropic's ``{"type": "error", "error": {...}}`` on ``/v1/messages``), so a
 client's SDK raises its usual exception with the message in it: the proxy's own
 refusals, a route or method it does not have (404/405), an unexpected exception
 (500), and a stream that failed after it began (an ``error`` event, ``stream_error``).
@@ -34,6 +35,25 @@ def openai_error(status: int, message: str, kind: str = "invalid_request_error",
                         status_code=status, headers=dict(headers or {}))
 
 
+def anthropic_path(path: str) -> bool:
+    """A route of the Anthropic Messages API (``/v1/messages``, its ``count_tokens``)."""
+    return path.rstrip("/").endswith("/v1/messages") or "/v1/messages/" in path
+
+
+def error_for(path: str, status: int, message: str, kind: str = "invalid_request_error", *,
+              param: str | None = None, code: str | None = None,
+              headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """``openai_error``, or Anthropic's shape on its routes: the proxy's own refusals
+    (401, 413, 415, 421, 404, 500) in the shape the client's SDK reads."""
+    if anthropic_path(path):
+        from chatstate.serve._messages import anthropic_error
+
+        made = anthropic_error(status, message, kind, param=param, code=code, headers=headers)
+        assert isinstance(made, JSONResponse)
+        return made
+    return openai_error(status, message, kind, param=param, code=code, headers=headers)
+
+
 def stream_error(message: str, code: str = "upstream_error") -> bytes:
     """The server-sent event that ends a stream which failed after it began: the openai
     SDK raises ``APIError`` with ``message`` on it (llm, LangChain and the rest with it)."""
@@ -44,16 +64,18 @@ def stream_error(message: str, code: str = "upstream_error") -> bytes:
 async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's 404 (no route) and 405 (no such method on a route), as OpenAI's."""
     assert isinstance(exc, HTTPException)
-    where = f"{request.method} {request.url.path}"
+    path = request.url.path
+    where = f"{request.method} {path}"
     if exc.status_code == 404:
-        return openai_error(404, f"no route {where}: chatstate serve answers /v1/chat/"
-                            "completions, /v1/models[/{id}], /v1/embeddings, /v1/completions "
-                            "and /v1/chatstate/conversations", code="unknown_url")
+        return error_for(path, 404, f"no route {where}: chatstate serve answers /v1/chat/"
+                         "completions, /v1/responses, /v1/messages[/count_tokens], "
+                         "/v1/models[/{id}], /v1/embeddings, /v1/completions and "
+                         "/v1/chatstate/conversations", code="unknown_url")
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
-        return openai_error(405, f"method not allowed: {where} (allowed: {allowed})",
-                            code="method_not_allowed", headers=exc.headers)
-    return openai_error(exc.status_code, f"{where}: {exc.detail}", headers=exc.headers)
+        return error_for(path, 405, f"method not allowed: {where} (allowed: {allowed})",
+                         code="method_not_allowed", headers=exc.headers)
+    return error_for(path, exc.status_code, f"{where}: {exc.detail}", headers=exc.headers)
 
 
 async def server_error(request: Request, exc: Exception) -> Response:
@@ -61,9 +83,9 @@ async def server_error(request: Request, exc: Exception) -> Response:
     the log, not the answer)."""
     log.error("serve: %s %s failed: %s: %s", request.method, request.url.path,
               type(exc).__name__, exc)
-    return openai_error(500, f"chatstate serve failed on {request.method} "
-                        f"{request.url.path} ({type(exc).__name__}); see its log",
-                        "server_error", code="internal_error")
+    return error_for(request.url.path, 500, f"chatstate serve failed on {request.method} "
+                     f"{request.url.path} ({type(exc).__name__}); see its log",
+                     "server_error", code="internal_error")
 
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {404: http_error, 405: http_error, Exception: server_error}

@@ -1,7 +1,8 @@
 """The OpenAI routes ``chatstate serve`` relays but does not store.
 
 ``POST /v1/embeddings``, ``POST /v1/completions`` (the legacy text completion, plain
-or streamed) and ``GET /v1/models/{id}`` go to the upstream as the client sent them
+or streamed), ``GET /v1/models/{id}`` and Anthropic's ``POST /v1/messages/count_tokens``
+go to the upstream as the client sent them
 (its body unparsed, the proxy's upstream key or, with ``--pass-client-key``, the
 client's), and the upstream's answer comes back as it is, streamed at the client's
 pace. Nothing is written to the store; the access log has a line for each, as for
@@ -16,7 +17,7 @@ import httpx2
 from starlette.requests import Request
 from starlette.responses import Response
 
-from chatstate.serve._errors import openai_error
+from chatstate.serve._errors import error_for
 from chatstate.serve._relay import RelayResponse
 from chatstate.serve._wire import bearer, kept_headers, read_body, upstream_error
 
@@ -37,6 +38,9 @@ class PassThrough:
     async def completions(self, request: Request) -> Response:
         return await self.relay(request, "/completions")
 
+    async def count_tokens(self, request: Request) -> Response:
+        return await self.relay(request, "/messages/count_tokens")
+
     async def model(self, request: Request) -> Response:
         return await self.relay(request, "/models/" + request.path_params["model_id"])
 
@@ -55,8 +59,8 @@ class PassThrough:
                                                       content=content, headers=headers),
                                    stream=True)
         except httpx2.HTTPError as exc:
-            return openai_error(502, f"upstream unreachable: {type(exc).__name__}",
-                                "upstream_error")
+            return error_for(request.url.path, 502,
+                             f"upstream unreachable: {type(exc).__name__}", "upstream_error")
         if resp.status_code >= 400:
             try:
                 raw = await resp.aread()

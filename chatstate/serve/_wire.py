@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from chatstate.adapter.dialects.chat_completions import parse_usage
 from chatstate.core.redact import scrub
-from chatstate.serve._errors import openai_error
+from chatstate.serve._errors import error_for, openai_error
 from chatstate.serve._history import ROLES
 
 __all__ = ["CONVERSATION_HEADER", "bearer", "check_request", "kept_headers", "one_choice",
@@ -27,14 +27,16 @@ def bearer(header: str) -> str:
 
 
 async def read_body(request: Request, limit: int) -> bytes | Response:
+    path = request.url.path
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        return openai_error(413, f"request body over the {limit} byte limit (--max-body)")
+        return error_for(path, 413, f"request body over the {limit} byte limit (--max-body)")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            return openai_error(413, f"request body over the {limit} byte limit (--max-body)")
+            return error_for(path, 413, f"request body over the {limit} byte limit "
+                             "(--max-body)")
         chunks.append(chunk)
     return b"".join(chunks)
 

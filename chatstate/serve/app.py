@@ -32,7 +32,7 @@ from chatstate.errors import (
 from chatstate.serve._auth import BrowserGuard
 from chatstate.serve._config import ServeConfig as ServeConfig  # the CLI's import
 from chatstate.serve._dialect_routes import dialect_routes
-from chatstate.serve._errors import EXCEPTION_HANDLERS
+from chatstate.serve._errors import EXCEPTION_HANDLERS, error_for
 from chatstate.serve._history import Ambiguous
 from chatstate.serve._identity import (
     IDEMPOTENCY_HEADER,
@@ -42,6 +42,7 @@ from chatstate.serve._identity import (
     request_key,
 )
 from chatstate.serve._limits import namespace_of
+from chatstate.serve._messages import MESSAGES_WIRE
 from chatstate.serve._metrics import CountRequests, clock
 from chatstate.serve._nolog import no_log_refusal
 from chatstate.serve._offload import (
@@ -59,7 +60,6 @@ from chatstate.serve._wire import (
     CONVERSATION_HEADER,
     check_request,
     one_choice,
-    openai_error,
     read_body,
 )
 from chatstate.serve._wires import CHAT, Wire
@@ -271,14 +271,19 @@ def create_app(config: ServeConfig) -> Starlette:
     proxy = Proxy(config)
     unstored = PassThrough(proxy.upstream, proxy._http, proxy.upstream_headers,
                            max_body=config.max_body, api_key=config.api_key)
+    unstored_messages = PassThrough(  # Anthropic's: its key headers
+        proxy.upstream, proxy._http, lambda r: proxy.upstream_headers(r, MESSAGES_WIRE),
+        max_body=config.max_body, api_key=config.api_key)
     guarded = {"/v1/chat/completions": proxy.chat_completions, "/v1/models": proxy.models,
                "/v1/embeddings": unstored.embeddings, "/v1/completions": unstored.completions,
                "/v1/models/{model_id:path}": unstored.model,
+               "/v1/messages/count_tokens": unstored_messages.count_tokens,
                "/v1/chatstate/conversations": proxy.conversations,
                "/v1/chatstate/conversations/{cid}": proxy.conversation,
                "/metrics": proxy.metrics_text, **dialect_routes(proxy)}
     methods = {"/v1/chat/completions": ["POST"], "/v1/embeddings": ["POST"],
                "/v1/completions": ["POST"], "/v1/responses": ["POST"], "/v1/messages": ["POST"],
+               "/v1/messages/count_tokens": ["POST"],
                "/v1/chatstate/conversations/{cid}": ["GET", "DELETE"]}
     routes: list[BaseRoute] = [Route(path, _authorize(proxy, handler),
                                      methods=methods.get(path, ["GET"]))
@@ -309,7 +314,8 @@ def _authorize(proxy: Proxy, handler: Callable[[Request], Awaitable[Response]]
     async def guarded(request: Request) -> Response:
         namespace = proxy.namespace(request)
         if namespace is None:
-            return openai_error(401, "missing or wrong chatstate token", "authentication_error")
+            return error_for(request.url.path, 401, "missing or wrong chatstate token",
+                             "authentication_error")
         request.state.namespace = namespace
         return await handler(request)
 

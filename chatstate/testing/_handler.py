@@ -144,6 +144,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._dialect(body, "responses")
         elif path == "/v1/messages":
             self._dialect(body, "messages")
+        elif path == "/v1/messages/count_tokens":
+            self._count_tokens(body)
         elif self.path == "/_fake/control":
             self._control(body)
         elif self.path == "/_fake/reset":
@@ -159,6 +161,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, error_body(400, f"bad control command: {exc}"))
             return
         self._json(200, {"ok": True, "result": result})
+
+    def _count_tokens(self, body: dict[str, Any]) -> None:
+        """Anthropic's token count: the words of the system prompt and the messages' text."""
+        self.server.script.record(self._entry(body, status=200, behaviour="ok"))
+        texts = [body.get("system")] + [m.get("content") for m in body.get("messages") or ()
+                                        if isinstance(m, dict)]
+        words = 0
+        for text in texts:
+            if isinstance(text, list):
+                text = " ".join(str(b.get("text", "")) for b in text if isinstance(b, dict))
+            words += len(str(text or "").split())
+        self._json(200, {"input_tokens": words})
 
     def _other(self, path: str, body: dict[str, Any]) -> None:
         """Embeddings and legacy completions: deterministic answers, logged, no faults."""

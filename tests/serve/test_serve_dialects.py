@@ -252,6 +252,44 @@ def test_x_api_key_is_the_token_and_errors_are_anthropic_shaped(
     assert bad.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_the_proxys_own_refusals_on_messages_routes_are_anthropic_shaped(
+        served: tuple[FakeModel, ServeProcess, str]) -> None:
+    # 401, 415, 413, the no-log 400 and an unknown route were OpenAI-shaped on /v1/messages
+    # (the anthropic SDK then reads no message); the chat routes keep OpenAI's shape
+    _, proxy, _ = served
+    base, auth = proxy.base_url, {"x-api-key": TOKEN, "anthropic-version": "2023-06-01"}
+    body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    answers = {
+        401: httpx2.post(base + "/messages", json=body, headers={"x-api-key": "no"}),
+        415: httpx2.post(base + "/messages", content=b"hi", headers={
+            **auth, "content-type": "text/plain"}),
+        400: httpx2.post(base + "/messages", json=body, headers={
+            **auth, "X-Chatstate-No-Log": "1"}),
+        404: httpx2.post(base + "/messages/nothing_here", json=body, headers=auth),
+    }
+    for status, answer in answers.items():
+        assert answer.status_code == status, (status, answer.text)
+        shaped = answer.json()
+        assert shaped["type"] == "error" and shaped["error"]["message"], (status, shaped)
+    chat = httpx2.post(base + "/chat/completions", json=body, headers={"x-api-key": "no"})
+    assert chat.status_code == 401 and "type" not in chat.json()  # OpenAI's, as before
+
+
+def test_count_tokens_goes_upstream_unstored(
+        served: tuple[FakeModel, ServeProcess, str]) -> None:
+    # it was a 404 through serve; Claude Code and the anthropic SDK call it
+    fake, proxy, url = served
+    before = len(conversations(url))
+    counted = httpx2.post(proxy.base_url + "/messages/count_tokens", headers={
+        "x-api-key": TOKEN, "anthropic-version": "2023-06-01"}, json={
+        "model": "m", "system": "be brief",
+        "messages": [{"role": "user", "content": "count these four words"}]})
+    assert counted.status_code == 200, counted.text
+    assert counted.json() == {"input_tokens": 6}
+    assert fake.request_log[-1]["path"].endswith("/messages/count_tokens")
+    assert len(conversations(url)) == before
+
+
 def test_previous_response_id_is_answered_from_the_store_for_a_stateless_upstream(
         served: tuple[FakeModel, ServeProcess, str]) -> None:
     fake, proxy, url = served
