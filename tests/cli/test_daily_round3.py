@@ -223,6 +223,11 @@ def test_no_log_sends_with_the_history_and_stores_nothing(tmp_path: Path,
     assert not (tmp_path / "s" / "n2.json").exists()
     assert invoke(["ask", "--id", "n1", "--retry", "--no-log"], store=store,
                   env=env).code == 2
+    # --json names no seq for what was not stored (it gave the next stored turn's)
+    told = invoke(["ask", "--id", "n1", "--no-log", "--json", "again"], store=store, env=env)
+    assert told.code == 0, told.err
+    assert (told.json()["user_seq"], told.json()["reply_seq"]) == (None, None)
+    assert told.json()["reply"].startswith("Echo: again")
 
 
 def test_chat_no_log_says_so_and_stores_nothing(tmp_path: Path, fake: FakeModel) -> None:

@@ -105,9 +105,11 @@ def ask(env: Env, prompt: str | None, conversation_id: str | None, cont: bool, n
         if as_json:
             user = next((m for m in reversed(chat.messages)
                          if m.role == "user" and m.turn_id == reply.turn_id), None)
+            stored = not daily.no_log  # unstored, a seq names nothing (the next turn's)
             click.echo(json.dumps({
                 "conversation_id": chat.id, "turn_id": reply.turn_id,
-                "user_seq": user.seq if user else None, "reply_seq": reply.seq,
+                "user_seq": user.seq if user and stored else None,
+                "reply_seq": reply.seq if stored else None,
                 "reply": reply.content, "model": reply.model, "usage": reply.usage,
                 "requested_model": reply.requested_model or reply.model,
                 "finish_reason": reply.finish_reason or "stop",
