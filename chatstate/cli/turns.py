@@ -133,6 +133,10 @@ def open_chat(env: Env, *, conversation_id: str | None, cont: bool, new: bool,
         if offline or (model or "").lower() in FAKE_MODELS:
             from chatstate.testing import FakeModel
 
+            if model and model.lower() not in FAKE_MODELS:
+                click.echo(f"note: --offline answers with the built-in fake model; --model "
+                           f"{model} is not used", err=True)
+
             fake = stack.enter_context(FakeModel(chunk_delay=fake_chunk_delay(),
                                                  reply_words=fake_reply_words()))
             base_url, model, api_key = fake.base_url, "fake", "offline"

@@ -146,6 +146,16 @@ def test_a_system_prompt_for_a_stored_conversation_is_said_to_be_not_applied(
     assert system == ["Be terse."]
 
 
+def test_offline_says_that_a_model_given_is_not_used(local_store_url: str) -> None:
+    result = invoke(["ask", "--offline", "--model", "gpt-4o", "--id", "o", "hi"],
+                    store=local_store_url)
+    assert result.code == 0, result.err
+    assert "--model gpt-4o is not used" in result.err  # it was dropped without a word
+    assert replay_json(local_store_url, "o")["messages"][-1]["model"] == "fake"
+    quiet = invoke(["ask", "--offline", "--id", "o2", "hi"], store=local_store_url)
+    assert "not used" not in quiet.err
+
+
 # -- exit codes and errors ---------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
