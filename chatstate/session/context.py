@@ -211,8 +211,9 @@ class Fit:
 
     def describe(self) -> str:
         via = " and a summary" if self.summary is not None else ""
-        return (f"sending the last {len(self.messages)} of {self.total} messages{via} "
-                f"(context window {self.window})")
+        why = f"context window {self.window}" if self.window is not None else \
+            "the summary stands in for the rest"  # a compaction, with no window known
+        return f"sending the last {len(self.messages)} of {self.total} messages{via} ({why})"
 
 
 def summary_covers(message: Message) -> int | None:

@@ -122,7 +122,10 @@ def test_replay_requests_lists_every_turn_that_asked_and_no_summary(
         done = invoke(["ask", "--model", "fake", "--id", "r", *extra, f"question {n}"], store=s)
         assert done.code == 0, done.err
     assert invoke(["compact", "r", "--model", "fake", "--keep", "1"], store=s).code == 0
-    assert invoke(["ask", "--model", "fake", "--id", "r", "after the summary"], store=s).code == 0
+    after = invoke(["ask", "--model", "fake", "--id", "r", "after the summary"], store=s)
+    assert after.code == 0, after.err
+    assert "and a summary (the summary stands in for the rest)" in after.err
+    assert "context window None" not in after.err  # no window is known: none to name
     rows = invoke(["replay", "r", "--requests", "--format", "json"], store=s).json()
     stored = replay_json(s, "r")["messages"]
     users = [m["seq"] for m in stored if m["role"] == "user"]
