@@ -32,6 +32,20 @@ def test_every_builtin_store_has_leases(store_url: str) -> None:
     assert isinstance(store, Leases)
 
 
+@pytest.mark.parametrize("damage", [b"{not json", b"[1, 2]", b"\0" * 64])
+def test_releasing_over_a_damaged_json_lease_file_is_no_error(tmp_path: Path,
+                                                              damage: bytes) -> None:
+    # it raised a bare JSONDecodeError (or AttributeError) from the release, which ends
+    # every turn; a damaged lease is no one's, as taking one already reads it
+    store = open_store(f"json://{tmp_path}/s")
+    lease = store.acquire_lease("c1", term=30)
+    path = tmp_path / "s" / ".locks" / "c1.lease"
+    path.write_bytes(damage)
+    store.release_lease(lease)
+    assert path.read_bytes() == damage  # not ours to remove
+    store.release_lease(store.acquire_lease("c1"))  # and taken again at once
+
+
 @pytest.mark.invariant(5)
 def test_second_writer_gets_a_clear_error(store_url: str) -> None:
     first, second = open_store(store_url), open_store(store_url)

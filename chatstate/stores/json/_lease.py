@@ -77,10 +77,10 @@ class JsonLease(LeaseMethods):
             return holder
 
     def _drop_lease(self, lease: Lease) -> None:
-        from chatstate.durable.files import locked, read_bytes
+        from chatstate.durable.files import locked
 
         path = self._lease_file(lease.conversation_id)
         with locked(path.with_suffix(".lock")):
-            raw = read_bytes(path)
-            if raw and json.loads(raw).get("owner") == lease.owner:
+            held = self._read_lease(path)  # a damaged lease file is no one's: left as it is
+            if isinstance(held, dict) and held.get("owner") == lease.owner:
                 path.unlink(missing_ok=True)
