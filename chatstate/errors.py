@@ -223,7 +223,13 @@ class McpServerError(ChatstateError):
     """An MCP server failed to start, went away during a call, or did not answer within
     its timeout. The message names the server and its command or URL (never its env or
     headers), and the last line it wrote on stderr. The tool loop turns it into the
-    call's error result, so the model is told the tool failed."""
+    call's error result, so the model is told the tool failed; ``outcome_unknown``: the
+    call had reached the server (it timed out, or the server went away during it), so
+    for a tool with side effects the result is ``unknown``, not a failure to retry."""
+
+    def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.outcome_unknown = outcome_unknown
 
 
 class SurvivalError(ChatstateError):

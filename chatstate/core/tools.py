@@ -63,6 +63,27 @@ class Approval:
     how: str
 
 
+def unique_call_ids(calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """``calls`` with every id non-empty and unique (a model's repeated or empty id is
+    replaced by a new one): each call's result is found by its id, so two calls of one
+    id had one result taken for both, and a crash left the other one unanswered."""
+    if not calls:
+        return calls
+    import secrets
+
+    seen: set[str] = set()
+    out = []
+    for call in calls:
+        cid = call.get("id") if isinstance(call, dict) else None
+        if isinstance(call, dict) and (not isinstance(cid, str) or not cid or cid in seen):
+            cid = f"call_{secrets.token_hex(12)}"
+            call = {**call, "id": cid}
+        if isinstance(cid, str):
+            seen.add(cid)
+        out.append(call)
+    return out
+
+
 class Tool:
     """A function the model may call, with its name, description and parameter schema."""
 
@@ -70,6 +91,12 @@ class Tool:
                  description: str | None = None, idempotent: bool = True) -> None:
         if not callable(fn):
             raise InvalidTool(f"a tool must be a function, not {type(fn).__name__}")
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+                type(fn).__call__):
+            raise InvalidTool(f"tool {name or getattr(fn, '__name__', fn)!r} is an async "
+                              "function: the tool loop calls tools in a thread, so its "
+                              "coroutine would never run; give a plain function (it may "
+                              "call asyncio.run itself)")
         self.fn = fn
         self.name = name or fn.__name__
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.name):

@@ -169,12 +169,36 @@ def invoke(tool: Tool | None, call: dict[str, Any],
         result = tool.fn(**kwargs)
     except Exception as exc:  # the model sees the failure and may try again differently
         log.info("tool %s raised %s", name, type(exc).__name__)
+        if getattr(exc, "outcome_unknown", False) and not tool.idempotent:
+            # it reached the tool (an MCP call that timed out, or whose server died):
+            # the side effect may have happened; "failed" would invite a second one
+            return f"{UNKNOWN} ({exc})", "unknown"
         return f"error: {type(exc).__name__}: {exc}", "error"
     finally:
         _CALL_ID.reset(token)
     if isinstance(result, ToolOutput):  # content parts (an MCP result), maybe an error
         return result.content, "error" if result.error else "complete"
-    return (result if isinstance(result, str) else json.dumps(result, default=str)), "complete"
+    return (result if isinstance(result, str) else _json_text(result)), "complete"
+
+
+def _json_text(result: Any) -> str:
+    """A tool's return value as JSON text, whatever it holds: it ran, so its result must
+    reach the model (a dict with date keys, or a NaN, raised here, after the tool's side
+    effect, and the turn could never be finished)."""
+    try:
+        return json.dumps(result, default=str, allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(_plain(result), default=str, allow_nan=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    return value
 
 
 def abandon(writer: TurnWriter, on_tool: OnTool | None = None) -> None:

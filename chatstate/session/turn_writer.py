@@ -248,11 +248,13 @@ class TurnWriter:
                requested: str | None = None) -> str:
         """Append the model's complete reply (a Completion); return the part of it not
         yet shown. When it does not extend what was shown, that is noted."""
+        from chatstate.core.tools import unique_call_ids
+
         finish = done.finish_reason if done.finish_reason not in (None, "stop") else None
         reply = self.reply(turn_id, content=done.text, model=done.model, usage=done.usage,
                            finish_reason=finish,
                            requested_model=requested if requested != done.model else None,
-                           tool_calls=getattr(done, "tool_calls", None),
+                           tool_calls=unique_call_ids(getattr(done, "tool_calls", None)),
                            extra=getattr(done, "extra", None))
         if done.text.startswith(shown):
             return str(done.text[len(shown):])

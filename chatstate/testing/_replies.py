@@ -72,7 +72,7 @@ def tool_reply(messages: Sequence[Mapping[str, Any]], rules: Sequence[Any],
     if wanted:
         seed = hashlib.sha256(json.dumps([dict(m) for m in messages], sort_keys=True,
                                          ensure_ascii=True).encode()).hexdigest()
-        calls = [{"id": f"call_{seed[:10]}_{i}", "type": "function", "function": {
+        calls = [{"id": c.get("id", f"call_{seed[:10]}_{i}"), "type": "function", "function": {
             "name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str)
             else json.dumps(c["arguments"])}} for i, c in enumerate(wanted)]
         return (rule.text if rule is not None else ""), calls

@@ -245,7 +245,8 @@ class Controls(ABC):
         """Until reset, a turn whose last user message contains the text calls tools.
 
         ``calls``: ``[{"name": "get_weather", "arguments": {"city": "Paris"}}, ...]``, all in
-        one reply; arguments given as a string are sent as they are (even if not JSON).
+        one reply; arguments given as a string are sent as they are (even if not JSON), and
+        an ``"id"`` given is the call's id (a model that repeats one, or sends ``""``).
         The turn's first ``rounds`` replies call them; the next one reads the results:
         ``"Tool results: <tool_call_id>=<content>; ..."``. Call ids are derived from the
         messages, so a retried request gets the same ids.

@@ -121,8 +121,8 @@ class McpServer:
             with self._lock:
                 self._cancel(wait=False)
             raise self._error(f"tool {name} did not answer within {timeout:g} s (timeout); "
-                              "the call was cancelled and the server stopped", stderr=False
-                              ) from None
+                              "the call was cancelled and the server stopped", stderr=False,
+                              outcome_unknown=True) from None
         except BaseException:  # Ctrl-C: the request is cancelled, not left running
             future.cancel()
             raise
@@ -188,8 +188,8 @@ class McpServer:
             self._session = None
             if self._stop is not None:
                 self._stop.set()
-            raise self._error(f"went away during the call to {name}: {_reason(exc)}"
-                              ) from None
+            raise self._error(f"went away during the call to {name}: {_reason(exc)}",
+                              outcome_unknown=True) from None
         dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True,
                                                    exclude_none=True)
         return dumped
@@ -219,11 +219,12 @@ class McpServer:
             self._errlog.close()
             self._errlog = None
 
-    def _error(self, what: str, *, stderr: bool = True) -> McpServerError:
+    def _error(self, what: str, *, stderr: bool = True,
+               outcome_unknown: bool = False) -> McpServerError:
         tail = self._stderr_tail() if stderr else ""
         more = f" (its stderr: {tail})" if tail else ""
         return McpServerError(f"MCP server {self.config.name!r} ({self.config.describe()}) "
-                              f"{what}{more}")
+                              f"{what}{more}", outcome_unknown=outcome_unknown)
 
     def _stderr_size(self) -> int:
         log = self._errlog

@@ -21,6 +21,7 @@ from support.cli_helpers import invoke
 from chatstate import (
     AsyncChat,
     Chat,
+    ChatstateError,
     ConflictError,
     Conversation,
     Message,
@@ -174,6 +175,67 @@ def test_errors_reach_the_model_as_error_results(store_url: str, fake: FakeModel
     # the model received every error result
     assert [m["content"] for m in requests(fake)[-1] if m["role"] == "tool"] == texts
     assert all(str(t) in str(reply.content) for t in texts)
+
+
+@pytest.mark.parametrize("given", ["call_1", ""])
+def test_repeated_or_empty_call_ids_each_get_their_own_result(
+        store_url: str, fake: FakeModel, given: str) -> None:
+    # one id for two calls: both ran, but the model was sent the first one's result for
+    # both (and after a crash the second was never answered)
+    sent: list[str] = []
+
+    @tool(idempotent=False)
+    def send_email(to: str, body: str) -> str:
+        """Send an email."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    fake.add_tool_rule(contains="two", calls=[
+        {"id": given, "name": "send_email", "arguments": {"to": "ann", "body": "hi"}},
+        {"id": given, "name": "send_email", "arguments": {"to": "bob", "body": "hi"}}])
+    chat = chat_for(store_url, fake)
+    chat.send("two emails", tools=[send_email])
+    assert sent == ["ann", "bob"]
+    conv = fresh(store_url, chat.id)
+    asking = next(m for m in conv.messages if m.tool_calls)
+    ids = [c["id"] for c in asking.tool_calls or []]
+    assert len(set(ids)) == 2 and all(ids)
+    results = {m.tool_call_id: m.content for m in conv.messages if m.role == "tool"}
+    assert [results[i] for i in ids] == ["sent to ann", "sent to bob"]
+    told = {m["tool_call_id"]: m["content"] for m in requests(fake)[-1] if m["role"] == "tool"}
+    assert told == results
+
+
+def test_a_result_json_cannot_encode_still_reaches_the_model(store_url: str,
+                                                           fake: FakeModel) -> None:
+    # a dict with date keys (or a NaN) raised TypeError after the tool had run: the
+    # turn could never be finished, and a side effect's result was lost
+    import datetime
+
+    ran: list[int] = []
+
+    @tool(idempotent=False)
+    def counts() -> Any:
+        """Counts by day."""
+        ran.append(1)
+        return {datetime.date(2024, 1, 1): 3, "ratio": float("nan")}
+
+    fake.add_tool_rule(contains="count", calls=[{"name": "counts", "arguments": {}}])
+    chat = chat_for(store_url, fake)
+    chat.send("count them", tools=[counts])
+    assert ran == [1]
+    [result] = [m for m in fresh(store_url, chat.id).messages
+                if m.role == "tool" and m.status != "partial"]
+    assert result.status == "complete"
+    assert json.loads(str(result.content)) == {"2024-01-01": 3, "ratio": "nan"}
+
+
+def test_an_async_tool_is_refused_where_it_is_made() -> None:
+    # it was accepted, never awaited, and "<coroutine object ...>" stored as a success
+    with pytest.raises(ChatstateError, match="async function"):
+        @tool(idempotent=False)
+        async def send_sms(to: str) -> str:
+            return to
 
 
 def test_max_tool_rounds_stops_with_a_clear_error(store_url: str, fake: FakeModel) -> None:
