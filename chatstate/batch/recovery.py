@@ -78,15 +78,17 @@ def _few(items: Iterable[str], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def holders(ledger: LedgerAPI, rows: Iterable[Row]) -> dict[str, Liveness]:
-    """Liveness of every worker holding one of ``rows`` (an unregistered worker is dead)."""
+def holders(ledger: LedgerAPI, rows: Iterable[Row], here: str | None = None
+            ) -> dict[str, Liveness]:
+    """Liveness of every worker holding one of ``rows`` (an unregistered worker is dead);
+    ``here``: this host's name in the ledger (``workers.liveness``)."""
     ids = {r.worker for r in rows if r.worker and r.leased is None}
     known = ledger.workers(ids)
     out: dict[str, Liveness] = {}
     for wid in ids:
         facts = known.get(wid)
         out[wid] = "dead" if facts is None else liveness(
-            facts[0], facts[1], facts[2], facts[3], ended=facts[4] is not None)
+            facts[0], facts[1], facts[2], facts[3], ended=facts[4] is not None, here=here)
     return out
 
 
@@ -97,11 +99,11 @@ def _state(row: Row, alive: dict[str, Liveness]) -> Liveness:
 
 
 def recover(ledger: LedgerAPI, out: Outputs, *, max_attempts: int,
-            quarantine_extras: bool = False) -> Recovery:
+            quarantine_extras: bool = False, here: str | None = None) -> Recovery:
     found = out.scan()
     rec = Recovery()
     running = ledger.rows("running")
-    alive = holders(ledger, running)
+    alive = holders(ledger, running, here)
     busy: set[str] = set()  # output paths that live workers may be writing
     for row in running:
         state = _state(row, alive)
@@ -148,11 +150,11 @@ def _reclaim(ledger: LedgerAPI, out: Outputs, row: Row, max_attempts: int,
         (rec.failed if status == "failed" else rec.requeued).append(row.id)
 
 
-def verify(ledger: LedgerAPI, out: Outputs) -> list[str]:
+def verify(ledger: LedgerAPI, out: Outputs, here: str | None = None) -> list[str]:
     """Every violation of the recovery contract, in words; empty when the batch is consistent."""
     problems = []
     running = ledger.rows("running")
-    alive = holders(ledger, running)
+    alive = holders(ledger, running, here)
     for row in running:
         if _state(row, alive) == "dead":
             problems.append(f"record {row.id!r} is 'running' but its worker {row.worker} is "

@@ -278,7 +278,7 @@ class Batch:
         self.probe()
         ledger = self._open(create=False)
         result = recover(ledger, self.outputs, max_attempts=self.max_attempts,
-                         quarantine_extras=quarantine)
+                         quarantine_extras=quarantine, here=self.host_id)
         for note in result.notes():
             self.echo(f"recovered: {note}" if not note.startswith("left") else note)
         return result
@@ -293,7 +293,7 @@ class Batch:
 
     def verify(self) -> list[str]:
         """Every violation of the recovery contract (empty: consistent). Writes nothing."""
-        return verify(self._open(create=False), self.outputs)
+        return verify(self._open(create=False), self.outputs, self.host_id)
 
     def run(self, source: Source | None = None, *, limit: int | None = None,
             progress: Callable[[Progress], None] | None = None,

@@ -55,11 +55,13 @@ class Worker:
 
 
 def liveness(host: str, pid: int, boot: str | None, ticks: int | None,
-             ended: bool) -> Liveness:
-    """Is the worker that registered with these facts still running?"""
+             ended: bool, here: str | None = None) -> Liveness:
+    """Is the worker that registered with these facts still running? ``here``: the name
+    this host goes by in the ledger (``--host-id``), besides its hostname: a worker that
+    registered under it is this host's, and its process can be checked."""
     if ended:
         return "dead"
-    if host != socket.gethostname():
+    if host != socket.gethostname() and host != here:
         return "elsewhere"
     now_boot = boot_id()
     if boot and now_boot and boot != now_boot:

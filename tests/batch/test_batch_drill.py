@@ -185,3 +185,29 @@ def test_attempts_count_when_sent_across_kills(tmp_path: Path) -> None:
     row = ledger_rows(out / ".chatstate-batch.db")["bad"]
     assert (row["status"], row["attempts"]) == ("failed", 3)
     assert "requeued 'bad': their worker died mid-record" in final_err
+
+
+@pytest.mark.parametrize("how", ["--host-id", "CHATSTATE_HOST_ID"])
+def test_a_killed_runner_under_a_host_id_is_recovered_by_the_next_run(tmp_path: Path,
+                                                                       how: str) -> None:
+    # its rows stayed 'running' forever: a worker registered under a host id that is not
+    # the hostname counted as on another host, so it could never be found dead (and the
+    # rerun exited 0 leaving them)
+    source, out = tmp_path / "in.jsonl", tmp_path / "out"
+    ids = write_jsonl(source, 20)
+    env = cli_env(tmp_path, **({"CHATSTATE_HOST_ID": "box-a"} if how != "--host-id" else {}))
+    extra = ["--host-id", "box-a"] if how == "--host-id" else []
+    with FakeModel(latency=0.5) as fake:
+        args = run_args(source, out, fake.base_url, "-j", "4", *extra)
+        killed = spawn(args, env)
+        wait_until(lambda: len(fake.request_log) >= 2, 60, "the runner's requests")
+        killed.kill()  # with requests in flight: their records are 'running', held by it
+        killed.communicate(timeout=10)
+        fake.configure(latency=0.0)
+        again = spawn(args, env)
+        _, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert "their worker died mid-record" in err, err
+    rows = ledger_rows(out / ".chatstate-batch.db")
+    assert sorted(rid for rid, r in rows.items() if r["status"] == "done") == sorted(ids)
+    assert invoke(["batch", "verify", "--out", str(out)]).code == 0
