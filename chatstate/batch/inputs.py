@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,9 @@ def read_records(source: str | os.PathLike[str], *, skip: Path | None = None) ->
         raise InputError(f"could not read batch input {path}: {exc.strerror or exc}") from exc
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def records_from(items: Iterable[Record | Mapping[str, Any] | str]) -> list[Record]:
     """Records from Python objects: Records, {"id", "text"} dicts, or bare texts."""
     out: list[Record] = []
@@ -83,6 +87,10 @@ def _from_object(obj: Any, where: str) -> Record:
     text = obj.get("text")
     if not isinstance(text, str):
         raise InputError(f"{where}: 'text' must be a string")
+    if _SURROGATE.search(text) or _SURROGATE.search(str(obj.get("id", ""))):
+        raise InputError(f"{where}: the text or id holds half a character (a lone "
+                         "UTF-16 surrogate escape such as \\ud83d), which is not text: "
+                         "fix the record")
     rid = obj.get("id")
     if rid is None:
         return Record(derived_id(text), text)
@@ -102,6 +110,9 @@ def _from_jsonl(lines: Iterable[str], name: str) -> Iterator[Record]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{name}:{number}: not valid JSON ({exc.msg})") from exc
+        except RecursionError:
+            raise InputError(f"{name}:{number}: nested too deeply to read; a record is an "
+                             'object such as {"id": "a", "text": "..."}') from None
         yield _from_object(obj, f"{name}:{number}")
 
 
@@ -114,6 +125,10 @@ def _from_dir(root: Path, skip: Path | None) -> Iterator[Record]:
             full = Path(base) / name
             if name.startswith(".") or not full.is_file():
                 continue
+            if _SURROGATE.search(name):  # bytes the file system's encoding cannot decode
+                raise InputError(f"{os.fsencode(full)!r} has a name that is not UTF-8, so it "
+                                 "cannot be a record's id: rename it or move it out of the "
+                                 "input directory")
             try:
                 text = full.read_text(encoding="utf-8")
             except UnicodeDecodeError as exc:

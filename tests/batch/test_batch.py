@@ -223,6 +223,30 @@ def test_directory_input_and_hostile_ids_stay_inside_the_output_directory(
         assert (out / name).resolve().parent == out.resolve()
 
 
+@pytest.mark.parametrize("case", ["file-name-not-utf8", "lone-surrogate", "deep-nesting"])
+def test_input_that_cannot_be_a_record_is_named_before_anything_runs(
+        tmp_path: Path, fake: FakeModel, case: str) -> None:
+    # each was "error: unexpected UnicodeEncodeError/RecursionError ... please report it",
+    # naming no file or line
+    if case == "file-name-not-utf8":
+        source = tmp_path / "dir"
+        source.mkdir()
+        (source / "ok.txt").write_text("hello")
+        with open(os.path.join(os.fsencode(source), b"caf\xe9.txt"), "w") as fh:
+            fh.write("caf")
+        named = "caf\\xe9.txt"
+    else:
+        source = tmp_path / "in.jsonl"
+        bad = '{"id": "b", "text": "\\ud800"}' if case == "lone-surrogate" else "[" * 100_000
+        source.write_text('{"id": "a", "text": "fine"}\n' + bad + "\n")
+        named = f"{source.name}:2"
+    result = _run(source, tmp_path / "out", fake)
+    assert result.code == 1
+    assert named in result.err, result.err
+    assert "unexpected" not in result.err
+    assert fake.request_log == []
+
+
 @pytest.mark.invariant(8)
 def test_ephemeral_locations_are_refused_unless_allowed(tmp_path: Path, fake: FakeModel) -> None:
     if not os.path.isdir("/dev/shm"):
