@@ -227,7 +227,10 @@ def build(conv: Conversation, base: str, page: int, bad_blobs: set[str] | None =
     error = conv.metadata.get("last_upstream_error")
     left = interrupted_turn(conv)
     cut = cut_short_reply(conv)
-    return Page(conv, items, page, pages, error if isinstance(error, dict) else None,
+    # metadata is outside the chain (an import, an older writer): shown only as it is meant
+    error = {k: str((error or {}).get(k, "?")) for k in ("status", "turn_id", "detail")} \
+        if isinstance(error, dict) else None
+    return Page(conv, items, page, pages, error,
                 left.describe() if left is not None else None,
                 CUT_REASONS.get(str(cut.finish_reason)) if cut is not None else None)
 

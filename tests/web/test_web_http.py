@@ -238,6 +238,28 @@ def test_a_store_without_search_says_so(tmp_path: Path) -> None:
         proc.stop()
 
 
+@pytest.mark.parametrize("error", [{"status": "<script>alert(1)</script>"}, {}, "a string"])
+def test_an_upstream_error_note_of_another_shape_is_shown_not_a_500(
+        tmp_path: Path, error: object) -> None:
+    # metadata is outside the chain (an import, an older writer): a note without turn_id
+    # made the whole page a 500
+    from chatstate.core.transcript import Conversation, Message
+
+    url = f"json://{tmp_path}/store"
+    store = open_store(url)
+    store.create(Conversation(id="odd", metadata={"last_upstream_error": error}))
+    store.append("odd", [Message.seal(None, role="user", content="hi", turn_id="t1")])
+    store.close()
+    proc = WebProcess(url, serve_env(tmp_path))
+    try:
+        page = get(proc, "/c/odd")
+        assert page.status_code == 200, page.text
+        assert "<script>alert(1)" not in page.text
+        assert ('id="upstream-error"' in page.text) is isinstance(error, dict)
+    finally:
+        proc.stop()
+
+
 def test_an_encrypted_store_flags_every_row(tmp_path: Path) -> None:
     """The encrypted flag: a store opened with its key seals every record, so every row
     of its list says so; a plain store's rows never do."""
