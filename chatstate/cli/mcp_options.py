@@ -62,10 +62,11 @@ def open_mcp(config: Path | None, commands: tuple[str, ...], approve: Any,
         return None
     from chatstate.errors import ChatstateError
     from chatstate.tools_mcp import command_server, load_config, mcp_tools
+    from chatstate.tools_mcp.config import distinct_names
 
     try:
         servers = load_config(config) if config is not None else []
         servers += [command_server(c) for c in commands]
-        return mcp_tools(servers, approve=approve, on_event=say)
+        return mcp_tools(distinct_names(servers), approve=approve, on_event=say)
     except ChatstateError as exc:
         raise click.UsageError(str(exc)) from exc

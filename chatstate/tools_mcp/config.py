@@ -126,6 +126,25 @@ def command_server(line: str, *, name: str | None = None) -> ServerConfig:
     return ServerConfig(name=name or "mcp", command=words[0], args=tuple(words[1:]))
 
 
+def distinct_names(servers: list[ServerConfig]) -> list[ServerConfig]:
+    """``servers`` with a name used twice made unique (``git``, ``git_2``): two ``--mcp``
+    of one server (two repositories of mcp-server-git) gave their tools the same names,
+    and every turn failed once its message was stored."""
+    import dataclasses
+
+    taken = {s.name for s in servers}
+    seen: set[str] = set()
+    out = []
+    for server in servers:
+        name, n = server.name, 1
+        while name in seen or (name != server.name and name in taken):
+            n += 1
+            name = f"{server.name}_{n}"
+        seen.add(name)
+        out.append(server if name == server.name else dataclasses.replace(server, name=name))
+    return out
+
+
 def _server(name: str, entry: dict[str, Any], where: str) -> ServerConfig:
     kind = entry.get("type") or entry.get("transport")
     if kind in ("sse",):

@@ -92,6 +92,20 @@ def test_mcp_names_one_server_on_the_command_line(tmp_path: Path) -> None:
     assert answer.params == {"approval": "read-only"} and "Europe/Oslo" in answer.text
 
 
+def test_two_mcp_of_one_server_get_tools_of_their_own(tmp_path: Path) -> None:
+    # the same server twice (two repositories of mcp-server-git): both were named after
+    # the command, their tools clashed, and every turn failed once its message was stored
+    server = time_server()
+    command = " ".join([server["command"], *server["args"]])
+    store = f"sqlite://{tmp_path}/a.db"
+    result = invoke(["ask", "--model", "fake", "--mcp", command, "--mcp", command,
+                     'get_current_time({"timezone": "Europe/Oslo"})'], store=store)
+    assert result.code == 0, result.err
+    assert "must be unique" not in result.err
+    conv = only(store)
+    assert conv.messages[-1].role == "assistant" and conv.messages[-1].status == "complete"
+
+
 def test_bad_config_is_a_usage_error_naming_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"servers": {}}')
