@@ -111,6 +111,29 @@ def test_damaged_json_is_refused_and_left_alone(
 
 
 @pytest.mark.invariant(6)
+def test_a_json_file_holding_another_conversations_id_is_named_not_served(
+        tmp_path: Path) -> None:
+    # a file copied (or renamed) by hand: it was listed as a second 'a1' and load('copy')
+    # answered conversation 'a1', so a write through 'copy' went into a1's copy
+    url = f"json://{tmp_path}/s"
+    store = open_store(url)
+    msgs = new_conversation(store, "a1", 2)
+    store.close()
+    copy = tmp_path / "s" / "copy.json"
+    copy.write_bytes((tmp_path / "s" / "a1.json").read_bytes())
+    before = copy.read_bytes()
+    reader = open_store(url)
+    listed = sorted((c.id, c.title) for c in reader.list_conversations())
+    assert [cid for cid, _ in listed] == ["a1", "copy"]
+    assert "unreadable" in dict(listed)["copy"]
+    with pytest.raises(CorruptTranscriptError) as info:
+        reader.load("copy")
+    assert str(copy) in str(info.value) and "holds conversation 'a1'" in str(info.value)
+    assert reader.load("a1").messages == msgs
+    assert copy.read_bytes() == before
+
+
+@pytest.mark.invariant(6)
 def test_damaged_json_with_a_partial_is_left_alone_by_recovery(tmp_path: Path) -> None:
     url, path, msgs = _json_store(tmp_path)
     store = open_store(url)

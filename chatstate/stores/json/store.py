@@ -191,6 +191,12 @@ class JsonStore(JsonLease, JsonBlobs):
             return hit[1]
         raw, where = self._raw(cid)
         header, messages, records = doc.decode_file(raw, where)
+        if header.get("id", cid) != cid:
+            raise CorruptTranscriptError(
+                f"{where}: the file holds conversation {header.get('id')!r}, not {cid!r} (a "
+                f"copy or a rename by hand?); left as it is. Rename it to "
+                f"{header.get('id')}.json, or import it under a new id: chatstate import "
+                f"{where} --id NEW_ID")
         logged = len(records.messages) if records is not None else 0
         docraw = raw[:len(raw) - len(records.torn) - records.clean] if records else raw
         snap = (header, doc.Lines(raw=docraw, in_doc=len(messages) - logged,
@@ -291,6 +297,8 @@ class JsonStore(JsonLease, JsonBlobs):
                               else None)
                 if logged != ():
                     count, updated = logged or (count, updated)
+                if head["id"] != path.name[:-5]:  # its own id is another file's (a copy)
+                    raise ValueError("the file holds another conversation's id")
                 out.append(ConversationSummary(
                     id=head["id"], title=head.get("title", ""), created_at=head["created_at"],
                     updated_at=updated, message_count=count))
