@@ -133,10 +133,10 @@ class WebView:
             return self._error(request, 400, "page must be a whole number and since/until "
                                "dates (YYYY-MM-DD)")
         filters = Filters(q=q, model=params.get("model") or None, since=since, until=until)
-        rows, more = await asyncio.to_thread(self.catalogue.page, filters,
-                                             self._namespace(request), page)
+        namespace = self._namespace(request)
+        rows, more = await asyncio.to_thread(self.catalogue.page, filters, namespace, page)
         return self._html(request, "list.html", rows=rows, more=more, page=page,
-                          filters=filters, models=self.catalogue.models(),
+                          filters=filters, models=self.catalogue.models(namespace),
                           searchable=self.catalogue.searchable,
                           query=_query(params, page=None))
 

@@ -145,11 +145,14 @@ class Catalogue:
             out.append(row)
         return out, False
 
-    def models(self) -> list[str]:
-        """The models of the rows worked out so far (the filter's choices)."""
+    def models(self, namespace: str | None = None) -> list[str]:
+        """The models of the rows worked out so far (the filter's choices), of
+        ``namespace``'s conversations only when one is given (serve's /ui: another
+        token's models are not this one's to see)."""
         with self._guard:
             rows = [row for _, row in self._rows.values()]
-        return sorted({m for row in rows for m in row.models})
+        return sorted({m for row in rows for m in row.models
+                       if namespace is None or row.namespace == namespace})
 
     def children(self, conversation: Conversation, namespace: str | None) -> list[Row]:
         """The forks of a conversation: a fork's title starts with the title of what it

@@ -186,7 +186,7 @@ def test_serve_ui_shows_a_token_only_its_own(tmp_path: Path) -> None:
         for token in ("tok-a", "tok-b"):
             r = httpx2.post(proxy.base_url + "/chat/completions", timeout=30,
                             headers={"Authorization": f"Bearer {token}"},
-                            json={"model": "m", "messages": [
+                            json={"model": f"model-of-{token}", "messages": [
                                 {"role": "user", "content": f"hello from {token}"}]})
             assert r.status_code == 200
             ids[token] = r.headers["x-chatstate-conversation"]
@@ -195,6 +195,8 @@ def test_serve_ui_shows_a_token_only_its_own(tmp_path: Path) -> None:
         assert "Basic" in httpx2.get(ui + "/", timeout=10).headers["www-authenticate"]
         page = httpx2.get(ui + "/", headers={"Authorization": "Bearer tok-a"}, timeout=10)
         assert rows(page.text) == [ids["tok-a"]]
+        # nor the models another token's conversations used (the model filter listed them)
+        assert "model-of-tok-a" in page.text and "model-of-tok-b" not in page.text
         assert f'href="/ui/c/{ids["tok-a"]}"' in page.text  # links follow the mount
         basic = base64.b64encode(b":tok-b").decode()
         page = httpx2.get(ui + "/", headers={"Authorization": f"Basic {basic}"}, timeout=10)
