@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.cli_helpers import cli_env, invoke, replay_json
@@ -15,6 +16,17 @@ def three_turns(store: str, env: dict[str, str], cid: str = "k") -> None:
     for text in ("first", "second", "third"):
         done = invoke(["ask", "--model", "fake", "--id", cid, text], store=store, env=env)
         assert done.code == 0, done.err
+
+
+def import_cut_inside_seq_4(tmp_path: Path, store: str, env: dict[str, str]
+                            ) -> tuple[Any, bytes, Path]:
+    """Conversation k's file cut short inside seq 4, set aside, and salvaged as 'back'."""
+    raw = (tmp_path / "s" / "k.json").read_bytes()
+    cut = raw[: raw.index(b'"seq":4') + 20]  # the file ends inside seq 4
+    aside = tmp_path / "cut.json"
+    aside.write_bytes(cut)
+    return invoke(["import", "--salvage", str(aside), "--id", "back"], store=store,
+                  env=env), cut, aside
 
 
 def quarantined(root: Path) -> list[Path]:
@@ -49,13 +61,7 @@ def test_a_chain_break_keeps_what_comes_before_it(tmp_path: Path) -> None:
 def test_a_file_cut_short_is_read_line_by_line(tmp_path: Path) -> None:
     store, env = f"json://{tmp_path}/s", cli_env(tmp_path)
     three_turns(store, env)
-    page = tmp_path / "s" / "k.json"
-    raw = page.read_bytes()
-    cut = raw[: raw.index(b'"seq":4') + 20]  # the file ends inside seq 4
-    aside = tmp_path / "cut.json"
-    aside.write_bytes(cut)
-
-    done = invoke(["import", "--salvage", str(aside), "--id", "back"], store=store, env=env)
+    done, cut, aside = import_cut_inside_seq_4(tmp_path, store, env)
     assert done.code == 0, done.err
     assert "salvaged 4 of the 4 message(s)" in done.err
     assert aside.read_bytes() == cut
@@ -130,14 +136,8 @@ def test_a_line_separator_inside_a_message_does_not_cut_its_line(tmp_path: Path,
     for text in ("first", f"two{separator}lines", "third"):
         done = invoke(["ask", "--model", "fake", "--id", "k", text], store=store, env=env)
         assert done.code == 0, done.err
-    page = tmp_path / "s" / "k.json"
-    raw = page.read_bytes()
-    assert separator.encode() in raw  # raw in the file, not escaped
-    cut = raw[: raw.index(b'"seq":4') + 20]  # the file ends inside seq 4
-    aside = tmp_path / "cut.json"
-    aside.write_bytes(cut)
-
-    done = invoke(["import", "--salvage", str(aside), "--id", "back"], store=store, env=env)
+    assert separator.encode() in (tmp_path / "s" / "k.json").read_bytes()  # raw, not escaped
+    done, _, _ = import_cut_inside_seq_4(tmp_path, store, env)
     assert done.code == 0, done.err
     assert "salvaged 4 of the 4 message(s)" in done.err
     kept = replay_json(store, "back")["messages"]
