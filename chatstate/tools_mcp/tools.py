@@ -66,7 +66,7 @@ class McpTool(Tool):
     def approval(self, call: dict[str, Any]) -> Approval | None:
         return self.owner.decide(self, call)
 
-    def _run(self, **arguments: Any) -> Any:
+    def _run(self, /, **arguments: Any) -> Any:  # an argument may be named "self"
         return to_output(self.server.call(self.remote_name, arguments, current_call_id()))
 
 

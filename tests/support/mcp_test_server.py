@@ -6,7 +6,8 @@
 ``write_note`` appends to EFFECTS (no annotations: non-idempotent), ``crash``
 exits the process mid-call, ``hang`` never answers, ``fail`` raises (an
 ``isError`` result), ``picture`` returns text, an image of 100 KiB and an
-embedded resource, ``header`` echoes an HTTP request header.
+embedded resource, ``receiver`` echoes an argument named ``self``, ``header`` echoes
+an HTTP request header.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ def picture() -> list[TextContent | ImageContent | EmbeddedResource]:
                          mime_type="image/png"),
             EmbeddedResource(type="resource", resource=TextResourceContents(
                 uri="file:///notes/readme.txt", mime_type="text/plain", text="hello"))]
+
+
+@server.tool()
+def receiver(self: str) -> str:
+    """Echo an argument named as Python names a method's receiver."""
+    return f"self is {self}"
 
 
 @server.tool()

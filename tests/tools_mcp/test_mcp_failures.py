@@ -100,3 +100,11 @@ def test_start_timeout_is_one_clear_line(tmp_path: Path) -> None:
     assert time.monotonic() - began < 10
     assert lines == ["mcp: MCP server 'slow' (sleep 30) did not start within 1 s "
                      "(startTimeout)"]
+
+
+def test_an_argument_named_self_reaches_the_server(tmp_path: Path, fake: FakeModel) -> None:
+    # the call raised "TypeError: McpTool._run() got multiple values for argument 'self'"
+    with mcp_tools({"mcpServers": {"bad": suite_server(tmp_path / "effects")}}) as tools:
+        chat = chat_for(tmp_path, fake)
+        result = call(chat, fake, tools, "receiver", {"self": "x"}, "receive")
+        assert (result.status, result.text) == ("complete", "self is x"), result.content
