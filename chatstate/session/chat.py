@@ -266,6 +266,11 @@ class Chat:
               streaming: bool, attach: Iterable[Any] = (),
               tools: Iterable[Any] | None = None) -> Generator[str, None, None]:
         body = _user_content(text, attach)
+        if tools is not None:  # two tools of one name: refused before anything is stored
+            from chatstate.core.tools import toolset
+
+            tools = list(tools)
+            toolset(tools)
         held = self._hold()
         try:
             self._ensure_created()

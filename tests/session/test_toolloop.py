@@ -230,6 +230,25 @@ def test_a_result_json_cannot_encode_still_reaches_the_model(store_url: str,
     assert json.loads(str(result.content)) == {"2024-01-01": 3, "ratio": "nan"}
 
 
+def test_two_tools_of_one_name_are_refused_before_anything_is_stored(
+        store_url: str, fake: FakeModel) -> None:
+    # the clash was found in the loop, after the user message was stored, so every
+    # --retry the error suggested failed the same way
+    @tool(name="lookup")
+    def first(q: str) -> str:
+        return q
+
+    @tool(name="lookup")
+    def second(q: str) -> str:
+        return q
+
+    chat = chat_for(store_url, fake)
+    with pytest.raises(ChatstateError, match="two tools are named 'lookup'"):
+        chat.send("look it up", tools=[first, second])
+    assert fake.request_log == []
+    assert [c.id for c in open_store(store_url).list_conversations()] == []
+
+
 def test_an_async_tool_is_refused_where_it_is_made() -> None:
     # it was accepted, never awaited, and "<coroutine object ...>" stored as a success
     with pytest.raises(ChatstateError, match="async function"):

@@ -213,7 +213,13 @@ def test_ctrl_c_during_a_call_stops_the_servers_and_keeps_the_transcript(tmp_pat
             time.sleep(0.05)
         conv_deadline = time.monotonic() + 30
         while True:  # ... and the call has started (its marker is durable)
-            conv = only(store) if proc.poll() is None else None
+            # (the servers start before the turn writes: there may be no conversation yet)
+            probe = open_store(store)
+            try:
+                stored = probe.list_conversations() if proc.poll() is None else []
+            finally:
+                probe.close()
+            conv = only(store) if stored else None
             if conv is not None and any(m.role == "tool" for m in conv.messages):
                 break
             assert time.monotonic() < conv_deadline, "the call never started"
