@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chatstate.core.canonical import holds_surrogates
 from chatstate.errors import BatchInputError
 
 MAX_ID = 1024
@@ -64,9 +64,6 @@ def read_records(source: str | os.PathLike[str], *, skip: Path | None = None) ->
         raise InputError(f"could not read batch input {path}: {exc.strerror or exc}") from exc
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def records_from(items: Iterable[Record | Mapping[str, Any] | str]) -> list[Record]:
     """Records from Python objects: Records, {"id", "text"} dicts, or bare texts."""
     out: list[Record] = []
@@ -87,7 +84,7 @@ def _from_object(obj: Any, where: str) -> Record:
     text = obj.get("text")
     if not isinstance(text, str):
         raise InputError(f"{where}: 'text' must be a string")
-    if _SURROGATE.search(text) or _SURROGATE.search(str(obj.get("id", ""))):
+    if holds_surrogates(text) or holds_surrogates(str(obj.get("id", ""))):
         raise InputError(f"{where}: the text or id holds half a character (a lone "
                          "UTF-16 surrogate escape such as \\ud83d), which is not text: "
                          "fix the record")
@@ -125,7 +122,7 @@ def _from_dir(root: Path, skip: Path | None) -> Iterator[Record]:
             full = Path(base) / name
             if name.startswith(".") or not full.is_file():
                 continue
-            if _SURROGATE.search(name):  # bytes the file system's encoding cannot decode
+            if holds_surrogates(name):  # bytes the file system's encoding cannot decode
                 raise InputError(f"{os.fsencode(full)!r} has a name that is not UTF-8, so it "
                                  "cannot be a record's id: rename it or move it out of the "
                                  "input directory")

@@ -35,12 +35,18 @@ encoded bytes are ever built whole (a 50 MB reply is held once, as its text)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def holds_surrogates(text: str) -> bool:
+    """Does ``text`` hold UTF-16 surrogates (half characters, which UTF-8 cannot
+    encode: JSON's ``"\\ud83d"``, or bytes a file name's decoding escaped)?"""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
 def well_formed(text: str) -> str:
     """``text`` as Unicode text: UTF-16 surrogates that pair up joined into their
     character, a lone one replaced by U+FFFD. A provider's JSON can spell half a
     character (``"\\ud83d"``, or an emoji cut between two stream chunks); no store can
     write that as UTF-8, so a message holding one was refused, and its reply lost."""
-    if text.isascii() or _SURROGATE.search(text) is None:
+    if not holds_surrogates(text):
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
@@ -48,8 +54,8 @@ def well_formed(text: str) -> str:
 def long_text(content: object) -> bool:
     """Text content long enough to be encoded in slices (``LARGE_CONTENT``), holding no
     lone surrogate (orjson refuses those; the plain encoder takes them)."""
-    return isinstance(content, str) and len(content) >= LARGE_CONTENT and (
-        content.isascii() or _SURROGATE.search(content) is None)
+    return isinstance(content, str) and len(content) >= LARGE_CONTENT and \
+        not holds_surrogates(content)
 
 
 def text_json(content: str) -> Iterator[bytes]:

@@ -235,6 +235,21 @@ class _Record:
         return self._values()
 
 
+def _well_formed(content: Content) -> Content:
+    """``content`` with its text (a string, or its text parts') ``well_formed``; the
+    same object when nothing in it changes."""
+    if isinstance(content, str):
+        return well_formed(content)
+    if not isinstance(content, list):
+        return content
+    out = []
+    for part in content:
+        text = part.get("text") if isinstance(part, dict) else None
+        made = well_formed(text) if isinstance(text, str) else text
+        out.append(part if made is text else {**part, "text": made})
+    return out if any(a is not b for a, b in zip(out, content, strict=True)) else content
+
+
 class Message(_Record):
     """One message of a conversation; immutable once sealed into the chain.
 
@@ -437,19 +452,6 @@ CONVERSATION_FIELDS: dict[str, tuple[Any, Any]] = {
     "updated_at": (str, _NOW), "metadata": (dict[str, Any], dict),
     "messages": (list[Message], list), "partial": (Message | None, None)}
 """The fields of a conversation: name -> (type, default; a type as default is a factory)."""
-def _well_formed(content: Content) -> Content:
-    """``content`` with its text (a string, or its text parts') ``well_formed``."""
-    if isinstance(content, str):
-        return well_formed(content)
-    if isinstance(content, list) and any(
-            isinstance(p, dict) and isinstance(p.get("text"), str)
-            and well_formed(p["text"]) is not p["text"] for p in content):
-        return [{**p, "text": well_formed(p["text"])}
-                if isinstance(p, dict) and isinstance(p.get("text"), str) else p
-                for p in content]
-    return content
-
-
 _CONV_NAMES = tuple(CONVERSATION_FIELDS)
 
 

@@ -269,8 +269,7 @@ class Chat:
         if tools is not None:  # two tools of one name: refused before anything is stored
             from chatstate.core.tools import toolset
 
-            tools = list(tools)
-            toolset(tools)
+            tools = list(toolset(tools).values())  # made once: the loop takes them as made
         held = self._hold()
         try:
             self._ensure_created()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -196,7 +197,7 @@ def _plain(value: Any) -> Any:
         return {k if isinstance(k, str) else str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [_plain(v) for v in value]
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+    if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
 
