@@ -41,7 +41,7 @@ Internal control flow, never raised to a caller (so not in the tree):
     ops.migrate._Differs           the destination holds something else under that id
     serve._history.Ambiguous       a header-less history matches more than one conversation
     serve._turns.ForeignConversation  the named conversation is another namespace's
-    serve._responses.UnknownResponse  no stored reply of the namespace has that response id
+    serve._responses_stored.UnknownResponse  no stored reply of the namespace has that id
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from chatstate.serve._messages import MESSAGES_WIRE
-from chatstate.serve._responses import RESPONSES_WIRE, stored_input_items, stored_response
+from chatstate.serve._responses import RESPONSES_WIRE
+from chatstate.serve._responses_stored import stored_input_items, stored_response
 
 __all__ = ["dialect_routes"]
 
